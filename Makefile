@@ -1,0 +1,56 @@
+# Every target installs what it needs first; ARGS passes Hydra overrides, e.g.
+#   make train ARGS="experiment=quick name=quick"
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ARGS ?=
+STAMP := $(VENV)/.installed
+SWORD_PACKAGES := sword-text-sparv sword-text-web
+# The CPU build is a few hundred MB; an unpinned torch on Linux is the multi-GB CUDA build.
+TORCH_CPU ?= torch==2.13.0
+TORCH_GPU ?= torch
+
+.PHONY: setup data train eval translate tensorboard test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		echo "GPU found: installing CUDA torch"; $(PY) -m pip install -q "$(TORCH_GPU)"; \
+	else \
+		echo "no GPU: installing CPU torch ($(TORCH_CPU))"; $(PY) -m pip install -q "$(TORCH_CPU)"; \
+	fi
+	$(PY) -m pip install -q -e ".[dev]"
+	@dpkg -s $(SWORD_PACKAGES) >/dev/null 2>&1 || { \
+		sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		echo "installing Debian packages $(SWORD_PACKAGES)"; \
+		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq $(SWORD_PACKAGES); }
+	@touch $(STAMP)
+
+data: setup
+	$(PY) -m app prepare $(ARGS)
+
+train: setup
+	$(PY) -m app train $(ARGS)
+
+eval: setup
+	$(PY) -m app eval $(ARGS)
+
+translate: setup
+	$(PY) -m app translate $(ARGS)
+
+tensorboard: setup
+	$(VENV)/bin/tensorboard --logdir checkpoints $(ARGS)
+
+# pytest exits 5 when it collected no test: that is a failure here, like any non-zero code.
+test: setup
+	$(PY) -m pytest tests $(ARGS)
+
+bench: setup
+	$(PY) -m app bench $(ARGS)
+
+clean:
+	rm -rf checkpoints/*/ outputs multirun .pytest_cache
+	find data -mindepth 1 -not -name README.md -delete

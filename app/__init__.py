@@ -1,0 +1,1 @@
+"""Attention-based neural machine translation: prepare, train, evaluate and visualise."""

@@ -1,0 +1,141 @@
+"""Structured configs: the schema behind conf/*.yaml.
+
+Registered in Hydra's ConfigStore so a misspelled key or a wrong type fails at start-up with a message
+naming the key, instead of deep inside training.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class FilterConfig:
+    min_chars: int = 1  # either side shorter than this (after cleaning) is dropped
+    max_chars: int = 1000  # either side longer than this is dropped (catches appended glossaries etc.)
+    max_ratio: float = 3.0  # char-length ratio longer/shorter above this is dropped (0 = off)
+    dedup: bool = True  # drop exact duplicate (src, tgt) pairs
+
+
+@dataclass
+class DataConfig:
+    source: str = MISSING  # bible | files | hf
+    name: str = MISSING  # folder under data/
+    src_lang: str = "es"
+    tgt_lang: str = "en"
+    dir: str = "data/${data.name}"
+    # bible: SWORD modules paired by OSIS verse reference
+    sword_path: str = "/usr/share/sword"
+    src_module: str = "spaRV1909eb"
+    tgt_module: str = "engWEB2015eb"
+    # files / hf: where each split comes from (files: paths; hf: split names). A missing dev/test is
+    # carved out of train with the hash split below.
+    train: Optional[str] = None
+    dev: Optional[str] = None
+    test: Optional[str] = None
+    # hf: dataset name or local path given to datasets.load_dataset, plus field mapping
+    hf_path: Optional[str] = None
+    hf_config: Optional[str] = None
+    src_field: str = "translation.${data.src_lang}"
+    tgt_field: str = "translation.${data.tgt_lang}"
+    id_field: Optional[str] = None
+    # deterministic split keyed on the pair id: the same verse always lands in the same split
+    dev_fraction: float = 0.032
+    test_fraction: float = 0.032
+    max_train_pairs: int = 0  # 0 = all; otherwise keep the first N train pairs (quick experiments)
+    filters: FilterConfig = field(default_factory=FilterConfig)
+
+
+@dataclass
+class TokenizerConfig:
+    model_type: str = "unigram"  # unigram | bpe
+    vocab_size: int = 8000
+    joint: bool = True  # one vocabulary for both languages (needed to tie all embeddings)
+    character_coverage: float = 1.0
+    max_sentence_length: int = 8192
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "transformer"
+    d_model: int = 512
+    heads: int = 8
+    enc_layers: int = 6
+    dec_layers: int = 6
+    ff_dim: int = 2048
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    activation: str = "relu"  # relu | gelu
+    norm: str = "pre"  # pre | post
+    pos: str = "sinusoidal"
+    max_len: int = 1024
+    tie_embeddings: bool = True  # decoder input/output (and encoder input with a joint vocab)
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 1234
+    max_steps: int = 100_000
+    max_minutes: float = 0.0  # wall-clock budget for the training loop; 0 = none
+    batch_tokens: int = 8192  # source+target tokens per batch, padding included
+    lr: float = 7e-4
+    warmup_steps: int = 4000
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0
+    label_smoothing: float = 0.1
+    eval_every: int = 1000
+    save_every: int = 1000
+    log_every: int = 100
+    patience: int = 10  # validations without a better dev BLEU before stopping; 0 = never
+    resume: bool = False
+    amp: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+    max_dev_sentences: int = 0  # validate on the first N dev pairs only; 0 = all
+
+
+@dataclass
+class DecodeConfig:
+    max_len_ratio: float = 1.5  # output length limit = ratio * source length + max_len_extra
+    max_len_extra: int = 10
+    batch_tokens: int = 16000
+
+
+@dataclass
+class EvalConfig:
+    split: str = "test"
+    checkpoint: str = "best"  # best | last
+
+
+@dataclass
+class TranslateConfig:
+    input: Optional[str] = None  # file; default stdin
+    output: Optional[str] = None  # file; default stdout
+    checkpoint: str = "best"
+
+
+@dataclass
+class BenchConfig:
+    steps: int = 50  # timed training steps
+    warmup: int = 10  # untimed steps first (allocator, cuDNN/compile warm-up)
+
+
+@dataclass
+class Config:
+    name: str = "default"
+    run_dir: str = "checkpoints/${name}"  # set to Hydra's output dir by conf/config.yaml
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    translate: TranslateConfig = field(default_factory=TranslateConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="config_schema", node=Config)

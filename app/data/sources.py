@@ -1,0 +1,235 @@
+"""Corpus sources behind one interface: each returns parallel pairs per split.
+
+- ``bible``: two SWORD Bible modules (read with pysword) paired by OSIS verse reference.
+- ``files``: local TSV / JSONL / pair of plain-text files, read through ``datasets``.
+- ``hf``: any dataset ``datasets.load_dataset`` can open (hub name, local folder, saved dataset).
+
+A split a source does not provide is ``None``; prepare.py carves it out of train.
+"""
+from __future__ import annotations
+
+import html
+import os
+import re
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from tqdm import tqdm
+
+from app.config import DataConfig
+from app.errors import UserError
+
+SPLITS = ("train", "dev", "test")
+
+
+@dataclass(frozen=True)
+class Pair:
+    id: str
+    src: str
+    tgt: str
+
+
+Splits = dict[str, Optional[list[Pair]]]
+
+
+def read_source(cfg: DataConfig) -> Splits:
+    readers = {"bible": read_bible, "files": read_files, "hf": read_hf}
+    if cfg.source not in readers:
+        raise UserError(f"data.source={cfg.source!r} is unknown; choose one of {sorted(readers)}")
+    return readers[cfg.source](cfg)
+
+
+# --- bible ---------------------------------------------------------------------------------------
+
+# Footnotes and editorial labels are not translation: drop them with their content.
+_DROPPED_ELEMENTS = re.compile(r"<(note|speaker)\b[^>]*>.*?</\1>", re.DOTALL)
+_NONCANONICAL_TITLE = re.compile(r'<title\b(?![^>]*canonical="true")[^>]*>.*?</title>', re.DOTALL)
+# Block elements separate words (poetry lines, paragraphs, list items): replace them by a space.
+_BLOCK_TAG = re.compile(r"</?(div|l|lg|lb|p|title|item|list|chapter|milestone|verse)\b[^>]*>")
+# Everything else (<w>, <q>, <transChange>, ...) wraps words in place: remove it without a space.
+_ANY_TAG = re.compile(r"<[^>]+>")
+_SPACE_BEFORE_PUNCT = re.compile(r"\s+([,.;:!?)\]»”’])")
+
+
+def clean_osis(raw: str) -> str:
+    """OSIS verse markup -> plain text, without gluing or splitting words."""
+    text = _DROPPED_ELEMENTS.sub(" ", raw)
+    text = _NONCANONICAL_TITLE.sub(" ", text)
+    text = _BLOCK_TAG.sub(" ", text)
+    text = _ANY_TAG.sub("", text)
+    text = html.unescape(text).replace("¶", " ")
+    text = " ".join(text.split())
+    return _SPACE_BEFORE_PUNCT.sub(r"\1", text)
+
+
+def _open_bible(sword_path: str, module: str):
+    from pysword.modules import SwordModules
+
+    if not os.path.isdir(os.path.join(sword_path, "mods.d")):
+        raise UserError(
+            f"data.sword_path={sword_path!r} holds no SWORD modules; "
+            "install the Debian packages sword-text-sparv and sword-text-web (make setup does)"
+        )
+    modules = SwordModules(sword_path)
+    found = modules.parse_modules()
+    if module not in found:
+        raise UserError(f"SWORD module {module!r} not found in {sword_path}; found {sorted(found)}")
+    return modules.get_bible_from_module(module)
+
+
+def bible_verses(sword_path: str, module: str, refs: Optional[Iterable[str]] = None) -> dict[str, str]:
+    """Cleaned verse texts keyed by OSIS reference ("Gen.1.1"); all verses unless ``refs`` is given."""
+    bible = _open_bible(sword_path, module)
+    if refs is None:
+        refs = [
+            f"{book.osis_name}.{chapter}.{verse}"
+            for books in bible.get_structure().get_books().values()
+            for book in books
+            for chapter in range(1, book.num_chapters + 1)
+            for verse in range(1, book.chapter_lengths[chapter - 1] + 1)
+        ]
+    verses = {}
+    for ref in tqdm(list(refs), desc=f"reading {module}", unit="verse", leave=False, mininterval=2):
+        book, chapter, verse = ref.split(".")
+        raw = bible.get(books=[book], chapters=[int(chapter)], verses=[int(verse)], clean=False)
+        verses[ref] = clean_osis(raw)
+    return verses
+
+
+def read_bible(cfg: DataConfig) -> Splits:
+    src = bible_verses(cfg.sword_path, cfg.src_module)
+    tgt = bible_verses(cfg.sword_path, cfg.tgt_module, refs=[ref for ref in src])
+    # Versifications differ (WEB adds the deuterocanon); only references present in both pair up.
+    pairs = [Pair(ref, src[ref], tgt[ref]) for ref in src if ref in tgt]
+    return {"train": pairs, "dev": None, "test": None}
+
+
+# --- local files ---------------------------------------------------------------------------------
+
+
+def _load(builder: str, path: str):
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        return datasets.load_dataset(builder, data_files=path, split="train", keep_in_memory=True)
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
+    except Exception as err:  # datasets wraps parser errors in its own types
+        cause = err.__cause__ or err
+        raise UserError(f"{path}: cannot be read as {builder}: {str(cause).splitlines()[0]}") from None
+
+
+def _read_tsv(path: str) -> list[Pair]:
+    pairs = []
+    name = os.path.basename(path)
+    for line_no, row in enumerate(_load("text", path)["text"], start=1):
+        if not row.strip():
+            continue
+        cols = row.split("\t")
+        if len(cols) == 2:
+            pairs.append(Pair(f"{name}:{line_no}", cols[0], cols[1]))
+        elif len(cols) == 3:
+            pairs.append(Pair(cols[0], cols[1], cols[2]))
+        else:
+            raise UserError(f"{path}:{line_no}: expected 2 (src, tgt) or 3 (id, src, tgt) tab-separated columns, got {len(cols)}")
+    return pairs
+
+
+def _read_jsonl(path: str, src_lang: str, tgt_lang: str) -> list[Pair]:
+    pairs = []
+    name = os.path.basename(path)
+    for line_no, row in enumerate(_load("json", path), start=1):
+        if "translation" in row and isinstance(row["translation"], dict):
+            src, tgt = row["translation"].get(src_lang), row["translation"].get(tgt_lang)
+        else:
+            src, tgt = row.get("src"), row.get("tgt")
+        if src is None or tgt is None:
+            raise UserError(
+                f'{path}:{line_no}: expected {{"src", "tgt"}} or {{"translation": {{"{src_lang}", "{tgt_lang}"}}}}, got keys {sorted(row)}'
+            )
+        pairs.append(Pair(str(row.get("id") or f"{name}:{line_no}"), src, tgt))
+    return pairs
+
+
+def _read_text_pair(src_path: str, tgt_path: str) -> list[Pair]:
+    src_lines, tgt_lines = _load("text", src_path)["text"], _load("text", tgt_path)["text"]
+    if len(src_lines) != len(tgt_lines):
+        raise UserError(f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}: they must be parallel")
+    name = os.path.basename(src_path)
+    return [Pair(f"{name}:{i}", s, t) for i, (s, t) in enumerate(zip(src_lines, tgt_lines), start=1)]
+
+
+def read_parallel_file(spec: str, src_lang: str = "src", tgt_lang: str = "tgt") -> list[Pair]:
+    """``a.tsv`` | ``a.jsonl`` | ``a.es,a.en`` (two line-aligned plain-text files)."""
+    paths = spec.split(",")
+    for path in paths:
+        if not os.path.isfile(path):
+            raise UserError(f"{path}: file not found")
+        if os.path.getsize(path) == 0:
+            raise UserError(f"{path}: file is empty")
+    if len(paths) == 2:
+        return _read_text_pair(*paths)
+    if len(paths) != 1:
+        raise UserError(f"{spec!r}: give one .tsv/.jsonl file or two plain-text files separated by a comma")
+    if spec.endswith((".jsonl", ".json")):
+        return _read_jsonl(spec, src_lang, tgt_lang)
+    return _read_tsv(spec)
+
+
+def read_files(cfg: DataConfig) -> Splits:
+    if not cfg.train:
+        raise UserError("data.train is not set: give a .tsv, .jsonl or 'src.txt,tgt.txt' path")
+    return {
+        split: read_parallel_file(getattr(cfg, split), cfg.src_lang, cfg.tgt_lang) if getattr(cfg, split) else None
+        for split in SPLITS
+    }
+
+
+# --- Hugging Face datasets -----------------------------------------------------------------------
+
+
+def _field(row: dict, dotted: str, where: str):
+    value = row
+    for key in dotted.split("."):
+        if not isinstance(value, dict) or key not in value:
+            raise UserError(f"{where}: field {dotted!r} not found (row keys: {sorted(row)}); set data.src_field / data.tgt_field")
+        value = value[key]
+    return value
+
+
+def read_hf(cfg: DataConfig) -> Splits:
+    import datasets
+
+    datasets.disable_progress_bars()
+    if not cfg.hf_path:
+        raise UserError("data.hf_path is not set: give a hub dataset name or a local dataset folder")
+    saved_to_disk = os.path.isdir(cfg.hf_path) and any(
+        os.path.exists(os.path.join(cfg.hf_path, marker)) for marker in ("dataset_dict.json", "state.json")
+    )
+    try:
+        if saved_to_disk:
+            dataset = datasets.load_from_disk(cfg.hf_path)
+        else:
+            dataset = datasets.load_dataset(cfg.hf_path, cfg.hf_config)
+    except Exception as err:
+        raise UserError(f"data.hf_path={cfg.hf_path!r}: cannot load dataset: {str(err).splitlines()[0]}") from None
+    splits: Splits = {}
+    for split in SPLITS:
+        split_name = getattr(cfg, split)
+        if not split_name:
+            splits[split] = None
+            continue
+        if split_name not in dataset:
+            raise UserError(f"data.{split}={split_name!r}: dataset {cfg.hf_path!r} has splits {sorted(dataset)}")
+        rows = dataset[split_name]
+        where = f"{cfg.hf_path}[{split_name}]"
+        splits[split] = [
+            Pair(
+                str(row[cfg.id_field]) if cfg.id_field else f"{split_name}:{i}",
+                str(_field(row, cfg.src_field, f"{where} row {i}")),
+                str(_field(row, cfg.tgt_field, f"{where} row {i}")),
+            )
+            for i, row in enumerate(rows)
+        ]
+    return splits

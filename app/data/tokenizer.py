@@ -1,0 +1,99 @@
+"""SentencePiece subword tokenizer: train once per corpus (cached), encode to ids, decode to text."""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+
+import sentencepiece as spm
+
+from app.config import TokenizerConfig
+from app.utils import atomic_write, atomic_write_text, file_hash, stable_hash, to_plain
+
+log = logging.getLogger(__name__)
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+
+class Tokenizer:
+    """Source and target SentencePiece models (the same object when the vocabulary is joint)."""
+
+    def __init__(self, src_model: str, tgt_model: str):
+        self.src = spm.SentencePieceProcessor(model_file=src_model)
+        self.tgt = self.src if tgt_model == src_model else spm.SentencePieceProcessor(model_file=tgt_model)
+        self.joint = self.src is self.tgt
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self.src.get_piece_size()
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self.tgt.get_piece_size()
+
+    def encode_src(self, texts: list[str]) -> list[list[int]]:
+        return self.src.encode(texts)
+
+    def encode_tgt(self, texts: list[str]) -> list[list[int]]:
+        return self.tgt.encode(texts)
+
+    def decode_tgt(self, ids: list[list[int]]) -> list[str]:
+        return self.tgt.decode(ids)
+
+    def src_pieces(self, ids: list[int]) -> list[str]:
+        return [self.src.id_to_piece(i) for i in ids]
+
+    def tgt_pieces(self, ids: list[int]) -> list[str]:
+        return [self.tgt.id_to_piece(i) for i in ids]
+
+
+def model_paths(data_dir: str, joint: bool) -> tuple[str, str]:
+    if joint:
+        path = os.path.join(data_dir, "spm.model")
+        return path, path
+    return os.path.join(data_dir, "spm.src.model"), os.path.join(data_dir, "spm.tgt.model")
+
+
+def _train_one(texts: list[str], path: str, cfg: TokenizerConfig) -> None:
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_writer=model,
+        model_type=cfg.model_type,
+        vocab_size=cfg.vocab_size,
+        character_coverage=cfg.character_coverage,
+        max_sentence_length=cfg.max_sentence_length,
+        pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
+        hard_vocab_limit=False,  # a tiny corpus gets a smaller vocabulary instead of an error
+        input_sentence_size=2_000_000, shuffle_input_sentence=True,
+        num_threads=os.cpu_count() or 1,
+        minloglevel=2,
+    )
+    atomic_write(path, lambda f: f.write(model.getvalue()))
+
+
+def build_tokenizer(data_dir: str, cfg: TokenizerConfig) -> Tokenizer:
+    """Train (or reuse) the SentencePiece model(s) for the prepared corpus in ``data_dir``."""
+    train_path = os.path.join(data_dir, "train.tsv")
+    src_path, tgt_path = model_paths(data_dir, cfg.joint)
+    stamp_path = os.path.join(data_dir, "spm.json")
+    key = stable_hash({"train": file_hash(train_path), "cfg": to_plain(cfg)})
+    if os.path.exists(stamp_path) and os.path.exists(src_path) and os.path.exists(tgt_path):
+        with open(stamp_path, encoding="utf-8") as f:
+            if json.load(f).get("key") == key:
+                log.info("tokenizer: %s is up to date", src_path)
+                return Tokenizer(src_path, tgt_path)
+
+    with open(train_path, encoding="utf-8") as f:
+        rows = [line.rstrip("\n").split("\t") for line in f]
+    src_texts, tgt_texts = [r[1] for r in rows], [r[2] for r in rows]
+    log.info("tokenizer: training SentencePiece %s (vocab %d, %s) on %d pairs", cfg.model_type, cfg.vocab_size,
+             "joint" if cfg.joint else "separate", len(rows))
+    if cfg.joint:
+        _train_one(src_texts + tgt_texts, src_path, cfg)
+    else:
+        _train_one(src_texts, src_path, cfg)
+        _train_one(tgt_texts, tgt_path, cfg)
+    atomic_write_text(stamp_path, json.dumps({"key": key}))
+    return Tokenizer(src_path, tgt_path)

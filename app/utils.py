@@ -1,0 +1,70 @@
+"""Small helpers shared by several stages: hashing, atomic writes, seeding, devices."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import tempfile
+
+import torch
+
+
+def stable_hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode("utf-8")).hexdigest()[:16]
+
+
+def file_hash(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def atomic_write(path: str, write) -> None:
+    """Write through ``write(file_object)`` to a temp file in the same folder, fsync, then rename:
+    a crash leaves either the old file or the new one, never a torn one."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are ordinary files
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        from app.errors import UserError
+
+        raise UserError(f"device={name!r} but CUDA is not available on this machine; use device=auto or device=cpu")
+    return device
+
+
+def to_plain(cfg) -> dict:
+    """A config node (resolved against its root) or a dataclass, as plain Python containers."""
+    from dataclasses import asdict, is_dataclass
+
+    from omegaconf import OmegaConf
+
+    return asdict(cfg) if is_dataclass(cfg) else OmegaConf.to_container(cfg, resolve=True)
