@@ -31,9 +31,9 @@ def load_trained(run_dir: str, which: str, device: torch.device) -> TrainedModel
     path = os.path.join(run_dir, f"{which}.pt")
     state = load_checkpoint(path, device)
     trained = OmegaConf.merge(OmegaConf.structured(Config), state["config"])
-    tokenizer = load_tokenizer(trained.data.dir, trained.tokenizer.joint)
-    if vocab_fingerprint(tokenizer, trained.data.dir) != state["vocab"]:
-        raise UserError(f"{path}: the tokenizer in {trained.data.dir} is not the one this model was trained with")
+    tokenizer = load_tokenizer(trained.data.dir, trained.tokenizer)
+    if vocab_fingerprint(tokenizer) != state["vocab"]:
+        raise UserError(f"{path}: the tokenizer {tokenizer.src_path} is not the one this model was trained with")
     model = build_model(trained.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.joint)
     model.load_state_dict(state["model"])
     model.to(device).eval()

@@ -60,11 +60,9 @@ def inverse_sqrt(warmup: int):
     return lambda step: min((step + 1) / warmup, math.sqrt(warmup / (step + 1)))
 
 
-def vocab_fingerprint(tokenizer: Tokenizer, data_dir: str) -> dict:
-    from app.data.tokenizer import model_paths
-
-    src_path, tgt_path = model_paths(data_dir, tokenizer.joint)
-    return {"src": file_hash(src_path), "tgt": file_hash(tgt_path), "joint": tokenizer.joint}
+def vocab_fingerprint(tokenizer: Tokenizer) -> dict:
+    """Identifies the vocabulary a model was trained with: the SentencePiece model files' hashes."""
+    return {"src": file_hash(tokenizer.src_path), "tgt": file_hash(tokenizer.tgt_path), "joint": tokenizer.joint}
 
 
 def sequence_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
@@ -101,7 +99,7 @@ def train(cfg: Config) -> dict:
     tokenizer = prepare_data(cfg)
     train_data = load_split(cfg.data.dir, "train", tokenizer)
     dev_data = load_split(cfg.data.dir, "dev", tokenizer).head(cfg.train.max_dev_sentences)
-    vocab = vocab_fingerprint(tokenizer, cfg.data.dir)
+    vocab = vocab_fingerprint(tokenizer)
 
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.joint).to(device)
     optimizer = torch.optim.AdamW(
@@ -118,7 +116,7 @@ def train(cfg: Config) -> dict:
             raise UserError(f"train.resume=true but {last_path} does not exist")
         state = load_checkpoint(last_path, device)
         if state["vocab"] != vocab:
-            raise UserError(f"{last_path}: its vocabulary differs from {cfg.data.dir}'s tokenizer; cannot resume")
+            raise UserError(f"{last_path}: its vocabulary differs from this run's tokenizer; cannot resume")
         if state["config"]["model"] != config_dict["model"]:
             raise UserError(f"{last_path}: model settings differ from this run's (model=...); cannot resume")
         model.load_state_dict(state["model"])
@@ -209,7 +207,10 @@ def train(cfg: Config) -> dict:
                 writer.add_scalar("train/lr", scheduler.get_last_lr()[0], progress.step)
                 writer.add_scalar("train/grad_norm", float(grad_norm), progress.step)
                 writer.add_scalar("train/tgt_tokens_per_s", window_tokens / elapsed, progress.step)
-                bar.set_postfix(loss=f"{loss:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}", tok_s=f"{window_tokens / elapsed:,.0f}")
+                postfix = dict(loss=f"{loss:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}", tok_s=f"{window_tokens / elapsed:,.0f}")
+                if budget < float("inf"):  # the step-count ETA means little when time is the limit
+                    postfix["time_left"] = tqdm.format_interval(max(budget - (time.time() - loop_start), 0))
+                bar.set_postfix(postfix)
                 window_start, window_tokens, window_loss_tokens = time.time(), 0, 0
                 window_loss.zero_()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from app.config import Config
+from app.config import Config, TokenizerConfig
 from app.data.prepare import prepare, read_tsv
 from app.data.tokenizer import Tokenizer, build_tokenizer, model_paths
 
@@ -32,8 +32,8 @@ def prepare_data(cfg: Config) -> Tokenizer:
     return build_tokenizer(cfg.data.dir, cfg.tokenizer)
 
 
-def load_tokenizer(data_dir: str, joint: bool) -> Tokenizer:
-    return Tokenizer(*model_paths(data_dir, joint))
+def load_tokenizer(data_dir: str, cfg: TokenizerConfig) -> Tokenizer:
+    return Tokenizer(*model_paths(data_dir, cfg))
 
 
 def load_split(data_dir: str, split: str, tokenizer: Tokenizer) -> ParallelData:

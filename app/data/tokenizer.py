@@ -9,6 +9,7 @@ import os
 import sentencepiece as spm
 
 from app.config import TokenizerConfig
+from app.errors import UserError
 from app.utils import atomic_write, atomic_write_text, file_hash, stable_hash, to_plain
 
 log = logging.getLogger(__name__)
@@ -20,6 +21,10 @@ class Tokenizer:
     """Source and target SentencePiece models (the same object when the vocabulary is joint)."""
 
     def __init__(self, src_model: str, tgt_model: str):
+        for path in {src_model, tgt_model}:
+            if not os.path.exists(path):
+                raise UserError(f"{path}: tokenizer model not found (make data recreates it)")
+        self.src_path, self.tgt_path = src_model, tgt_model
         self.src = spm.SentencePieceProcessor(model_file=src_model)
         self.tgt = self.src if tgt_model == src_model else spm.SentencePieceProcessor(model_file=tgt_model)
         self.joint = self.src is self.tgt
@@ -48,11 +53,12 @@ class Tokenizer:
         return [self.tgt.id_to_piece(i) for i in ids]
 
 
-def model_paths(data_dir: str, joint: bool) -> tuple[str, str]:
-    if joint:
-        path = os.path.join(data_dir, "spm.model")
-        return path, path
-    return os.path.join(data_dir, "spm.src.model"), os.path.join(data_dir, "spm.tgt.model")
+def model_paths(data_dir: str, cfg: TokenizerConfig) -> tuple[str, str]:
+    """Model files are named by their settings, so tokenizers of different sizes coexist per corpus."""
+    stem = os.path.join(data_dir, f"spm_{cfg.model_type}{cfg.vocab_size}")
+    if cfg.joint:
+        return f"{stem}.model", f"{stem}.model"
+    return f"{stem}.src.model", f"{stem}.tgt.model"
 
 
 def _train_one(texts: list[str], path: str, cfg: TokenizerConfig) -> None:
@@ -76,8 +82,8 @@ def _train_one(texts: list[str], path: str, cfg: TokenizerConfig) -> None:
 def build_tokenizer(data_dir: str, cfg: TokenizerConfig) -> Tokenizer:
     """Train (or reuse) the SentencePiece model(s) for the prepared corpus in ``data_dir``."""
     train_path = os.path.join(data_dir, "train.tsv")
-    src_path, tgt_path = model_paths(data_dir, cfg.joint)
-    stamp_path = os.path.join(data_dir, "spm.json")
+    src_path, tgt_path = model_paths(data_dir, cfg)
+    stamp_path = src_path.replace(".src.model", ".model").replace(".model", ".json")
     key = stable_hash({"train": file_hash(train_path), "cfg": to_plain(cfg)})
     if os.path.exists(stamp_path) and os.path.exists(src_path) and os.path.exists(tgt_path):
         with open(stamp_path, encoding="utf-8") as f:

@@ -22,7 +22,8 @@ def attention_weights(scores: torch.Tensor, mask: Optional[torch.Tensor]) -> tor
     """softmax over the last axis with masked positions (mask == False) at exactly zero weight."""
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores.float(), dim=-1).to(scores.dtype)
+    # softmax in at least fp32: under bf16 autocast the weights are what gets plotted and summed
+    return torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(scores.dtype)
 
 
 class MultiHeadAttention(nn.Module):
