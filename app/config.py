@@ -73,6 +73,14 @@ class ModelConfig:
     pos: str = "sinusoidal"
     max_len: int = 1024
     tie_embeddings: bool = True  # decoder input/output (and encoder input with a joint vocab)
+    # RNN encoder-decoders (arch=rnn); enc_layers, dec_layers, dropout are shared with the Transformer
+    cell: str = "gru"  # gru | lstm
+    emb_dim: int = 512
+    hidden: int = 1024  # encoder output size (split over both directions) and decoder state size
+    bidirectional: bool = True
+    attention: str = "bahdanau"  # none | bahdanau | luong
+    score: str = "general"  # Luong score: dot | general | concat
+    input_feeding: bool = True  # Luong: feed h̃_{t-1} into the next step
 
 
 @dataclass

@@ -49,7 +49,7 @@ def greedy_decode(
         prev = token
     out = torch.stack(steps, dim=1).tolist()
     tokens = [[tok for tok in row if tok not in (PAD, EOS)] for row in out]
-    if not need_attention:
+    if not need_attention or attention[0] is None:  # a model without attention has none to give
         return Hypotheses(tokens)
     # (B, ..., T, S): every step's attention stacked on the target axis, trimmed per sentence
     stacked = torch.cat(attention, dim=-2).float().cpu()
@@ -86,7 +86,7 @@ def decode_corpus(
             hyps = greedy_decode(model, batch.src, max_len_ratio, max_len_extra, need_attention)
         for j, i in enumerate(indices):
             tokens[i] = hyps.tokens[j]
-            if need_attention:
+            if hyps.attention is not None:
                 attention[i] = hyps.attention[j]
     model.train(was_training)
-    return Hypotheses(tokens, attention if need_attention else None)
+    return Hypotheses(tokens, attention if need_attention and attention[0] is not None else None)

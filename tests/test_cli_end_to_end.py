@@ -101,3 +101,18 @@ def test_missing_run_is_a_one_line_error(workdir):
 def test_unknown_command_prints_usage(workdir):
     result = run_cli(workdir, "fly")
     assert result.returncode == 2 and "usage" in result.stderr
+
+
+@pytest.mark.parametrize("preset", ["rnn_plain", "rnn_bahdanau", "rnn_luong"])
+def test_rnn_presets_train_and_evaluate_through_the_cli(workdir, preset):
+    name = f"tiny_{preset}"
+    overrides = [a for a in TINY if not a.startswith(("model", "name="))] + [
+        f"model={preset}", "model.emb_dim=16", "model.hidden=32", f"name={name}", "train.max_steps=10",
+        "train.eval_every=10",
+    ]
+    result = run_cli(workdir, "train", *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_cli(workdir, "eval", f"name={name}", "device=cpu")
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((workdir / "checkpoints" / name / "eval" / "test" / "metrics.json").read_text())
+    assert metrics["sentences"] > 0 and "bleu" in metrics

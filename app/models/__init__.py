@@ -5,14 +5,16 @@ from app.errors import UserError
 
 
 def build_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, joint_vocab: bool) -> nn.Module:
-    if cfg.arch == "transformer":
-        from app.models.transformer import Transformer
+    from app.models.rnn import RNNSeq2Seq
+    from app.models.transformer import Transformer
 
-        try:
-            return Transformer(cfg, src_vocab, tgt_vocab, joint_vocab)
-        except ValueError as err:
-            raise UserError(str(err)) from None
-    raise UserError(f"model.arch={cfg.arch!r} is unknown; available: transformer")
+    families = {"transformer": Transformer, "rnn": RNNSeq2Seq}
+    if cfg.arch not in families:
+        raise UserError(f"model.arch={cfg.arch!r} is unknown; available: {sorted(families)}")
+    try:
+        return families[cfg.arch](cfg, src_vocab, tgt_vocab, joint_vocab)
+    except ValueError as err:
+        raise UserError(str(err)) from None
 
 
 def count_parameters(model: nn.Module) -> int:

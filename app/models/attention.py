@@ -76,3 +76,89 @@ class MultiHeadAttention(nn.Module):
             weights = attention_weights(scores, mask)
             context = F.dropout(weights, dropout) @ v
         return self.out_proj(context.transpose(1, 2).flatten(-2)), weights
+
+
+class RNNAttention(nn.Module):
+    """Attention over encoder states h_1..h_S for a recurrent decoder.
+
+    ``prepare(states)`` computes whatever depends on the source alone, once per sentence;
+    ``forward`` scores any number of queries at once (one decoding step, or every step of a target
+    when the queries do not depend on earlier contexts) and returns the context vectors
+    c = Σ_j α_j h_j with the weights α (batch, queries, S).
+    """
+
+    def prepare(self, states: torch.Tensor) -> torch.Tensor:
+        return states
+
+    def score(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:  # (B, T, S)
+        raise NotImplementedError
+
+    def forward(self, query, keys, values, mask):
+        """query (B, T, Dq), keys from prepare (B, S, ·), values (B, S, Dv), mask (B, S) True at tokens."""
+        weights = attention_weights(self.score(query, keys), mask[:, None, :])
+        return weights @ values, weights
+
+
+class AdditiveAttention(RNNAttention):
+    """Bahdanau, Cho & Bengio 2014, "Neural Machine Translation by Jointly Learning to Align and
+    Translate" (arXiv:1409.0473), eq. 6 / appendix A.1.2:
+
+        e_tj = vᵀ tanh(W s_{t-1} + U h_j),   α_tj = softmax_j(e_tj)
+
+    U h_j does not depend on t: ``prepare`` computes it once per sentence.
+    """
+
+    def __init__(self, query_dim: int, key_dim: int, attn_dim: int):
+        super().__init__()
+        self.W = nn.Linear(query_dim, attn_dim, bias=False)
+        self.U = nn.Linear(key_dim, attn_dim, bias=False)
+        self.v = nn.Linear(attn_dim, 1, bias=False)
+
+    def prepare(self, states):
+        return self.U(states)
+
+    def score(self, query, keys):
+        return self.v(torch.tanh(self.W(query)[:, :, None, :] + keys[:, None, :, :])).squeeze(-1)
+
+
+class DotAttention(RNNAttention):
+    """Luong, Pham & Manning 2015, "Effective Approaches to Attention-based Neural Machine
+    Translation" (arXiv:1508.04025), eq. 8, dot:      score(h_t, h̄_s) = h_tᵀ h̄_s"""
+
+    def score(self, query, keys):
+        return query @ keys.transpose(1, 2)
+
+
+class GeneralAttention(RNNAttention):
+    """Luong et al. 2015, eq. 8, general:   score(h_t, h̄_s) = h_tᵀ W_a h̄_s
+
+    W_a h̄_s does not depend on t: ``prepare`` computes it once per sentence."""
+
+    def __init__(self, query_dim: int, key_dim: int):
+        super().__init__()
+        self.W_a = nn.Linear(key_dim, query_dim, bias=False)
+
+    def prepare(self, states):
+        return self.W_a(states)
+
+    def score(self, query, keys):
+        return query @ keys.transpose(1, 2)
+
+
+class ConcatAttention(AdditiveAttention):
+    """Luong et al. 2015, eq. 8, concat:    score(h_t, h̄_s) = v_aᵀ tanh(W_a [h_t; h̄_s])
+
+    Splitting W_a = [W_q  W_k] makes this the additive form: v_aᵀ tanh(W_q h_t + W_k h̄_s). The
+    difference from Bahdanau is the query: the current state h_t, not the previous one."""
+
+
+def rnn_attention(kind: str, query_dim: int, key_dim: int, attn_dim: int) -> RNNAttention:
+    if kind == "bahdanau" or kind == "concat":
+        return (AdditiveAttention if kind == "bahdanau" else ConcatAttention)(query_dim, key_dim, attn_dim)
+    if kind == "dot":
+        if query_dim != key_dim:
+            raise ValueError(f"dot attention needs equal decoder and encoder output sizes ({query_dim} != {key_dim})")
+        return DotAttention()
+    if kind == "general":
+        return GeneralAttention(query_dim, key_dim)
+    raise ValueError(f"attention score {kind!r} is unknown; choose bahdanau, dot, general or concat")

@@ -1,0 +1,225 @@
+"""RNN encoder-decoders behind the common model API (encode / decode / step).
+
+- ``attention=none``: the bottleneck baseline (Cho et al. 2014; Sutskever et al. 2014): the decoder
+  sees one fixed summary of the source, fed at every step.
+- ``attention=bahdanau``: Bahdanau et al. 2014: additive attention queried by the previous state.
+- ``attention=luong``: Luong et al. 2015: dot / general / concat scores queried by the current state,
+  attentional state h̃_t = tanh(W_c [c_t; h_t]), optional input feeding.
+
+Every decoder has one ``forward(memory, tokens, state)`` that runs T >= 1 steps: ``decode`` calls it
+on the whole target, ``step`` on one token. Decoders whose inputs do not depend on earlier outputs
+(plain, Luong without input feeding) run the RNN over all T steps in one cuDNN call; the others loop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from app.config import ModelConfig
+from app.data.tokenizer import PAD
+from app.models.attention import rnn_attention
+
+Hidden = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]  # GRU h, or LSTM (h, c): (layers, B, H)
+
+
+def _select_hidden(hidden: Hidden, index: torch.Tensor) -> Hidden:
+    if isinstance(hidden, tuple):
+        return tuple(h.index_select(1, index) for h in hidden)
+    return hidden.index_select(1, index)
+
+
+def _top(hidden: Hidden) -> torch.Tensor:
+    """The last layer's h: (B, H)."""
+    return (hidden[0] if isinstance(hidden, tuple) else hidden)[-1]
+
+
+@dataclass
+class RNNMemory:
+    states: torch.Tensor  # (B, S, H) encoder outputs h_1..h_S
+    src_mask: torch.Tensor  # (B, S) True at real tokens
+    summary: torch.Tensor  # (B, H) final encoder state (both directions), the bottleneck's only view
+    keys: Optional[torch.Tensor]  # attention's per-sentence precomputation (U h_j, W_a h̄_s, ...)
+
+    def select(self, index: torch.Tensor) -> "RNNMemory":
+        pick = lambda t: None if t is None else t.index_select(0, index)  # noqa: E731
+        return RNNMemory(pick(self.states), pick(self.src_mask), pick(self.summary), pick(self.keys))
+
+
+@dataclass
+class RNNState:
+    hidden: Hidden
+    feed: Optional[torch.Tensor] = None  # Luong input feeding: h̃_{t-1} (B, H)
+
+    def select(self, index: torch.Tensor) -> "RNNState":
+        return RNNState(_select_hidden(self.hidden, index), None if self.feed is None else self.feed.index_select(0, index))
+
+
+def _rnn(cell: str, *args, **kwargs) -> nn.RNNBase:
+    if cell not in ("gru", "lstm"):
+        raise ValueError(f"model.cell={cell!r}: choose gru or lstm")
+    return (nn.GRU if cell == "gru" else nn.LSTM)(*args, batch_first=True, **kwargs)
+
+
+class RNNEncoder(nn.Module):
+    """Embeddings -> (bi)directional multi-layer GRU/LSTM over packed sequences. With two directions
+    each gets hidden/2 units, so outputs are ``hidden`` wide either way (what dot scores need)."""
+
+    def __init__(self, cfg: ModelConfig, embed: nn.Embedding):
+        super().__init__()
+        directions = 2 if cfg.bidirectional else 1
+        if cfg.hidden % directions:
+            raise ValueError(f"model.hidden={cfg.hidden} must be even for a bidirectional encoder")
+        self.embed, self.dropout, self.directions = embed, nn.Dropout(cfg.dropout), directions
+        self.rnn = _rnn(cfg.cell, cfg.emb_dim, cfg.hidden // directions, cfg.enc_layers,
+                        bidirectional=cfg.bidirectional, dropout=cfg.dropout if cfg.enc_layers > 1 else 0.0)
+
+    def forward(self, src: torch.Tensor, src_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lengths = src_mask.sum(-1).cpu()  # packing needs host-side lengths
+        packed = pack_padded_sequence(self.dropout(self.embed(src)), lengths, batch_first=True, enforce_sorted=False)
+        out, final = self.rnn(packed)
+        out, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))
+        h = final[0] if isinstance(final, tuple) else final  # (layers * directions, B, H / directions)
+        summary = h[-self.directions:].transpose(0, 1).flatten(1)  # last layer, directions concatenated
+        return self.dropout(out), summary
+
+
+class RNNDecoder(nn.Module):
+    """What the three decoders share: target embeddings, the RNN, the vocabulary projection."""
+
+    def __init__(self, cfg: ModelConfig, embed: nn.Embedding, rnn_input: int, out_dim: int, vocab: int):
+        super().__init__()
+        self.cfg, self.embed, self.dropout = cfg, embed, nn.Dropout(cfg.dropout)
+        self.rnn = _rnn(cfg.cell, rnn_input, cfg.hidden, cfg.dec_layers, dropout=cfg.dropout if cfg.dec_layers > 1 else 0.0)
+        self.bridge = nn.Linear(cfg.hidden, cfg.dec_layers * cfg.hidden)
+        self.out_proj = nn.Linear(out_dim, vocab, bias=False)
+        if cfg.tie_embeddings:
+            if out_dim != cfg.emb_dim:
+                raise ValueError(f"model.tie_embeddings needs the output layer input ({out_dim}) to equal model.emb_dim ({cfg.emb_dim})")
+            self.out_proj.weight = embed.weight
+
+    def initial_state(self, memory: RNNMemory) -> RNNState:
+        """Bridge: s_0 = tanh(W_b h_final) for every decoder layer (LSTM cells start at zero)."""
+        h0 = torch.tanh(self.bridge(memory.summary)).unflatten(-1, (self.cfg.dec_layers, self.cfg.hidden)).transpose(0, 1).contiguous()
+        hidden = (h0, torch.zeros_like(h0)) if self.cfg.cell == "lstm" else h0
+        return RNNState(hidden)
+
+
+class PlainDecoder(RNNDecoder):
+    """s_t = RNN([E y_{t-1}; c], s_{t-1}) with c the fixed source summary; output from [s_t; c; E y_{t-1}]."""
+
+    def __init__(self, cfg: ModelConfig, embed: nn.Embedding, vocab: int):
+        super().__init__(cfg, embed, cfg.emb_dim + cfg.hidden, cfg.emb_dim, vocab)
+        self.pre_output = nn.Linear(2 * cfg.hidden + cfg.emb_dim, cfg.emb_dim)
+
+    def forward(self, memory: RNNMemory, tokens: torch.Tensor, state: RNNState, need_attention: bool = False):
+        y = self.dropout(self.embed(tokens))
+        c = memory.summary[:, None, :].expand(-1, tokens.size(1), -1)
+        s, hidden = self.rnn(torch.cat([y, c], -1), state.hidden)
+        out = self.dropout(torch.tanh(self.pre_output(torch.cat([s, c, y], -1))))
+        return self.out_proj(out), None, RNNState(hidden)
+
+
+class BahdanauDecoder(RNNDecoder):
+    """Bahdanau et al. 2014: α_t from e_tj = vᵀ tanh(W s_{t-1} + U h_j); c_t = Σ_j α_tj h_j;
+    s_t = RNN([E y_{t-1}; c_t], s_{t-1}); output from [s_t; c_t; E y_{t-1}]. The query is the
+    *previous* state, so steps run one after another."""
+
+    def __init__(self, cfg: ModelConfig, embed: nn.Embedding, vocab: int):
+        super().__init__(cfg, embed, cfg.emb_dim + cfg.hidden, cfg.emb_dim, vocab)
+        self.attention = rnn_attention("bahdanau", cfg.hidden, cfg.hidden, cfg.hidden)
+        self.pre_output = nn.Linear(2 * cfg.hidden + cfg.emb_dim, cfg.emb_dim)
+
+    def forward(self, memory: RNNMemory, tokens: torch.Tensor, state: RNNState, need_attention: bool = False):
+        y = self.dropout(self.embed(tokens))
+        hidden, outputs, weights = state.hidden, [], []
+        for t in range(tokens.size(1)):
+            c, alpha = self.attention(_top(hidden)[:, None, :], memory.keys, memory.states, memory.src_mask)
+            s, hidden = self.rnn(torch.cat([y[:, t : t + 1], c], -1), hidden)
+            outputs.append(torch.cat([s, c, y[:, t : t + 1]], -1))
+            weights.append(alpha)
+        out = self.dropout(torch.tanh(self.pre_output(torch.cat(outputs, 1))))
+        return self.out_proj(out), torch.cat(weights, 1) if need_attention else None, RNNState(hidden)
+
+
+class LuongDecoder(RNNDecoder):
+    """Luong et al. 2015: h_t = RNN(E y_{t-1} [; h̃_{t-1}]), α_t from score(h_t, h̄_s),
+    h̃_t = tanh(W_c [c_t; h_t]), p(y_t) = softmax(W_s h̃_t)."""
+
+    def __init__(self, cfg: ModelConfig, embed: nn.Embedding, vocab: int):
+        feed = cfg.hidden if cfg.input_feeding else 0
+        super().__init__(cfg, embed, cfg.emb_dim + feed, cfg.hidden, vocab)
+        self.attention = rnn_attention(cfg.score, cfg.hidden, cfg.hidden, cfg.hidden)
+        self.W_c = nn.Linear(2 * cfg.hidden, cfg.hidden, bias=False)
+
+    def initial_state(self, memory: RNNMemory) -> RNNState:
+        state = super().initial_state(memory)
+        if self.cfg.input_feeding:
+            state.feed = memory.summary.new_zeros(memory.summary.size(0), self.cfg.hidden)
+        return state
+
+    def attend(self, memory: RNNMemory, h: torch.Tensor):
+        c, alpha = self.attention(h, memory.keys, memory.states, memory.src_mask)
+        return self.dropout(torch.tanh(self.W_c(torch.cat([c, h], -1)))), alpha
+
+    def forward(self, memory: RNNMemory, tokens: torch.Tensor, state: RNNState, need_attention: bool = False):
+        y = self.dropout(self.embed(tokens))
+        if not self.cfg.input_feeding:  # all T steps in one RNN call and one batched attention
+            h, hidden = self.rnn(y, state.hidden)
+            h_tilde, alpha = self.attend(memory, h)
+            return self.out_proj(h_tilde), alpha if need_attention else None, RNNState(hidden)
+        hidden, feed, outputs, weights = state.hidden, state.feed, [], []
+        for t in range(tokens.size(1)):
+            h, hidden = self.rnn(torch.cat([y[:, t : t + 1], feed[:, None, :]], -1), hidden)
+            h_tilde, alpha = self.attend(memory, h)
+            feed = h_tilde[:, 0]
+            outputs.append(h_tilde)
+            weights.append(alpha)
+        return self.out_proj(torch.cat(outputs, 1)), torch.cat(weights, 1) if need_attention else None, RNNState(hidden, feed)
+
+
+DECODERS = {"none": PlainDecoder, "bahdanau": BahdanauDecoder, "luong": LuongDecoder}
+
+
+class RNNSeq2Seq(nn.Module):
+    def __init__(self, cfg: ModelConfig, src_vocab: int, tgt_vocab: int, joint_vocab: bool):
+        super().__init__()
+        if cfg.attention not in DECODERS:
+            raise ValueError(f"model.attention={cfg.attention!r}: choose one of {sorted(DECODERS)}")
+        self.cfg = cfg
+        tgt_embed = nn.Embedding(tgt_vocab, cfg.emb_dim, padding_idx=PAD)
+        share_src = cfg.tie_embeddings and joint_vocab
+        src_embed = tgt_embed if share_src else nn.Embedding(src_vocab, cfg.emb_dim, padding_idx=PAD)
+        self.encoder = RNNEncoder(cfg, src_embed)
+        self.decoder = DECODERS[cfg.attention](cfg, tgt_embed, tgt_vocab)
+        for name, p in self.named_parameters():
+            if "embed" in name:
+                nn.init.normal_(p, std=cfg.emb_dim**-0.5)
+            elif p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+            else:
+                nn.init.zeros_(p)
+        with torch.no_grad():
+            src_embed.weight[PAD].zero_()
+            tgt_embed.weight[PAD].zero_()
+
+    def encode(self, src: torch.Tensor, src_mask: Optional[torch.Tensor] = None) -> RNNMemory:
+        src_mask = src != PAD if src_mask is None else src_mask
+        states, summary = self.encoder(src, src_mask)
+        attention = getattr(self.decoder, "attention", None)
+        return RNNMemory(states, src_mask, summary, attention.prepare(states) if attention is not None else None)
+
+    def decode(self, memory: RNNMemory, tgt_in: torch.Tensor, need_attention: bool = False):
+        logits, attention, _ = self.decoder(memory, tgt_in, self.decoder.initial_state(memory), need_attention)
+        return logits, attention
+
+    def step(self, memory: RNNMemory, prev_tokens: torch.Tensor, state: Optional[RNNState], need_attention: bool = False):
+        state = self.decoder.initial_state(memory) if state is None else state
+        logits, attention, state = self.decoder(memory, prev_tokens[:, None], state, need_attention)
+        return logits[:, 0], attention, state
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        return self.decode(self.encode(src), tgt_in)[0]

@@ -1,0 +1,106 @@
+"""RNN encoder-decoders: the model API, masking, cached steps, gradients, and a learned toy task."""
+import pytest
+import torch
+
+from app.config import ModelConfig
+from app.data.tokenizer import BOS, EOS, PAD
+from app.models import build_model
+from toy_tasks import evaluate_reversal, train_on_reversal
+
+VARIANTS = {
+    "plain": dict(attention="none"),
+    "bahdanau": dict(attention="bahdanau"),
+    "luong_dot": dict(attention="luong", score="dot"),
+    "luong_general": dict(attention="luong", score="general"),
+    "luong_concat": dict(attention="luong", score="concat"),
+    "luong_general_no_feeding": dict(attention="luong", score="general", input_feeding=False),
+    "bahdanau_lstm": dict(attention="bahdanau", cell="lstm"),
+    "luong_dot_lstm_no_feeding": dict(attention="luong", score="dot", cell="lstm", input_feeding=False),
+}
+
+
+def model(variant, seed=0, **overrides):
+    torch.manual_seed(seed)
+    settings = dict(arch="rnn", emb_dim=16, hidden=24, enc_layers=2, dec_layers=2, dropout=0.0, tie_embeddings=False)
+    cfg = ModelConfig(**{**settings, **VARIANTS[variant], **overrides})
+    return build_model(cfg, 20, 20, joint_vocab=True).eval()
+
+
+SRC = torch.tensor([[5, 6, 7, 8, EOS], [9, 10, EOS, PAD, PAD]])
+TGT_IN = torch.tensor([[BOS, 11, 12, 13], [BOS, 14, 15, PAD]])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cached_steps_equal_teacher_forced_decode(variant):
+    m = model(variant)
+    memory = m.encode(SRC)
+    logits, attention = m.decode(memory, TGT_IN, need_attention=True)
+    assert logits.shape == (2, 4, 20)
+    state = None
+    for t in range(4):
+        step_logits, step_attention, state = m.step(memory, TGT_IN[:, t], state, need_attention=True)
+        assert torch.allclose(step_logits, logits[:, t], atol=1e-5), t
+        if attention is not None:
+            assert torch.allclose(step_attention[:, 0], attention[:, t], atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "plain"])
+def test_attention_rows_sum_to_one_and_padding_gets_zero(variant):
+    _, attention = model(variant).decode(model(variant).encode(SRC), TGT_IN, need_attention=True)
+    assert attention.shape == (2, 4, 5)
+    assert torch.allclose(attention.sum(-1), torch.ones(2, 4), atol=1e-5)
+    assert torch.all(attention[1, :, 3:] == 0)
+
+
+def test_plain_model_has_no_attention():
+    m = model("plain")
+    logits, attention = m.decode(m.encode(SRC), TGT_IN, need_attention=True)
+    assert attention is None
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_source_padding_does_not_change_scores(variant):
+    m = model(variant)
+    short = m.decode(m.encode(torch.tensor([[9, 10, EOS]])), TGT_IN[1:, :3])[0]
+    padded = m.decode(m.encode(torch.tensor([[9, 10, EOS, PAD, PAD]])), TGT_IN[1:, :3])[0]
+    assert torch.allclose(short, padded, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gradients_reach_every_parameter(variant):
+    m = model(variant).train()
+    m(SRC, TGT_IN).sum().backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_tied_embeddings_need_matching_sizes():
+    from app.errors import UserError
+
+    with pytest.raises(UserError, match="tie_embeddings"):
+        model("luong_dot", tie_embeddings=True)  # h̃_t is 24 wide, embeddings 16
+    tied = model("bahdanau", tie_embeddings=True)
+    assert tied.decoder.out_proj.weight is tied.decoder.embed.weight is tied.encoder.embed.weight
+
+
+@pytest.mark.parametrize("variant", ["bahdanau", "luong_dot", "luong_general", "luong_concat", "luong_general_no_feeding"])
+def test_attention_models_learn_to_reverse_with_anti_diagonal_alignments(variant):
+    torch.manual_seed(0)
+    cfg = ModelConfig(arch="rnn", emb_dim=32, hidden=64, enc_layers=1, dec_layers=1, dropout=0.0,
+                      tie_embeddings=False, **VARIANTS[variant])
+    m = build_model(cfg, 16, 16, joint_vocab=True)
+    train_on_reversal(m, steps=400)
+    exact, diagonal = evaluate_reversal(m)
+    assert exact >= 0.95, exact
+    assert diagonal >= 0.90, diagonal
+
+
+def test_plain_model_trains_on_reversal():
+    torch.manual_seed(0)
+    cfg = ModelConfig(arch="rnn", emb_dim=32, hidden=64, enc_layers=1, dec_layers=1, dropout=0.0,
+                      tie_embeddings=False, attention="none")
+    m = build_model(cfg, 16, 16, joint_vocab=True)
+    before, _ = evaluate_reversal(m)
+    train_on_reversal(m, steps=100)
+    after, _ = evaluate_reversal(m)
+    assert after >= before  # it trains without errors; how well is what the bottleneck allows
