@@ -113,11 +113,22 @@ def _load(builder: str, path: str):
     datasets.disable_progress_bars()
     try:
         return datasets.load_dataset(builder, data_files=path, split="train", keep_in_memory=True)
-    except UnicodeDecodeError as err:
-        raise UserError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
     except Exception as err:  # datasets wraps parser errors in its own types
+        bad_line = _first_non_utf8_line(path)
+        if bad_line:
+            raise UserError(f"{path}:{bad_line}: not valid UTF-8") from None
         cause = err.__cause__ or err
         raise UserError(f"{path}: cannot be read as {builder}: {str(cause).splitlines()[0]}") from None
+
+
+def _first_non_utf8_line(path: str) -> int:
+    with open(path, "rb") as f:
+        for line_no, line in enumerate(f, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return line_no
+    return 0
 
 
 def _read_tsv(path: str) -> list[Pair]:
