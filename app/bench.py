@@ -19,7 +19,7 @@ from app.data.corpus import load_split, prepare_data
 from app.data.tokenizer import PAD
 from app.decoding import decode_corpus
 from app.models import build_model, count_parameters
-from app.training import amp_dtype, inverse_sqrt, sequence_loss
+from app.training import amp_dtype, inverse_sqrt, train_step
 from app.utils import resolve_device, seed_everything
 
 
@@ -49,17 +49,11 @@ def bench(cfg: Config, steps: int = 50, warmup: int = 10) -> dict:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
         batch = batcher(indices)
+        n_tokens = int((batch.tgt_out != PAD).sum())
         if i >= warmup:
-            tgt_tokens += int((batch.tgt_out != PAD).sum())
-            all_tokens += int((batch.tgt_out != PAD).sum() + (batch.src != PAD).sum())
-        batch = batch.to(device)
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = sequence_loss(model(batch.src, batch.tgt_in), batch.tgt_out, cfg.train.label_smoothing)
-        (loss / int((batch.tgt_out != PAD).sum())).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
+            tgt_tokens += n_tokens
+            all_tokens += n_tokens + int((batch.src != PAD).sum())
+        train_step(model, batch.to(device), n_tokens, optimizer, scheduler, cfg, dtype)
     sync(device)
     seconds = time.time() - start
     result = {

@@ -34,7 +34,6 @@ def eval_command(cfg: DictConfig) -> None:
     import torch
 
     from app.data.corpus import load_split
-    from app.decoding import decode_corpus
     from app.evaluation import score
     from app.inference import load_trained
     from app.utils import atomic_write_text, resolve_device
@@ -42,8 +41,7 @@ def eval_command(cfg: DictConfig) -> None:
     trained = load_trained(cfg.run_dir, cfg.eval.checkpoint, resolve_device(cfg.device))
     data = load_split(trained.config.data.dir, cfg.eval.split, trained.tokenizer)
     start = time.time()
-    hyps = decode_corpus(trained.model, data.src, trained.device, cfg.decode.batch_tokens, cfg.decode.max_len_ratio,
-                         cfg.decode.max_len_extra, amp_dtype=trained.dtype, progress=True)
+    hyps = trained.translate(data.src, cfg.decode, progress=True)
     seconds = time.time() - start
     texts = trained.tokenizer.decode_tgt(hyps.tokens)
     metrics = score(texts, data.tgt_texts)
@@ -63,7 +61,6 @@ def eval_command(cfg: DictConfig) -> None:
 
 
 def translate_command(cfg: DictConfig) -> None:
-    from app.decoding import decode_corpus
     from app.inference import load_trained
     from app.utils import resolve_device
 
@@ -72,8 +69,7 @@ def translate_command(cfg: DictConfig) -> None:
     with source:
         lines = [line.rstrip("\n") for line in source]
     src = trained.tokenizer.encode_src(lines)
-    hyps = decode_corpus(trained.model, src, trained.device, cfg.decode.batch_tokens, cfg.decode.max_len_ratio,
-                         cfg.decode.max_len_extra, amp_dtype=trained.dtype)
+    hyps = trained.translate(src, cfg.decode)
     texts = trained.tokenizer.decode_tgt(hyps.tokens)
     text = "".join(t + "\n" for t in texts)
     if cfg.translate.output:

@@ -8,9 +8,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from app.checkpoint import load_checkpoint
-from app.config import Config
+from app.config import Config, DecodeConfig
 from app.data.corpus import load_tokenizer
 from app.data.tokenizer import Tokenizer
+from app.decoding import Hypotheses, decode_corpus
 from app.errors import UserError
 from app.models import build_model
 from app.training import amp_dtype, vocab_fingerprint
@@ -23,6 +24,10 @@ class TrainedModel:
     config: DictConfig  # the configuration the model was trained with
     device: torch.device
     dtype: torch.dtype | None
+
+    def translate(self, src: list[list[int]], decode: DecodeConfig, progress: bool = False) -> Hypotheses:
+        return decode_corpus(self.model, src, self.device, decode.batch_tokens, decode.max_len_ratio,
+                             decode.max_len_extra, amp_dtype=self.dtype, progress=progress)
 
 
 def load_trained(run_dir: str, which: str, device: torch.device) -> TrainedModel:

@@ -72,6 +72,18 @@ def sequence_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: f
     )
 
 
+def train_step(model, batch, n_tokens: int, optimizer, scheduler, cfg: Config, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """One update; returns the summed loss and the gradient norm as device tensors (no host sync)."""
+    with torch.autocast(batch.src.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        loss_sum = sequence_loss(model(batch.src, batch.tgt_in), batch.tgt_out, cfg.train.label_smoothing)
+    (loss_sum / n_tokens).backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+    return loss_sum.detach(), grad_norm
+
+
 @torch.no_grad()
 def validate(model, dev: ParallelData, tokenizer: Tokenizer, cfg: Config, device, dtype) -> dict:
     """Dev perplexity (teacher forcing, no smoothing) and dev BLEU/chrF of greedy translations."""
@@ -182,20 +194,12 @@ def train(cfg: Config) -> dict:
         for indices in batches[progress.batch_in_epoch:]:
             batch = batcher(indices)
             n_tokens = int((batch.tgt_out != PAD).sum())
-            batch = batch.to(device)
-            with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-                logits = model(batch.src, batch.tgt_in)
-                loss_sum = sequence_loss(logits, batch.tgt_out, cfg.train.label_smoothing)
-            (loss_sum / n_tokens).backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
+            loss_sum, grad_norm = train_step(model, batch.to(device), n_tokens, optimizer, scheduler, cfg, dtype)
             progress.step += 1
             progress.batch_in_epoch += 1
             progress.tgt_tokens += n_tokens
             window_tokens += n_tokens
-            window_loss += loss_sum.detach()
+            window_loss += loss_sum
             window_loss_tokens += n_tokens
             bar.update(1)
 

@@ -27,10 +27,6 @@ class Batch:
         move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
         return Batch(move(self.src), self.index, move(self.tgt_in), move(self.tgt_out))
 
-    @property
-    def size(self) -> int:
-        return self.src.size(0)
-
 
 def make_batches(
     src_lens: Sequence[int],

@@ -64,9 +64,11 @@ def _fingerprint(cfg: DataConfig) -> dict:
         paths = [p for split in SPLITS if getattr(cfg, split) for p in getattr(cfg, split).split(",")]
     elif cfg.source == "bible":
         paths = [os.path.join(cfg.sword_path, "mods.d", f"{m.lower()}.conf") for m in (cfg.src_module, cfg.tgt_module)]
-    elif cfg.source == "hf" and cfg.hf_path and os.path.exists(cfg.hf_path):
-        paths = [cfg.hf_path]
-    return {p: (os.path.getsize(p), int(os.path.getmtime(p))) if os.path.exists(p) else None for p in paths}
+    elif cfg.source == "hf" and cfg.hf_path and os.path.exists(cfg.hf_path):  # a local dataset: every file in it
+        paths = [cfg.hf_path] if os.path.isfile(cfg.hf_path) else sorted(
+            os.path.join(folder, name) for folder, _, names in os.walk(cfg.hf_path) for name in names
+        )
+    return {p: (os.path.getsize(p), os.stat(p).st_mtime_ns) if os.path.exists(p) else None for p in paths}
 
 
 def cache_key(cfg: DataConfig) -> str:

@@ -111,12 +111,13 @@ def _load(builder: str, path: str):
     import datasets
 
     datasets.disable_progress_bars()
+    # checked up front: the JSON reader defers decoding to row access, past any error handling here
+    bad_line = _first_non_utf8_line(path)
+    if bad_line:
+        raise UserError(f"{path}:{bad_line}: not valid UTF-8")
     try:
         return datasets.load_dataset(builder, data_files=path, split="train", keep_in_memory=True)
     except Exception as err:  # datasets wraps parser errors in its own types
-        bad_line = _first_non_utf8_line(path)
-        if bad_line:
-            raise UserError(f"{path}:{bad_line}: not valid UTF-8") from None
         cause = err.__cause__ or err
         raise UserError(f"{path}: cannot be read as {builder}: {str(cause).splitlines()[0]}") from None
 
@@ -225,6 +226,8 @@ def read_hf(cfg: DataConfig) -> Splits:
             dataset = datasets.load_dataset(cfg.hf_path, cfg.hf_config)
     except Exception as err:
         raise UserError(f"data.hf_path={cfg.hf_path!r}: cannot load dataset: {str(err).splitlines()[0]}") from None
+    if isinstance(dataset, datasets.Dataset):  # a single split saved to disk: it is the train split
+        dataset = datasets.DatasetDict({cfg.train or "train": dataset})
     splits: Splits = {}
     for split in SPLITS:
         split_name = getattr(cfg, split)
@@ -235,6 +238,8 @@ def read_hf(cfg: DataConfig) -> Splits:
             raise UserError(f"data.{split}={split_name!r}: dataset {cfg.hf_path!r} has splits {sorted(dataset)}")
         rows = dataset[split_name]
         where = f"{cfg.hf_path}[{split_name}]"
+        if cfg.id_field and cfg.id_field not in rows.column_names:
+            raise UserError(f"data.id_field={cfg.id_field!r} not found in {where} (columns: {rows.column_names})")
         splits[split] = [
             Pair(
                 str(row[cfg.id_field]) if cfg.id_field else f"{split_name}:{i}",

@@ -83,7 +83,7 @@ def build_tokenizer(data_dir: str, cfg: TokenizerConfig) -> Tokenizer:
     """Train (or reuse) the SentencePiece model(s) for the prepared corpus in ``data_dir``."""
     train_path = os.path.join(data_dir, "train.tsv")
     src_path, tgt_path = model_paths(data_dir, cfg)
-    stamp_path = src_path.replace(".src.model", ".model").replace(".model", ".json")
+    stamp_path = f"{src_path}.json"  # joint and separate models of one size keep separate stamps
     key = stable_hash({"train": file_hash(train_path), "cfg": to_plain(cfg)})
     if os.path.exists(stamp_path) and os.path.exists(src_path) and os.path.exists(tgt_path):
         with open(stamp_path, encoding="utf-8") as f:

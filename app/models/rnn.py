@@ -26,12 +26,6 @@ from app.models.attention import rnn_attention
 Hidden = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]  # GRU h, or LSTM (h, c): (layers, B, H)
 
 
-def _select_hidden(hidden: Hidden, index: torch.Tensor) -> Hidden:
-    if isinstance(hidden, tuple):
-        return tuple(h.index_select(1, index) for h in hidden)
-    return hidden.index_select(1, index)
-
-
 def _top(hidden: Hidden) -> torch.Tensor:
     """The last layer's h: (B, H)."""
     return (hidden[0] if isinstance(hidden, tuple) else hidden)[-1]
@@ -44,18 +38,11 @@ class RNNMemory:
     summary: torch.Tensor  # (B, H) final encoder state (both directions), the bottleneck's only view
     keys: Optional[torch.Tensor]  # attention's per-sentence precomputation (U h_j, W_a h̄_s, ...)
 
-    def select(self, index: torch.Tensor) -> "RNNMemory":
-        pick = lambda t: None if t is None else t.index_select(0, index)  # noqa: E731
-        return RNNMemory(pick(self.states), pick(self.src_mask), pick(self.summary), pick(self.keys))
-
 
 @dataclass
 class RNNState:
     hidden: Hidden
     feed: Optional[torch.Tensor] = None  # Luong input feeding: h̃_{t-1} (B, H)
-
-    def select(self, index: torch.Tensor) -> "RNNState":
-        return RNNState(_select_hidden(self.hidden, index), None if self.feed is None else self.feed.index_select(0, index))
 
 
 def _rnn(cell: str, *args, **kwargs) -> nn.RNNBase:

@@ -1,0 +1,61 @@
+"""Corpus scores agree with sacrebleu's own functions."""
+import pytest
+import sacrebleu
+
+from app.errors import UserError
+from app.evaluation import score
+
+HYPS = [
+    "In the beginning God made the heavens and the earth.",
+    "The earth was empty and without form.",
+    "God said, let there be light, and there was light.",
+    "And God saw the light was good.",
+]
+REFS = [
+    "In the beginning, God created the heavens and the earth.",
+    "The earth was formless and empty.",
+    "God said, “Let there be light,” and there was light.",
+    "God saw the light, and saw that it was good.",
+]
+
+
+def test_scores_match_sacrebleu():
+    result = score(HYPS, REFS)
+    assert result["sentences"] == 4
+    assert result["bleu"] == round(sacrebleu.corpus_bleu(HYPS, [REFS]).score, 2)
+    assert result["chrf"] == round(sacrebleu.corpus_chrf(HYPS, [REFS]).score, 2)
+    assert result["ter"] == round(sacrebleu.corpus_ter(HYPS, [REFS]).score, 2)
+    assert 0 < result["bleu"] < 100 and 0 < result["chrf"] < 100 and result["ter"] > 0
+
+
+def test_perfect_and_disjoint_hypotheses():
+    assert score(REFS, REFS)["bleu"] == 100.0
+    assert score(REFS, REFS)["chrf"] == 100.0
+    assert score(REFS, REFS)["ter"] == 0.0
+    assert score(["xyz qqq"] * 4, REFS)["bleu"] == 0.0
+
+
+def test_scores_are_rounded_to_two_decimals():
+    result = score(HYPS, REFS)
+    for name in ("bleu", "chrf", "ter"):
+        assert result[name] == round(result[name], 2)
+
+
+def test_signatures():
+    result = score(HYPS, REFS)
+    version = f"version:{sacrebleu.__version__}"
+    for name in ("bleu", "chrf", "ter"):
+        assert version in result[f"{name}_signature"]
+    assert "nrefs:1" in result["bleu_signature"] and "tok:13a" in result["bleu_signature"]
+    assert "nc:6" in result["chrf_signature"]
+
+
+def test_without_ter():
+    result = score(HYPS, REFS, ter=False)
+    assert "ter" not in result and "ter_signature" not in result
+    assert result["bleu"] == score(HYPS, REFS)["bleu"]
+
+
+def test_count_mismatch_is_user_error():
+    with pytest.raises(UserError, match="3 hypotheses against 4 references"):
+        score(HYPS[:3], REFS)

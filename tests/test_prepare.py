@@ -1,0 +1,225 @@
+"""Corpus preparation: deterministic hash split, filter rules, cached prepare()."""
+import json
+import os
+from collections import Counter
+
+import pytest
+
+from app.config import DataConfig, FilterConfig
+from app.data.prepare import filter_pairs, normalize, prepare, read_tsv, split_of
+from app.data.sources import SPLITS, Pair
+from app.errors import UserError
+
+# --- split_of -----------------------------------------------------------------------------------------
+
+IDS = [f"Book.{i // 1000}.{i % 1000}" for i in range(20000)]
+
+
+def test_split_of_is_deterministic():
+    first = [split_of(i, 0.1, 0.2) for i in IDS[:2000]]
+    assert first == [split_of(i, 0.1, 0.2) for i in IDS[:2000]]
+    assert split_of("Gen.1.1", 0.032, 0.032) == split_of("Gen.1.1", 0.032, 0.032)
+
+
+@pytest.mark.parametrize("dev,test", [(0.032, 0.032), (0.1, 0.2), (0.0, 0.05), (0.3, 0.0)])
+def test_split_of_matches_fractions(dev, test):
+    counts = Counter(split_of(i, dev, test) for i in IDS)
+    assert set(counts) <= set(SPLITS)
+    assert abs(counts["dev"] / len(IDS) - dev) <= 0.005
+    assert abs(counts["test"] / len(IDS) - test) <= 0.005
+    assert counts["train"] + counts["dev"] + counts["test"] == len(IDS)
+
+
+def test_split_of_zero_fractions_is_all_train():
+    assert {split_of(i, 0.0, 0.0) for i in IDS[:1000]} == {"train"}
+
+
+def test_split_of_growing_dev_only_moves_train_pairs():
+    # dev grows out of the low end of the hash range: pairs already in dev stay in dev
+    small = {i for i in IDS if split_of(i, 0.02, 0.0) == "dev"}
+    large = {i for i in IDS if split_of(i, 0.05, 0.0) == "dev"}
+    assert small < large
+
+
+# --- filter_pairs -----------------------------------------------------------------------------------
+
+
+def test_normalize():
+    assert normalize("  a\u00a0b\t c\n") == "a b c"
+
+
+def test_filter_pairs_counts_each_rule():
+    rules = FilterConfig(min_chars=3, max_chars=20, max_ratio=2.0, dedup=True)
+    pairs = [
+        Pair("ok1", "hola mundo", "hello world"),
+        Pair("empty_src", "", "hello"),
+        Pair("empty_tgt", "hola", "   "),
+        Pair("short", "ab", "ab"),
+        Pair("long", "x" * 21, "y" * 20),
+        Pair("ratio", "abc", "abcdefg"),  # 7 / 3 > 2
+        Pair("dup", "hola  mundo", " hello world"),  # duplicate of ok1 after whitespace normalization
+        Pair("ok2", "gato", "cat cat"),  # 7 / 4 <= 2
+        Pair("ok_edge", "x" * 20, "y" * 10),  # exactly max_chars and exactly max_ratio: kept
+    ]
+    kept, dropped = filter_pairs(pairs, rules, dedup=True)
+    assert [p.id for p in kept] == ["ok1", "ok2", "ok_edge"]
+    assert kept[0] == Pair("ok1", "hola mundo", "hello world")
+    assert dropped == Counter({"empty": 2, "min_chars": 1, "max_chars": 1, "max_ratio": 1, "duplicate": 1})
+
+
+def test_filter_pairs_dedup_off_and_ratio_off():
+    pairs = [Pair("a", "x", "y" * 50), Pair("b", "x", "y" * 50)]
+    kept, dropped = filter_pairs(pairs, FilterConfig(max_ratio=0), dedup=False)
+    assert [p.id for p in kept] == ["a", "b"]
+    assert not dropped
+
+
+def test_filter_pairs_dedup_is_on_the_pair_not_one_side():
+    pairs = [Pair("a", "sí", "yes"), Pair("b", "sí", "yeah"), Pair("c", "sí", "yes")]
+    kept, dropped = filter_pairs(pairs, FilterConfig(), dedup=True)
+    assert [p.id for p in kept] == ["a", "b"]
+    assert dropped == {"duplicate": 1}
+
+
+# --- prepare --------------------------------------------------------------------------------------------
+
+
+def corpus_rows(n=400):
+    return [(f"s{i}", f"frase numero {i} en espanol", f"sentence number {i} in english") for i in range(n)]
+
+
+def data_cfg(tmp_path, **kw) -> DataConfig:
+    base = dict(source="files", name="t", dir=str(tmp_path / "d"), dev_fraction=0.1, test_fraction=0.1)
+    return DataConfig(**{**base, **kw})
+
+
+def stats(folder):
+    names = [f"{s}.tsv" for s in SPLITS] + ["prepare.json"]
+    return {n: (os.stat(os.path.join(folder, n)).st_ino, os.stat(os.path.join(folder, n)).st_mtime_ns) for n in names}
+
+
+def test_prepare_writes_splits_and_carves_dev_test(tmp_path, write_tsv):
+    rows = corpus_rows()
+    cfg = data_cfg(tmp_path, train=write_tsv("corpus.tsv", rows))
+    report = prepare(cfg)
+    for name in ("train.tsv", "dev.tsv", "test.tsv", "prepare.json"):
+        assert os.path.isfile(os.path.join(cfg.dir, name))
+    splits = {s: read_tsv(os.path.join(cfg.dir, f"{s}.tsv")) for s in SPLITS}
+    ids = {s: [p.id for p in splits[s]] for s in SPLITS}
+    # every pair lands in exactly one split, the one its id hashes to
+    assert sorted(ids["train"] + ids["dev"] + ids["test"]) == sorted(r[0] for r in rows)
+    for s in SPLITS:
+        assert all(split_of(i, 0.1, 0.1) == s for i in ids[s])
+        assert 0 < len(ids[s])
+    assert 20 <= len(ids["dev"]) <= 60 and 20 <= len(ids["test"]) <= 60
+    # content round-trips
+    by_id = {r[0]: r for r in rows}
+    assert all((p.id, p.src, p.tgt) == by_id[p.id] for s in SPLITS for p in splits[s])
+    # the report matches the files
+    with open(os.path.join(cfg.dir, "prepare.json"), encoding="utf-8") as f:
+        assert json.load(f) == report
+    assert report["source"] == "files"
+    assert report["pairs"] == {s: len(ids[s]) for s in SPLITS}
+
+
+def test_prepare_given_dev_is_kept_and_test_carved(tmp_path, write_tsv):
+    dev_rows = [("d1", "uno", "one"), ("d1b", "uno", "one"), ("d2", "dos", "two")]
+    cfg = data_cfg(tmp_path, train=write_tsv("corpus.tsv", corpus_rows()), dev=write_tsv("dev.tsv", dev_rows))
+    report = prepare(cfg)
+    dev = read_tsv(os.path.join(cfg.dir, "dev.tsv"))
+    assert [(p.id, p.src, p.tgt) for p in dev] == dev_rows  # dev keeps duplicates
+    train_ids = {p.id for p in read_tsv(os.path.join(cfg.dir, "train.tsv"))}
+    test_ids = {p.id for p in read_tsv(os.path.join(cfg.dir, "test.tsv"))}
+    assert test_ids and not (train_ids & test_ids)
+    assert len(train_ids) + len(test_ids) == 400  # nothing carved into dev
+    assert report["pairs"]["dev"] == 3
+
+
+def test_prepare_drops_in_train_and_reports(tmp_path, write_tsv):
+    rows = corpus_rows(200) + [("dup", "frase numero 0 en espanol", "sentence number 0 in english"), ("empty", "x", " ")]
+    cfg = data_cfg(tmp_path, train=write_tsv("corpus.tsv", rows), dev_fraction=0.0, test_fraction=0.0,
+                   dev=write_tsv("dev.tsv", [("d", "a", "b")]), test=write_tsv("test.tsv", [("t", "c", "d")]))
+    report = prepare(cfg)
+    assert report["dropped"]["train"] == {"duplicate": 1, "empty": 1}
+    assert report["pairs"] == {"train": 200, "dev": 1, "test": 1}
+
+
+def test_prepare_max_train_pairs(tmp_path, write_tsv):
+    cfg = data_cfg(tmp_path, train=write_tsv("corpus.tsv", corpus_rows()), max_train_pairs=25)
+    assert prepare(cfg)["pairs"]["train"] == 25
+    assert len(read_tsv(os.path.join(cfg.dir, "train.tsv"))) == 25
+
+
+def test_prepare_second_call_does_not_rewrite(tmp_path, write_tsv):
+    cfg = data_cfg(tmp_path, train=write_tsv("corpus.tsv", corpus_rows()))
+    first = prepare(cfg)
+    before = stats(cfg.dir)
+    assert prepare(data_cfg(tmp_path, train=cfg.train)) == first
+    assert stats(cfg.dir) == before
+
+
+def test_prepare_changed_filter_reprepares(tmp_path, write_tsv):
+    rows = corpus_rows(300) + [("long", "a" * 40, "b" * 40)]
+    cfg = data_cfg(tmp_path, train=write_tsv("corpus.tsv", rows), dev_fraction=0.0, test_fraction=0.0,
+                   dev=write_tsv("dev.tsv", [("d", "a", "b")]), test=write_tsv("test.tsv", [("t", "c", "d")]))
+    first = prepare(cfg)
+    before = stats(cfg.dir)
+    assert first["pairs"]["train"] == 301
+
+    cfg.filters.max_chars = 35
+    second = prepare(cfg)
+    assert second["key"] != first["key"]
+    assert second["pairs"]["train"] == 300 and second["dropped"]["train"] == {"max_chars": 1}
+    assert "long" not in {p.id for p in read_tsv(os.path.join(cfg.dir, "train.tsv"))}
+    assert stats(cfg.dir)["train.tsv"] != before["train.tsv"]
+    with open(os.path.join(cfg.dir, "prepare.json"), encoding="utf-8") as f:
+        assert json.load(f)["key"] == second["key"]
+
+
+def test_prepare_changed_input_reprepares(tmp_path, write_tsv):
+    cfg = data_cfg(tmp_path, train=write_tsv("corpus.tsv", corpus_rows(300)))
+    first = prepare(cfg)
+    write_tsv("corpus.tsv", corpus_rows(400))  # a different size
+    second = prepare(cfg)
+    assert second["key"] != first["key"]
+    assert sum(second["pairs"].values()) == 400
+
+
+def test_prepare_missing_split_of_files_is_regenerated(tmp_path, write_tsv):
+    cfg = data_cfg(tmp_path, train=write_tsv("corpus.tsv", corpus_rows()))
+    prepare(cfg)
+    os.remove(os.path.join(cfg.dir, "dev.tsv"))
+    prepare(cfg)
+    assert os.path.isfile(os.path.join(cfg.dir, "dev.tsv"))
+
+
+def test_prepare_empty_split_is_user_error(tmp_path, write_tsv):
+    cfg = data_cfg(tmp_path, train=write_tsv("corpus.tsv", corpus_rows(50)),
+                   test=write_tsv("test.tsv", [("t", "", "nothing")]))
+    with pytest.raises(UserError, match="test split"):
+        prepare(cfg)
+
+
+def write_jsonl_folder(folder, n):
+    folder.mkdir(exist_ok=True)
+    with open(folder / "train.jsonl", "w", encoding="utf-8") as f:  # rewritten in place
+        for i in range(n):
+            f.write(json.dumps({"translation": {"es": f"hola numero {i}", "en": f"hello number {i}"}}) + "\n")
+
+
+def hf_folder_cfg(tmp_path) -> DataConfig:
+    return DataConfig(source="hf", name="x", dir=str(tmp_path / "d"), hf_path=str(tmp_path / "folder"), train="train",
+                      src_field="translation.es", tgt_field="translation.en", dev_fraction=0.2, test_fraction=0.2)
+
+
+def test_prepare_hf_local_folder(tmp_path):
+    write_jsonl_folder(tmp_path / "folder", 50)
+    report = prepare(hf_folder_cfg(tmp_path))
+    assert sum(report["pairs"].values()) == 50
+
+
+def test_prepare_hf_local_folder_edit_reprepares(tmp_path):
+    write_jsonl_folder(tmp_path / "folder", 50)
+    prepare(hf_folder_cfg(tmp_path))
+    write_jsonl_folder(tmp_path / "folder", 80)
+    assert sum(prepare(hf_folder_cfg(tmp_path))["pairs"].values()) == 80

@@ -1,0 +1,120 @@
+"""SentencePiece tokenizer on a tiny real corpus (Genesis 1-3, Spanish-English)."""
+import os
+import shutil
+
+import pytest
+
+from app.config import DataConfig, TokenizerConfig
+from app.data.prepare import prepare, read_tsv
+from app.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, build_tokenizer, model_paths
+from app.errors import UserError
+
+VOCAB = 250
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, genesis_pairs):
+    root = tmp_path_factory.mktemp("tok")
+    corpus = root / "genesis.tsv"
+    corpus.write_text("".join(f"{ref}\t{es}\t{en}\n" for ref, es, en in genesis_pairs), encoding="utf-8")
+    cfg = DataConfig(source="files", name="gen", dir=str(root / "prepared"), train=str(corpus),
+                     dev_fraction=0.05, test_fraction=0.05)
+    prepare(cfg)
+    return cfg.dir
+
+
+@pytest.fixture
+def data_dir(prepared, tmp_path):
+    """A private copy of the prepared corpus, so each test trains its own models."""
+    return shutil.copytree(prepared, tmp_path / "data")
+
+
+def file_state(path):
+    st = os.stat(path)
+    return st.st_ino, st.st_mtime_ns
+
+
+def test_special_ids(data_dir):
+    tok = build_tokenizer(data_dir, TokenizerConfig(vocab_size=VOCAB))
+    sp = tok.src
+    assert (PAD, UNK, BOS, EOS) == (0, 1, 2, 3)
+    assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (PAD, UNK, BOS, EOS)
+    assert tok.src_pieces([PAD, UNK, BOS, EOS]) == ["<pad>", "<unk>", "<s>", "</s>"]
+    assert sp.is_control(PAD) and sp.is_control(BOS) and sp.is_control(EOS) and sp.is_unknown(UNK)
+    assert 4 < tok.src_vocab_size <= VOCAB and tok.src_vocab_size == tok.tgt_vocab_size
+    # encode adds no BOS/EOS (the Batcher does) and never produces PAD
+    ids = tok.encode_src(["En el principio"])[0]
+    assert ids and not {PAD, BOS, EOS} & set(ids)
+
+
+def test_round_trip_on_training_sentences(data_dir):
+    tok = build_tokenizer(data_dir, TokenizerConfig(vocab_size=VOCAB))
+    assert tok.joint and tok.src is tok.tgt
+    pairs = read_tsv(os.path.join(data_dir, "train.tsv"))
+    assert len(pairs) > 50
+    texts = [p.src for p in pairs] + [p.tgt for p in pairs]
+    ids = tok.encode_src(texts)
+    assert all(UNK not in seq for seq in ids)
+    assert tok.decode_tgt(ids) == texts
+    # subwords actually segment: far fewer pieces than characters, more than words
+    total_pieces, total_chars = sum(map(len, ids)), sum(map(len, texts))
+    assert sum(len(t.split()) for t in texts) <= total_pieces < total_chars
+
+
+def test_second_build_reuses_model(data_dir):
+    cfg = TokenizerConfig(vocab_size=VOCAB)
+    model, _ = model_paths(data_dir, cfg)
+    first = build_tokenizer(data_dir, cfg)
+    before = file_state(model)
+    second = build_tokenizer(data_dir, cfg)
+    assert file_state(model) == before
+    text = ["Y dijo Dios: Sea la luz."]
+    assert second.encode_src(text) == first.encode_src(text)
+
+
+def test_changed_corpus_retrains(data_dir):
+    cfg = TokenizerConfig(vocab_size=VOCAB)
+    model, _ = model_paths(data_dir, cfg)
+    build_tokenizer(data_dir, cfg)
+    before = file_state(model)
+    train = os.path.join(data_dir, "train.tsv")
+    with open(train, "a", encoding="utf-8") as f:
+        f.write("extra\tzzzzqqqq xylofón\tzzzzqqqq xylophone\n")
+    tok = build_tokenizer(data_dir, cfg)
+    assert file_state(model) != before
+    assert UNK not in tok.encode_src(["xylofón"])[0]
+
+
+def test_separate_vocabularies(data_dir):
+    cfg = TokenizerConfig(vocab_size=VOCAB, joint=False)
+    src_model, tgt_model = model_paths(data_dir, cfg)
+    assert src_model != tgt_model
+    tok = build_tokenizer(data_dir, cfg)
+    assert os.path.isfile(src_model) and os.path.isfile(tgt_model)
+    assert not os.path.exists(model_paths(data_dir, TokenizerConfig(vocab_size=VOCAB))[0])
+    assert not tok.joint and tok.src is not tok.tgt
+    src_pieces = {tok.src.id_to_piece(i) for i in range(tok.src_vocab_size)}
+    tgt_pieces = {tok.tgt.id_to_piece(i) for i in range(tok.tgt_vocab_size)}
+    assert src_pieces != tgt_pieces
+    pairs = read_tsv(os.path.join(data_dir, "train.tsv"))
+    assert tok.src.decode(tok.encode_src([p.src for p in pairs])) == [p.src for p in pairs]
+    assert tok.decode_tgt(tok.encode_tgt([p.tgt for p in pairs])) == [p.tgt for p in pairs]
+    # reused on a second call
+    before = (file_state(src_model), file_state(tgt_model))
+    build_tokenizer(data_dir, cfg)
+    assert (file_state(src_model), file_state(tgt_model)) == before
+
+
+def test_joint_and_separate_models_coexist(data_dir):
+    joint, separate = TokenizerConfig(vocab_size=VOCAB), TokenizerConfig(vocab_size=VOCAB, joint=False)
+    model, _ = model_paths(data_dir, joint)
+    build_tokenizer(data_dir, joint)
+    build_tokenizer(data_dir, separate)
+    before = file_state(model)
+    build_tokenizer(data_dir, joint)
+    assert file_state(model) == before
+
+
+def test_missing_model_is_user_error(tmp_path):
+    with pytest.raises(UserError, match="tokenizer model not found"):
+        Tokenizer(str(tmp_path / "a.model"), str(tmp_path / "a.model"))
