@@ -46,7 +46,8 @@ def eval_command(cfg: DictConfig) -> None:
     texts = trained.tokenizer.decode_tgt(hyps.tokens)
     metrics = score(texts, data.tgt_texts)
     metrics.update(
-        split=cfg.eval.split, checkpoint=cfg.eval.checkpoint, decoding="greedy",
+        split=cfg.eval.split, checkpoint=cfg.eval.checkpoint,
+        decoding="greedy" if cfg.decode.beam_size == 1 else f"beam {cfg.decode.beam_size}, length penalty {cfg.decode.length_penalty}",
         decode_seconds=round(seconds, 2), sentences_per_s=round(len(texts) / seconds, 1),
         tokens_per_s=round(sum(len(h) + 1 for h in hyps.tokens) / seconds),
         device=torch.cuda.get_device_name(trained.device) if trained.device.type == "cuda" else "cpu",
@@ -54,7 +55,7 @@ def eval_command(cfg: DictConfig) -> None:
     out_dir = os.path.join(cfg.run_dir, "eval", cfg.eval.split)
     atomic_write_text(os.path.join(out_dir, "hyp.txt"), "".join(t + "\n" for t in texts))
     atomic_write_text(os.path.join(out_dir, "metrics.json"), json.dumps(metrics, indent=2))
-    print(f"{cfg.eval.split}: BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}  TER {metrics['ter']:.2f}  "
+    print(f"{cfg.eval.split} ({metrics['decoding']}): BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}  TER {metrics['ter']:.2f}  "
           f"({len(texts)} sentences, {metrics['sentences_per_s']} sent/s on {metrics['device']})")
     print(f"  {metrics['bleu_signature']}\n  {metrics['chrf_signature']}\n  {metrics['ter_signature']}")
     print(f"  wrote {out_dir}/hyp.txt and metrics.json")
@@ -70,8 +71,13 @@ def translate_command(cfg: DictConfig) -> None:
         lines = [line.rstrip("\n") for line in source]
     src = trained.tokenizer.encode_src(lines)
     hyps = trained.translate(src, cfg.decode)
-    texts = trained.tokenizer.decode_tgt(hyps.tokens)
-    text = "".join(t + "\n" for t in texts)
+    if cfg.decode.n_best > 1:  # Moses n-best format: input index ||| hypothesis ||| score
+        text = "".join(
+            f"{i} ||| {trained.tokenizer.decode_tgt([tokens])[0]} ||| {score:.4f}\n"
+            for i, hypotheses in enumerate(hyps.nbest) for tokens, score in hypotheses
+        )
+    else:
+        text = "".join(t + "\n" for t in trained.tokenizer.decode_tgt(hyps.tokens))
     if cfg.translate.output:
         with open(cfg.translate.output, "w", encoding="utf-8") as f:
             f.write(text)

@@ -106,9 +106,12 @@ class TrainConfig:
 
 @dataclass
 class DecodeConfig:
+    beam_size: int = 5  # 1 = greedy; validation during training is always greedy
+    length_penalty: float = 1.0  # GNMT α: hypotheses scored log p / ((5 + |Y|) / 6)^α
+    n_best: int = 1  # translate: hypotheses printed per input
     max_len_ratio: float = 1.5  # output length limit = ratio * source length + max_len_extra
     max_len_extra: int = 10
-    batch_tokens: int = 16000
+    batch_tokens: int = 16000  # source tokens per decoding batch (divided by beam_size)
 
 
 @dataclass

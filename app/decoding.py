@@ -1,4 +1,5 @@
-"""Decoding against the model API (encode / step). Greedy search; every model family uses this code."""
+"""Decoding against the model API (encode / step / state.select): greedy and beam search, written
+once for every model family."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,8 +12,17 @@ from app.data.tokenizer import BOS, EOS, PAD
 
 @dataclass
 class Hypotheses:
-    tokens: list[list[int]]  # per sentence, without BOS/EOS
+    tokens: list[list[int]]  # per sentence, the best hypothesis, without BOS/EOS
     attention: Optional[list[torch.Tensor]] = None  # per sentence: (..., len(tokens) + 1, src_len), EOS row included
+    nbest: Optional[list[list[tuple[list[int], float]]]] = None  # beam search: per sentence, (tokens, score) best first
+
+
+def next_token_scores(logits: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities of the next token; padding and BOS are never outputs."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    logp[:, PAD] = float("-inf")
+    logp[:, BOS] = float("-inf")
+    return logp
 
 
 def max_output_lengths(src_mask: torch.Tensor, ratio: float, extra: int) -> torch.Tensor:
@@ -37,7 +47,7 @@ def greedy_decode(
     state, steps, attention = None, [], []
     for t in range(int(limits.max()) + 1):
         logits, attn, state = model.step(memory, prev, state, need_attention=need_attention)
-        token = logits.argmax(-1)
+        token = next_token_scores(logits).argmax(-1)
         token = torch.where(t >= limits, torch.full_like(token, EOS), token)  # force an end at the limit
         token = token.masked_fill(finished, PAD)
         steps.append(token)
@@ -48,13 +58,101 @@ def greedy_decode(
             break
         prev = token
     out = torch.stack(steps, dim=1).tolist()
-    tokens = [[tok for tok in row if tok not in (PAD, EOS)] for row in out]
+    tokens = [row[: row.index(EOS)] if EOS in row else row for row in out]
     if not need_attention or attention[0] is None:  # a model without attention has none to give
         return Hypotheses(tokens)
     # (B, ..., T, S): every step's attention stacked on the target axis, trimmed per sentence
     stacked = torch.cat(attention, dim=-2).float().cpu()
     src_lens = src_mask.sum(-1).tolist()
     return Hypotheses(tokens, [stacked[i, ..., : len(tokens[i]) + 1, : src_lens[i]] for i in range(batch)])
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT length penalty (Wu et al. 2016, eq. 14): lp(Y) = ((5 + |Y|) / 6)^α."""
+    return ((5 + length) / 6) ** alpha
+
+
+@torch.no_grad()
+def beam_search(
+    model,
+    src: torch.Tensor,
+    beam_size: int = 5,
+    alpha: float = 1.0,
+    max_len_ratio: float = 1.5,
+    max_len_extra: int = 10,
+    n_best: int = 1,
+    need_attention: bool = False,
+) -> Hypotheses:
+    """Batched beam search: all sentences and beams of the batch advance together.
+
+    Every step extends the live beams by every token, keeps the 2k best candidates per sentence, sets
+    aside those ending in EOS among the first k (scored log p(Y|X) / lp(Y)), and continues with the k
+    best others. A sentence is done when k hypotheses have ended; each beam ends at its length limit.
+    With k = 1 this is greedy search.
+    """
+    device, batch, k = src.device, src.size(0), beam_size
+    src_mask = src != PAD
+    memory = model.encode(src, src_mask)
+    per_beam = torch.arange(batch, device=device).repeat_interleave(k)
+    memory = memory.select(per_beam)
+    limits = max_output_lengths(src_mask, max_len_ratio, max_len_extra).repeat_interleave(k)
+    scores = torch.full((batch, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # all beams start identical: let only the first one expand
+    scores = scores.view(-1)
+    history = torch.empty(batch * k, 0, dtype=torch.long, device=device)
+    attn_history = None
+    prev = torch.full((batch * k,), BOS, dtype=torch.long, device=device)
+    finished: list[list[tuple[float, float, list[int], Optional[torch.Tensor]]]] = [[] for _ in range(batch)]
+    done = [False] * batch
+    offsets = (torch.arange(batch, device=device) * k)[:, None]
+    state = None
+    for t in range(int(limits.max()) + 1):
+        logits, attn, state = model.step(memory, prev, state, need_attention=need_attention)
+        logp = next_token_scores(logits)
+        at_limit = t >= limits
+        if bool(at_limit.any()):  # only EOS may follow a beam at its length limit
+            forced = torch.full_like(logp, float("-inf"))
+            forced[:, EOS] = 0.0
+            logp = torch.where(at_limit[:, None], forced, logp)
+        vocab = logp.size(-1)
+        top_scores, top_index = (scores[:, None] + logp).view(batch, k * vocab).topk(2 * k, dim=1)
+        origin = top_index // vocab + offsets  # (batch, 2k) row in the flattened beams
+        token = top_index % vocab
+        is_eos = token == EOS
+        if need_attention and attn is not None:
+            steps_so_far = attn if attn_history is None else torch.cat([attn_history, attn], dim=-2)
+        ended = (is_eos[:, :k] & (top_scores[:, :k] > float("-inf"))).nonzero().tolist()
+        for b, rank in ended:
+            if done[b]:
+                continue
+            row = int(origin[b, rank])
+            tokens = history[row].tolist()
+            score = float(top_scores[b, rank])
+            weights = steps_so_far[row].float().cpu() if need_attention and attn is not None else None
+            finished[b].append((score / length_penalty(len(tokens) + 1, alpha), score, tokens, weights))
+        for b in range(batch):
+            done[b] = done[b] or len(finished[b]) >= k
+        if all(done):
+            break
+        alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)
+        rows = origin.gather(1, pick).view(-1)
+        prev = token.gather(1, pick).view(-1)
+        history = torch.cat([history.index_select(0, rows), prev[:, None]], dim=1)
+        if need_attention and attn is not None:
+            attn_history = steps_so_far.index_select(0, rows)
+        scores = alive_scores.view(-1)
+        state = state.select(rows)
+
+    src_lens = src_mask.sum(-1).tolist()
+    best_tokens, best_attention, nbest = [], [], []
+    for b in range(batch):
+        ranked = sorted(finished[b], key=lambda h: h[0], reverse=True)
+        nbest.append([(tokens, norm) for norm, _, tokens, _ in ranked[:n_best]])
+        best_tokens.append(ranked[0][2])
+        weights = ranked[0][3]
+        best_attention.append(None if weights is None else weights[..., : src_lens[b]])
+    has_attention = need_attention and best_attention[0] is not None
+    return Hypotheses(best_tokens, best_attention if has_attention else None, nbest)
 
 
 @torch.no_grad()
@@ -68,8 +166,12 @@ def decode_corpus(
     need_attention: bool = False,
     amp_dtype: Optional[torch.dtype] = None,
     progress: bool = False,
+    beam_size: int = 1,
+    alpha: float = 1.0,
+    n_best: int = 1,
 ) -> Hypotheses:
-    """Decode many sentences in length-sorted batches; results come back in input order."""
+    """Decode many sentences in length-sorted batches (greedy when beam_size is 1, else beam search);
+    results come back in input order."""
     from tqdm import tqdm
 
     from app.data.batching import Batcher, make_batches
@@ -78,15 +180,23 @@ def decode_corpus(
     model.eval()
     tokens: list = [None] * len(src)
     attention: list = [None] * len(src)
-    batches = make_batches([len(s) for s in src], None, batch_tokens)
+    nbest: list = [None] * len(src)
+    # a beam search batch holds beam_size copies of every sentence
+    batches = make_batches([len(s) for s in src], None, max(batch_tokens // beam_size, 1))
     batcher = Batcher(src)
     for indices in tqdm(batches, desc="decoding", unit="batch", disable=not progress, leave=False):
         batch = batcher(indices).to(device)
         with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-            hyps = greedy_decode(model, batch.src, max_len_ratio, max_len_extra, need_attention)
+            if beam_size == 1:
+                hyps = greedy_decode(model, batch.src, max_len_ratio, max_len_extra, need_attention)
+            else:
+                hyps = beam_search(model, batch.src, beam_size, alpha, max_len_ratio, max_len_extra, n_best, need_attention)
         for j, i in enumerate(indices):
             tokens[i] = hyps.tokens[j]
             if hyps.attention is not None:
                 attention[i] = hyps.attention[j]
+            if hyps.nbest is not None:
+                nbest[i] = hyps.nbest[j]
     model.train(was_training)
-    return Hypotheses(tokens, attention if need_attention and attention[0] is not None else None)
+    return Hypotheses(tokens, attention if need_attention and attention[0] is not None else None,
+                      nbest if beam_size > 1 else None)

@@ -26,8 +26,11 @@ class TrainedModel:
     dtype: torch.dtype | None
 
     def translate(self, src: list[list[int]], decode: DecodeConfig, progress: bool = False) -> Hypotheses:
+        if decode.beam_size < 1 or decode.n_best > decode.beam_size:
+            raise UserError(f"decode.beam_size={decode.beam_size} must be >= 1 and >= decode.n_best={decode.n_best}")
         return decode_corpus(self.model, src, self.device, decode.batch_tokens, decode.max_len_ratio,
-                             decode.max_len_extra, amp_dtype=self.dtype, progress=progress)
+                             decode.max_len_extra, amp_dtype=self.dtype, progress=progress,
+                             beam_size=decode.beam_size, alpha=decode.length_penalty, n_best=decode.n_best)
 
 
 def load_trained(run_dir: str, which: str, device: torch.device) -> TrainedModel:

@@ -38,11 +38,22 @@ class RNNMemory:
     summary: torch.Tensor  # (B, H) final encoder state (both directions), the bottleneck's only view
     keys: Optional[torch.Tensor]  # attention's per-sentence precomputation (U h_j, W_a h̄_s, ...)
 
+    def select(self, index: torch.Tensor) -> "RNNMemory":
+        """Rows ``index`` of the batch (beam search: expand per beam)."""
+        pick = lambda t: None if t is None else t.index_select(0, index)  # noqa: E731
+        return RNNMemory(pick(self.states), pick(self.src_mask), pick(self.summary), pick(self.keys))
+
 
 @dataclass
 class RNNState:
     hidden: Hidden
     feed: Optional[torch.Tensor] = None  # Luong input feeding: h̃_{t-1} (B, H)
+
+    def select(self, index: torch.Tensor) -> "RNNState":
+        """Rows ``index`` of the batch (beam search: follow the surviving beams); hidden is batch-second."""
+        hidden = tuple(h.index_select(1, index) for h in self.hidden) if isinstance(self.hidden, tuple) \
+            else self.hidden.index_select(1, index)
+        return RNNState(hidden, None if self.feed is None else self.feed.index_select(0, index))
 
 
 def _rnn(cell: str, *args, **kwargs) -> nn.RNNBase:

@@ -26,12 +26,21 @@ class Memory:
     states: torch.Tensor  # (B, S, D) encoder output
     src_mask: torch.Tensor  # (B, S) True at real tokens
 
+    def select(self, index: torch.Tensor) -> "Memory":
+        """Rows ``index`` of the batch (beam search: expand per beam)."""
+        return Memory(self.states.index_select(0, index), self.src_mask.index_select(0, index))
+
 
 @dataclass
 class DecoderState:
     position: int = 0
     self_kv: list = field(default_factory=list)  # per layer (k, v): (B, H, t, d_head)
     cross_kv: list = field(default_factory=list)  # per layer (k, v): (B, H, S, d_head), computed once
+
+    def select(self, index: torch.Tensor) -> "DecoderState":
+        """Rows ``index`` of the batch (beam search: follow the surviving beams)."""
+        pick = lambda kv: [t.index_select(0, index) for t in kv]  # noqa: E731
+        return DecoderState(self.position, [pick(kv) for kv in self.self_kv], [pick(kv) for kv in self.cross_kv])
 
 
 def sinusoidal_positions(max_len: int, d_model: int) -> torch.Tensor:

@@ -1,0 +1,135 @@
+"""Beam search: known answers on a model whose probabilities are set by hand, and agreement with
+greedy search on real models of every family."""
+import math
+
+import pytest
+import torch
+
+from app.config import ModelConfig
+from app.data.tokenizer import BOS, EOS, PAD
+from app.decoding import beam_search, decode_corpus, greedy_decode, length_penalty
+from app.models import build_model
+
+A, B = 4, 5
+VOCAB = 6
+TINY = 1e-9
+
+
+class MarkovModel(torch.nn.Module):
+    """p(next token | last token) from a fixed table: a model whose sequence probabilities are known."""
+
+    class Memory:
+        def __init__(self, n):
+            self.n = n
+
+        def select(self, index):
+            return MarkovModel.Memory(len(index))
+
+    class State:
+        def select(self, index):
+            return self
+
+    def __init__(self, table: dict[int, dict[int, float]], default: dict[int, float] = {EOS: 1.0}):  # noqa: B006
+        super().__init__()
+        self.table, self.default = table, default
+
+    def encode(self, src, src_mask=None):
+        return self.Memory(src.size(0))
+
+    def step(self, memory, prev_tokens, state, need_attention=False):
+        rows = []
+        for token in prev_tokens.tolist():
+            probs = torch.full((VOCAB,), TINY)
+            for nxt, p in self.table.get(token, self.default).items():
+                probs[nxt] = p
+            rows.append(probs.log())
+        return torch.stack(rows), None, self.State()
+
+
+SRC = torch.tensor([[A, B, A, EOS]])  # length limit ratio 1 + extra: plenty
+
+
+def test_beam_finds_the_best_sequence_greedy_misses():
+    # greedy: A (0.6) then EOS (0.4) -> p = 0.24; the best is B (0.4) then EOS (0.9) -> p = 0.36
+    model = MarkovModel({BOS: {A: 0.6, B: 0.4}, A: {EOS: 0.4, A: 0.3, B: 0.3}, B: {EOS: 0.9, A: 0.05, B: 0.05}})
+    assert greedy_decode(model, SRC).tokens == [[A]]
+    hyps = beam_search(model, SRC, beam_size=2, alpha=0.0, n_best=2)
+    assert hyps.tokens == [[B]]
+    (best, best_score), (second, second_score) = hyps.nbest[0]
+    assert (best, second) == ([B], [A])
+    assert best_score == pytest.approx(math.log(0.36), abs=1e-6)
+    assert second_score == pytest.approx(math.log(0.24), abs=1e-6)
+
+
+def test_length_penalty_changes_the_ranking():
+    # "" (EOS at once): p = 0.5; "A": p = 0.5 * 0.9 = 0.45. Without a penalty the empty output wins.
+    model = MarkovModel({BOS: {EOS: 0.5, A: 0.5 - 2 * TINY}, A: {EOS: 0.9, A: 0.1}})
+    assert beam_search(model, SRC, beam_size=2, alpha=0.0).tokens == [[]]
+    with_penalty = beam_search(model, SRC, beam_size=2, alpha=1.0, n_best=2)
+    assert with_penalty.tokens == [[A]]
+    scores = [score for _, score in with_penalty.nbest[0]]
+    assert scores == sorted(scores, reverse=True)
+    assert scores[0] == pytest.approx(math.log(0.45) / length_penalty(2, 1.0), abs=1e-6)
+
+
+def test_length_limit_ends_every_beam():
+    # would never stop on its own: every token is followed by A, and EOS is far less likely than any other
+    model = MarkovModel({}, default={A: 1.0, EOS: 1e-30})
+    hyps = beam_search(model, SRC, beam_size=2, alpha=0.0, max_len_ratio=1.0, max_len_extra=2)
+    assert hyps.tokens == [[A] * 6]  # 4 source tokens * 1.0 + 2
+
+
+FAMILIES = {
+    "transformer": dict(arch="transformer", d_model=16, heads=2, enc_layers=2, dec_layers=2, ff_dim=32),
+    "rnn_bahdanau": dict(arch="rnn", emb_dim=16, hidden=32, attention="bahdanau"),
+    "rnn_luong_lstm": dict(arch="rnn", emb_dim=16, hidden=32, attention="luong", cell="lstm", tie_embeddings=False),
+    "rnn_plain": dict(arch="rnn", emb_dim=16, hidden=32, attention="none"),
+}
+
+
+def real_model(family):
+    torch.manual_seed(0)
+    return build_model(ModelConfig(dropout=0.0, attention_dropout=0.0, **FAMILIES[family]), 30, 30, True).eval()
+
+
+def sources():
+    torch.manual_seed(1)
+    src = torch.randint(4, 30, (6, 7))
+    src[:, -1] = EOS
+    src[3, 3], src[3, 4:] = EOS, PAD
+    return src
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_beam_size_one_is_greedy(family):
+    model, src = real_model(family), sources()
+    greedy = greedy_decode(model, src, 1.0, 3, need_attention=True)
+    beam = beam_search(model, src, beam_size=1, max_len_ratio=1.0, max_len_extra=3, need_attention=True)
+    assert beam.tokens == greedy.tokens
+    if greedy.attention is None:
+        assert beam.attention is None
+    else:
+        for g, b in zip(greedy.attention, beam.attention):
+            assert torch.allclose(g, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_beam_outputs_are_well_formed(family):
+    model, src = real_model(family), sources()
+    hyps = beam_search(model, src, beam_size=4, max_len_ratio=1.0, max_len_extra=3, n_best=3, need_attention=True)
+    src_lens = (src != PAD).sum(-1).tolist()
+    for i, nbest in enumerate(hyps.nbest):
+        assert len(nbest) == 3 and nbest[0][0] == hyps.tokens[i]
+        assert [s for _, s in nbest] == sorted((s for _, s in nbest), reverse=True)
+        if hyps.attention is not None:
+            weights = hyps.attention[i]
+            assert weights.shape[-2:] == (len(hyps.tokens[i]) + 1, src_lens[i])
+            assert torch.allclose(weights.sum(-1), torch.ones(weights.shape[:-1]), atol=1e-4)
+
+
+def test_decode_corpus_restores_input_order_with_beams():
+    model = real_model("transformer")
+    src = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15]]
+    one_by_one = [beam_search(model, torch.tensor([s + [EOS]]), beam_size=3).tokens[0] for s in src]
+    together = decode_corpus(model, src, torch.device("cpu"), batch_tokens=30, beam_size=3)
+    assert together.tokens == one_by_one
