@@ -87,8 +87,9 @@ def beam_search(
 
     Every step extends the live beams by every token, keeps the 2k best candidates per sentence, sets
     aside those ending in EOS among the first k (scored log p(Y|X) / lp(Y)), and continues with the k
-    best others. A sentence is done when k hypotheses have ended; each beam ends at its length limit.
-    With k = 1 this is greedy search.
+    best others. A sentence is done when k hypotheses have ended and its best live beam, ended at the
+    next step, would not rank among them; each beam ends at its length limit. With k = 1 this is
+    greedy search.
     """
     device, batch, k = src.device, src.size(0), beam_size
     src_mask = src != PAD
@@ -130,11 +131,16 @@ def beam_search(
             score = float(top_scores[b, rank])
             weights = steps_so_far[row].float().cpu() if need_attention and attn is not None else None
             finished[b].append((score / length_penalty(len(tokens) + 1, alpha), score, tokens, weights))
+        alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)
+        # Done when k hypotheses have ended and the best live beam, scored at its next possible end
+        # (length t + 2 with EOS), no longer beats the k-th best of them.
+        best_alive = alive_scores[:, 0].tolist()
         for b in range(batch):
-            done[b] = done[b] or len(finished[b]) >= k
+            if not done[b] and len(finished[b]) >= k:
+                kth_best = sorted((h[0] for h in finished[b]), reverse=True)[k - 1]
+                done[b] = best_alive[b] / length_penalty(t + 2, alpha) <= kth_best
         if all(done):
             break
-        alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)
         rows = origin.gather(1, pick).view(-1)
         prev = token.gather(1, pick).view(-1)
         history = torch.cat([history.index_select(0, rows), prev[:, None]], dim=1)
