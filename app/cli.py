@@ -34,7 +34,7 @@ def eval_command(cfg: DictConfig) -> None:
     import torch
 
     from app.data.corpus import load_split
-    from app.evaluation import score
+    from app.evaluation import bleu_by_length, score
     from app.inference import load_trained
     from app.utils import atomic_write_text, resolve_device
 
@@ -45,6 +45,7 @@ def eval_command(cfg: DictConfig) -> None:
     seconds = time.time() - start
     texts = trained.tokenizer.decode_tgt(hyps.tokens)
     metrics = score(texts, data.tgt_texts)
+    metrics["bleu_by_source_length"] = bleu_by_length(texts, data.tgt_texts, data.src_texts, list(cfg.eval.length_buckets))
     metrics.update(
         split=cfg.eval.split, checkpoint=cfg.eval.checkpoint,
         decoding="greedy" if cfg.decode.beam_size == 1 else f"beam {cfg.decode.beam_size}, length penalty {cfg.decode.length_penalty}",

@@ -118,6 +118,7 @@ class DecodeConfig:
 class EvalConfig:
     split: str = "test"
     checkpoint: str = "best"  # best | last
+    length_buckets: list[int] = field(default_factory=lambda: [10, 20, 30, 40, 50])  # source-word bucket edges
 
 
 @dataclass

@@ -59,3 +59,18 @@ def test_without_ter():
 def test_count_mismatch_is_user_error():
     with pytest.raises(UserError, match="3 hypotheses against 4 references"):
         score(HYPS[:3], REFS)
+
+
+def test_bleu_by_source_length_buckets():
+    from app.evaluation import bleu_by_length
+
+    sources = ["a b", "a b c d e", "one two three four five six seven eight nine ten eleven twelve"]
+    hyps = ["the cat sat", "a dog ran off fast", "something else entirely here"]
+    refs = ["the cat sat", "a dog ran away quickly", "nothing alike at all"]
+    buckets = bleu_by_length(hyps, refs, sources, [3, 10])
+    assert [b["bucket"] for b in buckets] == ["0-3", "3-10", "10+"]
+    assert [b["sentences"] for b in buckets] == [1, 1, 1]
+    assert buckets[0]["bleu"] == pytest.approx(round(sacrebleu.corpus_bleu(hyps[:1], [refs[:1]]).score, 2))
+    assert buckets[1]["bleu"] == pytest.approx(round(sacrebleu.corpus_bleu(hyps[1:2], [refs[1:2]]).score, 2))
+    empty = bleu_by_length(hyps, refs, sources, [100])
+    assert empty[1] == {"bucket": "100+", "sentences": 0}
