@@ -10,7 +10,8 @@ SWORD_PACKAGES := sword-text-sparv sword-text-web
 TORCH_CPU ?= torch==2.13.0
 TORCH_GPU ?= torch
 
-.PHONY: setup data train eval translate tensorboard test bench clean
+.PHONY: setup data train eval translate tensorboard test bench compare clean
+COMPARE_MODELS ?= rnn_plain,rnn_bahdanau,rnn_luong,transformer
 
 setup: $(STAMP)
 
@@ -47,6 +48,13 @@ tensorboard: setup
 # pytest exits 5 when it collected no test: that is a failure here, like any non-zero code.
 test: setup
 	$(PY) -m pytest tests $(ARGS)
+
+# One Hydra multirun trains and evaluates every model of COMPARE_MODELS on the same data and budget,
+# then one report: checkpoints/compare/<stamp>/compare.md and bleu_by_length.png.
+compare: setup
+	@dir=checkpoints/compare/$$(date +%Y-%m-%d_%H-%M-%S); \
+	$(PY) -m app train -m model=$(COMPARE_MODELS) experiment=compare hydra.sweep.dir=$$dir $(ARGS) && \
+	$(PY) -m app compare compare.dir=$$dir $(filter eval.% decode.%,$(ARGS))
 
 bench: setup
 	$(PY) -m app bench $(ARGS)

@@ -1,11 +1,9 @@
 """Command line: ``python -m app {prepare,train,eval,translate} [hydra overrides]``."""
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
-import time
 
 import hydra
 from omegaconf import DictConfig
@@ -14,7 +12,7 @@ from app.config import register_configs
 from app.errors import UserError
 
 log = logging.getLogger("app")
-COMMANDS = ("prepare", "train", "eval", "translate", "bench")
+COMMANDS = ("prepare", "train", "eval", "translate", "bench", "compare")
 register_configs()
 
 
@@ -25,41 +23,18 @@ def prepare_command(cfg: DictConfig) -> None:
 
 
 def train_command(cfg: DictConfig) -> None:
+    from app.inference import evaluate_run
     from app.training import train
 
     train(cfg)
+    if cfg.train.evaluate:
+        evaluate_run(cfg)
 
 
 def eval_command(cfg: DictConfig) -> None:
-    import torch
+    from app.inference import evaluate_run
 
-    from app.data.corpus import load_split
-    from app.evaluation import bleu_by_length, score
-    from app.inference import load_trained
-    from app.utils import atomic_write_text, resolve_device
-
-    trained = load_trained(cfg.run_dir, cfg.eval.checkpoint, resolve_device(cfg.device))
-    data = load_split(trained.config.data.dir, cfg.eval.split, trained.tokenizer)
-    start = time.time()
-    hyps = trained.translate(data.src, cfg.decode, progress=True)
-    seconds = time.time() - start
-    texts = trained.tokenizer.decode_tgt(hyps.tokens)
-    metrics = score(texts, data.tgt_texts)
-    metrics["bleu_by_source_length"] = bleu_by_length(texts, data.tgt_texts, data.src_texts, list(cfg.eval.length_buckets))
-    metrics.update(
-        split=cfg.eval.split, checkpoint=cfg.eval.checkpoint,
-        decoding="greedy" if cfg.decode.beam_size == 1 else f"beam {cfg.decode.beam_size}, length penalty {cfg.decode.length_penalty}",
-        decode_seconds=round(seconds, 2), sentences_per_s=round(len(texts) / seconds, 1),
-        tokens_per_s=round(sum(len(h) + 1 for h in hyps.tokens) / seconds),
-        device=torch.cuda.get_device_name(trained.device) if trained.device.type == "cuda" else "cpu",
-    )
-    out_dir = os.path.join(cfg.run_dir, "eval", cfg.eval.split)
-    atomic_write_text(os.path.join(out_dir, "hyp.txt"), "".join(t + "\n" for t in texts))
-    atomic_write_text(os.path.join(out_dir, "metrics.json"), json.dumps(metrics, indent=2))
-    print(f"{cfg.eval.split} ({metrics['decoding']}): BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}  TER {metrics['ter']:.2f}  "
-          f"({len(texts)} sentences, {metrics['sentences_per_s']} sent/s on {metrics['device']})")
-    print(f"  {metrics['bleu_signature']}\n  {metrics['chrf_signature']}\n  {metrics['ter_signature']}")
-    print(f"  wrote {out_dir}/hyp.txt and metrics.json")
+    evaluate_run(cfg)
 
 
 def translate_command(cfg: DictConfig) -> None:
@@ -92,9 +67,19 @@ def bench_command(cfg: DictConfig) -> None:
     bench(cfg, steps=cfg.bench.steps, warmup=cfg.bench.warmup)
 
 
+def compare_command(cfg: DictConfig) -> None:
+    from app.compare import compare_report
+
+    if not cfg.compare.dir:
+        from app.errors import UserError
+
+        raise UserError("compare.dir is not set: give the sweep folder of a `train -m` run")
+    compare_report(cfg.compare.dir, cfg.eval.split)
+
+
 HANDLERS = {
     "prepare": prepare_command, "train": train_command, "eval": eval_command,
-    "translate": translate_command, "bench": bench_command,
+    "translate": translate_command, "bench": bench_command, "compare": compare_command,
 }
 
 
@@ -123,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["NMT_COMMAND"] = command
     # Each command keeps its own copy of Hydra's record, so eval does not overwrite train's.
     extra = [f"hydra.job.name={command}", f"hydra.output_subdir=.hydra/{command}"]
-    if command in ("prepare", "bench"):
-        extra = [f"hydra.job.name={command}", "hydra.output_subdir=null", "hydra.run.dir=${data.dir}"]
+    if command in ("prepare", "bench", "compare"):
+        run_dir = "checkpoints" if command == "compare" else "${data.dir}"
+        extra = [f"hydra.job.name={command}", "hydra.output_subdir=null", f"hydra.run.dir={run_dir}"]
     sys.argv = [sys.argv[0], *argv, *extra]
     _hydra_entry()

@@ -102,6 +102,7 @@ class TrainConfig:
     resume: bool = False
     amp: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
     max_dev_sentences: int = 0  # validate on the first N dev pairs only; 0 = all
+    evaluate: bool = False  # after training, evaluate best.pt on eval.split (what make compare uses)
 
 
 @dataclass
@@ -135,6 +136,11 @@ class BenchConfig:
 
 
 @dataclass
+class CompareConfig:
+    dir: Optional[str] = None  # sweep folder of a `train -m` run (make compare sets it)
+
+
+@dataclass
 class Config:
     name: str = "default"
     run_dir: str = "checkpoints/${name}"  # set to Hydra's output dir by conf/config.yaml
@@ -147,6 +153,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     translate: TranslateConfig = field(default_factory=TranslateConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
 
 
 def register_configs() -> None:

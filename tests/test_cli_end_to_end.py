@@ -116,3 +116,24 @@ def test_rnn_presets_train_and_evaluate_through_the_cli(workdir, preset):
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((workdir / "checkpoints" / name / "eval" / "test" / "metrics.json").read_text())
     assert metrics["sentences"] > 0 and "bleu" in metrics
+
+
+def test_compare_trains_evaluates_and_reports_a_sweep(workdir):
+    sweep = workdir / "checkpoints" / "compare" / "test"
+    overrides = [a for a in TINY if not a.startswith(("model=", "name="))] + [
+        "model.emb_dim=16", "model.hidden=32", "train.max_steps=6", "train.eval_every=6", "decode.beam_size=2",
+    ]
+    result = run_cli(workdir, "train", "-m", "model=rnn_bahdanau,transformer_small", "experiment=compare",
+                     f"hydra.sweep.dir={sweep}", *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_cli(workdir, "compare", f"compare.dir={sweep}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = (sweep / "compare.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| model=")]
+    assert [row.split(" | ")[0] for row in rows] == ["| model=rnn_bahdanau", "| model=transformer_small"]
+    assert "beam 2" in table
+    from PIL import Image
+
+    with Image.open(sweep / "bleu_by_length.png") as image:
+        assert image.size[0] > 400 and image.size[1] > 300
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(sweep / "tb"))
