@@ -71,6 +71,7 @@ def test_greedy_decode_matches_argmax_of_full_recomputation():
         limit = int((src[i] != PAD).sum()) + 4
         for t in range(limit + 1):
             logits = model.decode(memory, torch.tensor([prefix]))[0][0, -1]
+            logits[[PAD, BOS]] = float("-inf")  # never outputs
             token = EOS if t >= limit else int(logits.argmax())
             if token == EOS:
                 break
