@@ -123,12 +123,12 @@ def beam_search(
         if need_attention and attn is not None:
             steps_so_far = attn if attn_history is None else torch.cat([attn_history, attn], dim=-2)
         ended = (is_eos[:, :k] & (top_scores[:, :k] > float("-inf"))).nonzero().tolist()
+        ended = [(b, rank) for b, rank in ended if not done[b]]
+        if ended:  # one copy to the host per step, not one per hypothesis
+            origin_host, scores_host, history_host = origin.tolist(), top_scores.tolist(), history.tolist()
         for b, rank in ended:
-            if done[b]:
-                continue
-            row = int(origin[b, rank])
-            tokens = history[row].tolist()
-            score = float(top_scores[b, rank])
+            row, score = origin_host[b][rank], scores_host[b][rank]
+            tokens = history_host[row]
             weights = steps_so_far[row].float().cpu() if need_attention and attn is not None else None
             finished[b].append((score / length_penalty(len(tokens) + 1, alpha), score, tokens, weights))
         alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)
