@@ -136,6 +136,13 @@ class BenchConfig:
 
 
 @dataclass
+class VizConfig:
+    sentences: int = 4  # dev sentences whose alignments go to TensorBoard at every validation
+    eval_plots: int = 20  # eval: PNG heatmaps for the first N sentences (alignments.jsonl has all)
+    layer: int = -1  # Transformer layer whose heads are shown (and averaged in alignments.jsonl)
+
+
+@dataclass
 class CompareConfig:
     dir: Optional[str] = None  # sweep folder of a `train -m` run (make compare sets it)
 
@@ -154,6 +161,7 @@ class Config:
     translate: TranslateConfig = field(default_factory=TranslateConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
+    viz: VizConfig = field(default_factory=VizConfig)
 
 
 def register_configs() -> None:

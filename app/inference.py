@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 
@@ -11,15 +12,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from app.checkpoint import load_checkpoint
 from app.data.corpus import load_split
-from app.config import Config, DecodeConfig
+from app.config import Config, DecodeConfig, VizConfig
 from app.data.corpus import load_tokenizer
-from app.data.tokenizer import Tokenizer
+from app.data.tokenizer import EOS, Tokenizer
 from app.decoding import Hypotheses, decode_corpus
 from app.errors import UserError
 from app.evaluation import bleu_by_length, score
 from app.models import build_model
 from app.training import amp_dtype, vocab_fingerprint
-from app.utils import atomic_write_text, resolve_device
+from app.utils import atomic_write, atomic_write_text, resolve_device
 
 
 @dataclass
@@ -30,12 +31,14 @@ class TrainedModel:
     device: torch.device
     dtype: torch.dtype | None
 
-    def translate(self, src: list[list[int]], decode: DecodeConfig, progress: bool = False) -> Hypotheses:
+    def translate(self, src: list[list[int]], decode: DecodeConfig, progress: bool = False,
+                  need_attention: bool = False) -> Hypotheses:
         if decode.beam_size < 1 or decode.n_best > decode.beam_size:
             raise UserError(f"decode.beam_size={decode.beam_size} must be >= 1 and >= decode.n_best={decode.n_best}")
         return decode_corpus(self.model, src, self.device, decode.batch_tokens, decode.max_len_ratio,
                              decode.max_len_extra, amp_dtype=self.dtype, progress=progress,
-                             beam_size=decode.beam_size, alpha=decode.length_penalty, n_best=decode.n_best)
+                             beam_size=decode.beam_size, alpha=decode.length_penalty, n_best=decode.n_best,
+                             need_attention=need_attention)
 
 
 def load_trained(run_dir: str, which: str, device: torch.device) -> TrainedModel:
@@ -58,7 +61,7 @@ def evaluate_run(cfg: Config) -> dict:
     trained = load_trained(cfg.run_dir, cfg.eval.checkpoint, resolve_device(cfg.device))
     data = load_split(trained.config.data.dir, cfg.eval.split, trained.tokenizer)
     start = time.time()
-    hyps = trained.translate(data.src, cfg.decode, progress=True)
+    hyps = trained.translate(data.src, cfg.decode, progress=True, need_attention=True)
     seconds = time.time() - start
     texts = trained.tokenizer.decode_tgt(hyps.tokens)
     metrics = score(texts, data.tgt_texts)
@@ -73,8 +76,37 @@ def evaluate_run(cfg: Config) -> dict:
     out_dir = os.path.join(cfg.run_dir, "eval", cfg.eval.split)
     atomic_write_text(os.path.join(out_dir, "hyp.txt"), "".join(t + "\n" for t in texts))
     atomic_write_text(os.path.join(out_dir, "metrics.json"), json.dumps(metrics, indent=2))
+    if hyps.attention is not None:
+        write_alignments(out_dir, data, hyps, trained.tokenizer, cfg.viz)
     print(f"{cfg.eval.split} ({metrics['decoding']}): BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}  "
           f"TER {metrics['ter']:.2f}  ({len(texts)} sentences, {metrics['sentences_per_s']} sent/s on {metrics['device']})")
     print(f"  {metrics['bleu_signature']}\n  {metrics['chrf_signature']}\n  {metrics['ter_signature']}")
-    print(f"  wrote {out_dir}/hyp.txt and metrics.json")
+    print(f"  wrote {out_dir}/hyp.txt, metrics.json" + (", alignments.jsonl and alignments/*.png" if hyps.attention is not None else
+                                                        " (this model has no attention to plot)"))
     return metrics
+
+
+def write_alignments(out_dir: str, data, hyps: Hypotheses, tokenizer: Tokenizer, viz: VizConfig) -> None:
+    """``alignments.jsonl`` (every sentence: tokens and attention rows of the decoding that produced
+    the hypothesis) and ``alignments/NNNN.png`` heatmaps for the first ``viz.eval_plots`` sentences."""
+    from app.plots import figures, layer_views, png_bytes
+
+    plot_dir = os.path.join(out_dir, "alignments")
+    shutil.rmtree(plot_dir, ignore_errors=True)  # plots of an earlier evaluation must not mix with these
+    lines = []
+    for i, attention in enumerate(hyps.attention):
+        src_tokens = tokenizer.src_pieces(data.src[i] + [EOS])
+        hyp_tokens = tokenizer.tgt_pieces(hyps.tokens[i] + [EOS])
+        views = layer_views(attention, viz.layer)
+        row = {"id": data.ids[i], "src_tokens": src_tokens, "hyp_tokens": hyp_tokens,
+               "weights": views["weights"].round(decimals=4).tolist()}
+        if "head_weights" in views:
+            row["layer"] = views["layer"]
+            row["head_weights"] = views["head_weights"].round(decimals=4).tolist()
+        lines.append(json.dumps(row, ensure_ascii=False))
+        if i < viz.eval_plots:
+            for name, fig in figures(attention, src_tokens, hyp_tokens, viz.layer).items():
+                suffix = "" if name == "alignment" else f"_{name}"
+                png = png_bytes(fig)
+                atomic_write(os.path.join(plot_dir, f"{i:04d}{suffix}.png"), lambda f: f.write(png))
+    atomic_write_text(os.path.join(out_dir, "alignments.jsonl"), "".join(line + "\n" for line in lines))

@@ -21,7 +21,7 @@ from app.checkpoint import load_checkpoint, save_checkpoint
 from app.config import Config
 from app.data.batching import Batcher, make_batches
 from app.data.corpus import ParallelData, load_split, prepare_data
-from app.data.tokenizer import PAD, Tokenizer
+from app.data.tokenizer import EOS, PAD, Tokenizer
 from app.decoding import decode_corpus
 from app.errors import UserError
 from app.evaluation import score
@@ -103,6 +103,33 @@ def validate(model, dev: ParallelData, tokenizer: Tokenizer, cfg: Config, device
     return {"loss": loss_sum / tokens, "ppl": math.exp(min(loss_sum / tokens, 50)), **metrics}
 
 
+@torch.no_grad()
+def log_alignments(writer: SummaryWriter, model, dev: ParallelData, tokenizer: Tokenizer, cfg: Config, device,
+                   dtype, step: int) -> None:
+    """Heatmaps of the first ``viz.sentences`` dev sentences (greedy decoding), and two scalars over
+    them: mean attention entropy and monotonicity (the step slider shows alignment emerging)."""
+    from app.plots import attention_entropy, figures, layer_views, monotonicity
+
+    n = min(cfg.viz.sentences, len(dev))
+    if n == 0:
+        return
+    hyps = decode_corpus(model, dev.src[:n], device, cfg.decode.batch_tokens, cfg.decode.max_len_ratio,
+                         cfg.decode.max_len_extra, need_attention=True, amp_dtype=dtype)
+    if hyps.attention is None:  # a model without attention
+        return
+    entropy, monotone = [], []
+    for i, attention in enumerate(hyps.attention):
+        src_tokens = tokenizer.src_pieces(dev.src[i] + [EOS])
+        hyp_tokens = tokenizer.tgt_pieces(hyps.tokens[i] + [EOS])
+        for name, fig in figures(attention, src_tokens, hyp_tokens, cfg.viz.layer).items():
+            writer.add_figure(f"alignment/{i}/{name}", fig, step)  # closes the figure
+        weights = layer_views(attention, cfg.viz.layer)["weights"]
+        entropy.append(attention_entropy(weights))
+        monotone.append(monotonicity(weights))
+    writer.add_scalar("dev/attention_entropy", sum(entropy) / n, step)
+    writer.add_scalar("dev/attention_monotonicity", sum(monotone) / n, step)
+
+
 def train(cfg: Config) -> dict:
     run_dir = cfg.run_dir
     device = resolve_device(cfg.device)
@@ -171,6 +198,7 @@ def train(cfg: Config) -> dict:
         last_eval_step = progress.step
         t0 = time.time()
         metrics = validate(model, dev_data, tokenizer, cfg, device, dtype)
+        log_alignments(writer, model, dev_data, tokenizer, cfg, device, dtype, progress.step)
         for key in ("loss", "ppl", "bleu", "chrf"):
             writer.add_scalar(f"dev/{key}", metrics[key], progress.step)
         improved = metrics["bleu"] > progress.best_bleu

@@ -21,7 +21,7 @@ TINY = [
     "tokenizer.vocab_size=400", "model=transformer_small", "model.d_model=32", "model.heads=2",
     "model.enc_layers=1", "model.dec_layers=1", "model.ff_dim=64", "train.batch_tokens=2000",
     "train.warmup_steps=10", "train.eval_every=20", "train.save_every=20", "train.log_every=10",
-    "device=cpu", "name=tiny",
+    "device=cpu", "name=tiny", "viz.sentences=2", "viz.eval_plots=2",
 ]
 
 
@@ -137,3 +137,41 @@ def test_compare_trains_evaluates_and_reports_a_sweep(workdir):
     with Image.open(sweep / "bleu_by_length.png") as image:
         assert image.size[0] > 400 and image.size[1] > 300
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(sweep / "tb"))
+
+
+def test_training_logs_alignment_images_and_scalars_to_tensorboard(workdir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = str(workdir / "checkpoints" / "tiny" / "tb")
+    events = EventAccumulator(tb, size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    images = set(events.Tags()["images"])
+    for i in range(2):
+        assert {f"alignment/{i}/alignment", f"alignment/{i}/layers", f"alignment/{i}/heads"} <= images
+    steps = [e.step for e in events.Images("alignment/0/alignment")]
+    assert 20 in steps and 40 in steps  # one per validation: the slider shows alignment emerging
+    entropy = events.Scalars("dev/attention_entropy")
+    assert entropy and all(e.value >= 0 for e in entropy)
+    assert all(0 <= e.value <= 1 for e in events.Scalars("dev/attention_monotonicity"))
+
+
+def test_eval_writes_alignment_heatmaps_and_jsonl(workdir):
+    from PIL import Image
+
+    out = workdir / "checkpoints" / "tiny" / "eval" / "test"
+    assert run_cli(workdir, "eval", "name=tiny", "device=cpu", "viz.eval_plots=2").returncode == 0
+    pngs = sorted(os.listdir(out / "alignments"))
+    assert pngs == ["0000.png", "0000_heads.png", "0000_layers.png", "0001.png", "0001_heads.png", "0001_layers.png"]
+    with Image.open(out / "alignments" / "0000.png") as image:
+        assert image.size[0] >= 300 and image.size[1] >= 200
+    rows = [json.loads(line) for line in (out / "alignments.jsonl").read_text(encoding="utf-8").splitlines()]
+    hyps = (out / "hyp.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(rows) == len(hyps)
+    for row in rows:
+        assert row["src_tokens"][-1] == "</s>" and row["hyp_tokens"][-1] == "</s>"
+        assert len(row["weights"]) == len(row["hyp_tokens"])
+        for weights in row["weights"]:
+            assert len(weights) == len(row["src_tokens"])  # no padding columns
+            assert sum(weights) == pytest.approx(1.0, abs=2e-3)  # rounded to 4 decimals
+        assert row["layer"] == 0 and len(row["head_weights"]) == 2  # 1 layer, 2 heads
+        assert sum(row["head_weights"][1][0]) == pytest.approx(1.0, abs=2e-3)

@@ -1,0 +1,113 @@
+"""Alignment heatmaps for every attention type, one plotting path: attention tensor -> matplotlib
+figure -> PNG bytes (files) or TensorBoard image.
+
+Accepted shapes, from the model API: (tgt, src) for RNN attention, (layers, heads, tgt, src) for
+Transformer cross-attention. Rows are target tokens (y axis), columns source tokens (x axis).
+"""
+from __future__ import annotations
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+
+def _draw(ax, weights: np.ndarray, src_tokens: list[str], tgt_tokens: list[str], title: str, labels: bool = True):
+    image = ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+    if labels:
+        ax.set_xticks(range(len(src_tokens)), src_tokens, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(tgt_tokens)), tgt_tokens, fontsize=7)
+    else:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    ax.set_title(title, fontsize=8)
+    return image
+
+
+def alignment_figure(weights, src_tokens: list[str], tgt_tokens: list[str], title: str = ""):
+    """One (tgt, src) map with token labels and a colour bar."""
+    weights = np.asarray(weights, dtype=np.float32)
+    width = min(2.5 + 0.22 * len(src_tokens), 24)
+    height = min(2.0 + 0.22 * len(tgt_tokens), 24)
+    fig, ax = plt.subplots(figsize=(width, height), dpi=100)
+    image = _draw(ax, weights, src_tokens, tgt_tokens, title)
+    ax.set_xlabel("source")
+    ax.set_ylabel("target")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02)
+    fig.tight_layout()
+    return fig
+
+
+def grid_figure(maps, src_tokens: list[str], tgt_tokens: list[str], names: list[str], title: str = ""):
+    """Several (tgt, src) maps, e.g. every head of a layer or every layer's head average, in a grid."""
+    maps = np.asarray(maps, dtype=np.float32)
+    cols = min(4, len(maps))
+    rows = (len(maps) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.0 * rows), dpi=100, squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        if i < len(maps):
+            image = _draw(ax, maps[i], src_tokens, tgt_tokens, names[i], labels=len(src_tokens) <= 30)
+        else:
+            ax.axis("off")
+    fig.suptitle(title, fontsize=9)
+    fig.colorbar(image, ax=axes, fraction=0.02, pad=0.02)
+    return fig
+
+
+def layer_views(attention: torch.Tensor, layer: int = -1) -> dict:
+    """The views of one sentence's attention that plots and alignment files use.
+
+    RNN (tgt, src): ``weights`` is the map itself. Transformer (layers, heads, tgt, src): ``weights``
+    is the head average of ``layer``, ``head_weights`` its heads, ``layer_means`` every layer's head average.
+    """
+    attention = attention.float()
+    if attention.dim() == 2:
+        return {"weights": attention}
+    if attention.dim() != 4:
+        raise ValueError(f"attention of shape {tuple(attention.shape)}: expected (tgt, src) or (layers, heads, tgt, src)")
+    layer = layer % attention.size(0)
+    return {"weights": attention[layer].mean(0), "head_weights": attention[layer], "layer": layer,
+            "layer_means": attention.mean(1)}
+
+
+def figures(attention: torch.Tensor, src_tokens: list[str], tgt_tokens: list[str], layer: int = -1) -> dict:
+    """name -> figure for one sentence: the alignment map; for Transformers also the head average of
+    every layer (one grid) and every head of the chosen layer (one grid)."""
+    views = layer_views(attention, layer)
+    if "head_weights" not in views:
+        return {"alignment": alignment_figure(views["weights"], src_tokens, tgt_tokens, "attention")}
+    chosen = views["layer"]
+    layers, heads = len(views["layer_means"]), len(views["head_weights"])
+    return {
+        "alignment": alignment_figure(views["weights"], src_tokens, tgt_tokens, f"layer {chosen}, mean of heads"),
+        "layers": grid_figure(views["layer_means"], src_tokens, tgt_tokens, [f"layer {i}" for i in range(layers)],
+                              "mean of heads, every layer"),
+        "heads": grid_figure(views["head_weights"], src_tokens, tgt_tokens, [f"head {h}" for h in range(heads)],
+                             f"layer {chosen}, every head"),
+    }
+
+
+def png_bytes(fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def attention_entropy(weights: torch.Tensor) -> float:
+    """Mean entropy (nats) of the attention rows: low when each target token looks at few source tokens."""
+    w = weights.float().clamp_min(1e-12)
+    return float(-(w * w.log()).sum(-1).mean())
+
+
+def monotonicity(weights: torch.Tensor) -> float:
+    """Share of target tokens whose most-attended source position does not move backwards: a
+    diagonality score of an alignment (1.0 for a monotone one)."""
+    argmax = weights.argmax(-1)
+    if argmax.numel() < 2:
+        return 1.0
+    return float((argmax[1:] >= argmax[:-1]).float().mean())
