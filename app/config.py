@@ -120,6 +120,7 @@ class EvalConfig:
     split: str = "test"
     checkpoint: str = "best"  # best | last
     length_buckets: list[int] = field(default_factory=lambda: [10, 20, 30, 40, 50])  # source-word bucket edges
+    gold_align: Optional[str] = None  # Pharaoh gold alignments for the split: AER/precision/recall in metrics.json
 
 
 @dataclass

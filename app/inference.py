@@ -73,6 +73,12 @@ def evaluate_run(cfg: Config) -> dict:
         tokens_per_s=round(sum(len(h) + 1 for h in hyps.tokens) / seconds),
         device=torch.cuda.get_device_name(trained.device) if trained.device.type == "cuda" else "cpu",
     )
+    if cfg.eval.gold_align:
+        from app.alignment import alignment_error_rate, read_pharaoh
+
+        gold = read_pharaoh(cfg.eval.gold_align)
+        metrics["alignment"] = {**alignment_error_rate(forced_alignments(trained, data, cfg), gold),
+                                "gold": cfg.eval.gold_align}
     out_dir = os.path.join(cfg.run_dir, "eval", cfg.eval.split)
     atomic_write_text(os.path.join(out_dir, "hyp.txt"), "".join(t + "\n" for t in texts))
     atomic_write_text(os.path.join(out_dir, "metrics.json"), json.dumps(metrics, indent=2))
@@ -80,6 +86,9 @@ def evaluate_run(cfg: Config) -> dict:
         write_alignments(out_dir, data, hyps, trained.tokenizer, cfg.viz)
     print(f"{cfg.eval.split} ({metrics['decoding']}): BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}  "
           f"TER {metrics['ter']:.2f}  ({len(texts)} sentences, {metrics['sentences_per_s']} sent/s on {metrics['device']})")
+    if "alignment" in metrics:
+        a = metrics["alignment"]
+        print(f"  alignment vs {a['gold']}: AER {a['aer']:.4f}  precision {a['precision']:.4f}  recall {a['recall']:.4f}")
     print(f"  {metrics['bleu_signature']}\n  {metrics['chrf_signature']}\n  {metrics['ter_signature']}")
     print(f"  wrote {out_dir}/hyp.txt, metrics.json" + (", alignments.jsonl and alignments/*.png" if hyps.attention is not None else
                                                         " (this model has no attention to plot)"))
@@ -110,3 +119,27 @@ def write_alignments(out_dir: str, data, hyps: Hypotheses, tokenizer: Tokenizer,
                 png = png_bytes(fig)
                 atomic_write(os.path.join(plot_dir, f"{i:04d}{suffix}.png"), lambda f: f.write(png))
     atomic_write_text(os.path.join(out_dir, "alignments.jsonl"), "".join(line + "\n" for line in lines))
+
+
+@torch.no_grad()
+def forced_alignments(trained: TrainedModel, data, cfg: Config) -> list[set]:
+    """Hard word alignments of every (source, reference) pair from teacher-forced attention: gold
+    alignments link source and *reference* words, so the attention is read while forcing the reference."""
+    from app.alignment import hard_alignment
+    from app.data.batching import Batcher, make_batches
+    from app.plots import layer_views
+
+    model, device, dtype = trained.model, trained.device, trained.dtype
+    batcher, links = Batcher(data.src, data.tgt), [None] * len(data.src)
+    for indices in make_batches([len(s) for s in data.src], [len(t) for t in data.tgt], cfg.decode.batch_tokens):
+        batch = batcher(indices).to(device)
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            _, attention = model.decode(model.encode(batch.src), batch.tgt_in, need_attention=True)
+        if attention is None:
+            raise UserError("eval.gold_align: this model has no attention to align with")
+        for j, i in enumerate(indices):
+            src_len, tgt_len = len(data.src[i]) + 1, len(data.tgt[i]) + 1
+            weights = layer_views(attention[j].float().cpu(), cfg.viz.layer)["weights"][..., :tgt_len, :src_len]
+            links[i] = hard_alignment(weights, trained.tokenizer.src_pieces(data.src[i] + [EOS]),
+                                      trained.tokenizer.tgt_pieces(data.tgt[i] + [EOS]))
+    return links

@@ -175,3 +175,20 @@ def test_eval_writes_alignment_heatmaps_and_jsonl(workdir):
             assert sum(weights) == pytest.approx(1.0, abs=2e-3)  # rounded to 4 decimals
         assert row["layer"] == 0 and len(row["head_weights"]) == 2  # 1 layer, 2 heads
         assert sum(row["head_weights"][1][0]) == pytest.approx(1.0, abs=2e-3)
+
+
+def test_eval_reports_alignment_error_rate_against_a_gold_file(workdir):
+    # a diagonal "gold" alignment over the test references: enough to exercise the whole path
+    refs = [line.rstrip("\n").split("\t") for line in open(workdir / "data" / "tiny" / "test.tsv", encoding="utf-8")]
+    gold = workdir / "gold.align"
+    gold.write_text("".join(
+        " ".join(f"{min(j, len(src.split()) - 1)}-{j}" for j in range(len(tgt.split()))) + "\n" for _, src, tgt in refs
+    ))
+    result = run_cli(workdir, "eval", "name=tiny", "device=cpu", "decode.beam_size=1", "viz.eval_plots=0",
+                     f"eval.gold_align={gold}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "AER" in result.stdout
+    metrics = json.loads((workdir / "checkpoints" / "tiny" / "eval" / "test" / "metrics.json").read_text())
+    alignment = metrics["alignment"]
+    assert 0.0 <= alignment["aer"] <= 1.0 and 0.0 <= alignment["precision"] <= 1.0
+    assert alignment["links"] == sum(len(tgt.split()) for _, _, tgt in refs)  # one link per reference word

@@ -1,0 +1,64 @@
+"""Hard alignments from attention and AER, by hand and on a learned toy task."""
+import pytest
+import torch
+
+from app.alignment import alignment_error_rate, hard_alignment, read_pharaoh, word_index
+from app.config import ModelConfig
+from app.data.batching import Batcher
+from app.errors import UserError
+from app.models import build_model
+from app.plots import layer_views
+from toy_tasks import reversal_data, train_on_reversal
+
+
+def test_pieces_merge_into_words():
+    assert word_index(["▁In", "▁the", "▁begin", "ning", ",", "</s>"]) == [0, 1, 2, 2, 2, -1]
+
+
+def test_hard_alignment_sums_pieces_then_takes_the_argmax():
+    src = ["▁En", "▁el", "▁princip", "io", "</s>"]
+    tgt = ["▁In", "▁the", "▁begin", "ning", "</s>"]
+    weights = [
+        [0.9, 0.1, 0.0, 0.0, 0.0],
+        [0.0, 0.8, 0.1, 0.1, 0.0],
+        [0.1, 0.0, 0.4, 0.4, 0.1],   # "princip"+"io" = 0.8 beats "En" 0.1
+        [0.0, 0.5, 0.2, 0.3, 0.0],   # joins row above: word 2 -> source word 2 (1.3) over "el" (0.5)
+        [0.0, 0.0, 0.0, 0.0, 1.0],   # </s> row: ignored
+    ]
+    assert hard_alignment(weights, src, tgt) == {(0, 0), (1, 1), (2, 2)}
+
+
+def test_aer_hand_computed(tmp_path):
+    path = tmp_path / "gold.txt"
+    path.write_text("0-0 1-1 2?1\n0-1\n")
+    gold = read_pharaoh(str(path))
+    assert gold[0] == ({(0, 0), (1, 1)}, {(0, 0), (1, 1), (2, 1)})
+    predicted = [{(0, 0), (2, 1), (2, 2)}, {(0, 1)}]
+    # A=4, S=3, A∩S={(0,0),(0,1)}=2, A∩P={(0,0),(2,1),(0,1)}=3 -> AER = 1 - 5/7
+    scores = alignment_error_rate(predicted, gold)
+    assert scores["aer"] == pytest.approx(round(1 - 5 / 7, 4))
+    assert scores["precision"] == pytest.approx(0.75) and scores["recall"] == pytest.approx(round(2 / 3, 4))
+    path.write_text("0-0 1~1\n")
+    with pytest.raises(UserError, match="gold.txt:1"):
+        read_pharaoh(str(path))
+
+
+def test_attention_rnn_on_reversal_has_low_aer():
+    torch.manual_seed(0)
+    cfg = ModelConfig(arch="rnn", emb_dim=32, hidden=64, enc_layers=1, dec_layers=1, dropout=0.0,
+                      tie_embeddings=False, attention="bahdanau")
+    model = build_model(cfg, 16, 16, joint_vocab=True)
+    train_on_reversal(model, steps=400)
+    src, tgt = reversal_data(100, seed=7)
+    batch = Batcher(src, tgt)(list(range(100)))
+    with torch.no_grad():
+        _, attention = model.decode(model.encode(batch.src), batch.tgt_in, need_attention=True)  # teacher forced
+    predicted, gold = [], []
+    for i, s in enumerate(src):
+        n = len(s)
+        pieces = [f"▁{x}" for x in s] + ["</s>"]
+        weights = layer_views(attention[i, : n + 1, : n + 1])["weights"]
+        predicted.append(hard_alignment(weights, pieces, [f"▁{x}" for x in tgt[i]] + ["</s>"]))
+        links = {(n - 1 - j, j) for j in range(n)}
+        gold.append((links, links))
+    assert alignment_error_rate(predicted, gold)["aer"] <= 0.1
