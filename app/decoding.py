@@ -181,6 +181,7 @@ def decode_corpus(
     from tqdm import tqdm
 
     from app.data.batching import Batcher, make_batches
+    from app.utils import autocast
 
     was_training = model.training
     model.eval()
@@ -192,7 +193,7 @@ def decode_corpus(
     batcher = Batcher(src)
     for indices in tqdm(batches, desc="decoding", unit="batch", disable=not progress, leave=False):
         batch = batcher(indices).to(device)
-        with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+        with autocast(device, amp_dtype):
             if beam_size == 1:
                 hyps = greedy_decode(model, batch.src, max_len_ratio, max_len_extra, need_attention)
             else:

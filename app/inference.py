@@ -20,7 +20,7 @@ from app.errors import UserError
 from app.evaluation import bleu_by_length, score
 from app.models import build_model
 from app.training import amp_dtype, vocab_fingerprint
-from app.utils import atomic_write, atomic_write_text, resolve_device
+from app.utils import atomic_write, atomic_write_text, autocast, resolve_device
 
 
 @dataclass
@@ -126,18 +126,17 @@ def forced_alignments(trained: TrainedModel, data, cfg: Config) -> list[set]:
     """Hard word alignments of every (source, reference) pair from teacher-forced attention: gold
     alignments link source and *reference* words, so the attention is read while forcing the reference."""
     from app.alignment import hard_alignment
-    from app.data.batching import Batcher, make_batches
+    from app.data.batching import sorted_batches
     from app.plots import layer_views
 
-    model, device, dtype = trained.model, trained.device, trained.dtype
-    batcher, links = Batcher(data.src, data.tgt), [None] * len(data.src)
-    for indices in make_batches([len(s) for s in data.src], [len(t) for t in data.tgt], cfg.decode.batch_tokens):
-        batch = batcher(indices).to(device)
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            _, attention = model.decode(model.encode(batch.src), batch.tgt_in, need_attention=True)
+    model, links = trained.model, [None] * len(data.src)
+    for batch in sorted_batches(data.src, data.tgt, cfg.decode.batch_tokens):
+        gpu_batch = batch.to(trained.device)
+        with autocast(trained.device, trained.dtype):
+            _, attention = model.decode(model.encode(gpu_batch.src), gpu_batch.tgt_in, need_attention=True)
         if attention is None:
             raise UserError("eval.gold_align: this model has no attention to align with")
-        for j, i in enumerate(indices):
+        for j, i in enumerate(batch.index.tolist()):
             src_len, tgt_len = len(data.src[i]) + 1, len(data.tgt[i]) + 1
             weights = layer_views(attention[j].float().cpu(), cfg.viz.layer)["weights"][..., :tgt_len, :src_len]
             links[i] = hard_alignment(weights, trained.tokenizer.src_pieces(data.src[i] + [EOS]),

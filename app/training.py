@@ -19,14 +19,14 @@ from tqdm import tqdm
 
 from app.checkpoint import load_checkpoint, save_checkpoint
 from app.config import Config
-from app.data.batching import Batcher, make_batches
+from app.data.batching import Batcher, make_batches, sorted_batches
 from app.data.corpus import ParallelData, load_split, prepare_data
 from app.data.tokenizer import EOS, PAD, Tokenizer
 from app.decoding import decode_corpus
 from app.errors import UserError
 from app.evaluation import score
 from app.models import build_model, count_parameters
-from app.utils import atomic_write_text, file_hash, resolve_device, seed_everything
+from app.utils import atomic_write_text, autocast, file_hash, resolve_device, seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def sequence_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: f
 
 def train_step(model, batch, n_tokens: int, optimizer, scheduler, cfg: Config, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """One update; returns the summed loss and the gradient norm as device tensors (no host sync)."""
-    with torch.autocast(batch.src.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+    with autocast(batch.src.device, dtype):
         loss_sum = sequence_loss(model(batch.src, batch.tgt_in), batch.tgt_out, cfg.train.label_smoothing)
     (loss_sum / n_tokens).backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
@@ -88,10 +88,10 @@ def train_step(model, batch, n_tokens: int, optimizer, scheduler, cfg: Config, d
 def validate(model, dev: ParallelData, tokenizer: Tokenizer, cfg: Config, device, dtype) -> dict:
     """Dev perplexity (teacher forcing, no smoothing) and dev BLEU/chrF of greedy translations."""
     model.eval()
-    batcher, loss_sum, tokens = Batcher(dev.src, dev.tgt), 0.0, 0
-    for indices in make_batches([len(s) for s in dev.src], [len(t) for t in dev.tgt], cfg.decode.batch_tokens):
-        batch = batcher(indices).to(device)
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+    loss_sum, tokens = 0.0, 0
+    for batch in sorted_batches(dev.src, dev.tgt, cfg.decode.batch_tokens):
+        batch = batch.to(device)
+        with autocast(device, dtype):
             logits = model(batch.src, batch.tgt_in)
         loss_sum += sequence_loss(logits.float(), batch.tgt_out).item()
         tokens += int((batch.tgt_out != PAD).sum())

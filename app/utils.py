@@ -68,3 +68,8 @@ def to_plain(cfg) -> dict:
     from omegaconf import OmegaConf
 
     return asdict(cfg) if is_dataclass(cfg) else OmegaConf.to_container(cfg, resolve=True)
+
+
+def autocast(device: torch.device, dtype):
+    """bf16 (or other) autocast on ``device`` when ``dtype`` is set; a no-op context for fp32."""
+    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -78,3 +78,10 @@ class Batcher:
         if self.tgt_in is not None:
             batch.tgt_in, batch.tgt_out = stack(self.tgt_in), stack(self.tgt_out)
         return batch
+
+
+def sorted_batches(src: Sequence[list[int]], tgt: Sequence[list[int]], batch_tokens: int) -> Iterator[Batch]:
+    """Every pair once, in length-sorted batches (no shuffling): for teacher-forced passes over a split."""
+    batcher = Batcher(src, tgt)
+    for indices in make_batches([len(s) for s in src], [len(t) for t in tgt], batch_tokens):
+        yield batcher(indices)
