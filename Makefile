@@ -10,7 +10,7 @@ SWORD_PACKAGES := sword-text-sparv sword-text-web
 TORCH_CPU ?= torch==2.13.0
 TORCH_GPU ?= torch
 
-.PHONY: setup data train eval translate tensorboard test bench compare clean
+.PHONY: setup data train eval translate tensorboard test bench compare average clean
 COMPARE_MODELS ?= rnn_plain,rnn_bahdanau,rnn_luong,transformer
 
 setup: $(STAMP)
@@ -55,6 +55,10 @@ compare: setup
 	@dir=checkpoints/compare/$$(date +%Y-%m-%d_%H-%M-%S); \
 	$(PY) -m app train -m model=$(COMPARE_MODELS) experiment=compare hydra.sweep.dir=$$dir $(ARGS) && \
 	$(PY) -m app compare compare.dir=$$dir $(filter eval.% decode.%,$(ARGS))
+
+# Average the newest snapshots of a run: make average ARGS="name=<run> average.last=5" -> averaged.pt
+average: setup
+	$(PY) -m app average $(ARGS)
 
 bench: setup
 	$(PY) -m app bench $(ARGS)

@@ -19,7 +19,7 @@ from app.data.corpus import load_split, prepare_data
 from app.data.tokenizer import PAD
 from app.decoding import decode_corpus
 from app.models import build_model, count_parameters
-from app.training import amp_dtype, inverse_sqrt, train_step
+from app.training import amp_dtype, make_optimizer, train_step
 from app.utils import resolve_device, seed_everything
 
 
@@ -36,8 +36,7 @@ def bench(cfg: Config, steps: int = 50, warmup: int = 10) -> dict:
     data = load_split(cfg.data.dir, "train", tokenizer)
     dev = load_split(cfg.data.dir, "dev", tokenizer)
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.joint).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, fused=device.type == "cuda")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt(cfg.train.warmup_steps))
+    optimizer, scheduler = make_optimizer(model, cfg)
     batcher = Batcher(data.src, data.tgt)
     batches = make_batches([len(s) for s in data.src], [len(t) for t in data.tgt], cfg.train.batch_tokens, True, cfg.train.seed)
     batches = (batches * (1 + (steps + warmup) // len(batches)))[: steps + warmup]

@@ -1,12 +1,24 @@
-"""Checkpoints: written atomically, read with ``weights_only=True`` (no arbitrary unpickling)."""
+"""Checkpoints: written atomically, read with ``weights_only=True`` (no arbitrary unpickling).
+
+A run folder holds
+- ``last.pt``: the full training state (model, optimizer, scheduler, progress, RNG states): resume;
+- ``best.pt``: the same at the best validation (dev BLEU);
+- ``step_NNNNNNN.pt``: model-only snapshots, rotated: the newest ``train.keep_last`` and those of the
+  ``train.keep_best`` best validations are kept; ``make average`` averages them;
+- ``averaged.pt``: what ``make average`` wrote.
+"""
 from __future__ import annotations
 
+import glob
 import os
+import re
 
 import torch
 
 from app.errors import UserError
 from app.utils import atomic_write
+
+SNAPSHOT = re.compile(r"step_(\d+)\.pt$")
 
 
 def save_checkpoint(path: str, payload: dict) -> None:
@@ -20,3 +32,70 @@ def load_checkpoint(path: str, device: torch.device | str = "cpu") -> dict:
         return torch.load(path, map_location=device, weights_only=True)
     except Exception as err:
         raise UserError(f"{path}: not a loadable checkpoint: {str(err).splitlines()[0]}") from None
+
+
+def checkpoint_path(run_dir: str, which: str) -> str:
+    """``best`` | ``last`` | ``averaged`` | ``step_NNNNNNN`` (a snapshot) -> its file in ``run_dir``."""
+    if which not in ("best", "last", "averaged") and not SNAPSHOT.match(f"{which}.pt"):
+        raise UserError(f"checkpoint={which!r}: choose best, last, averaged or a snapshot such as step_0001000")
+    return os.path.join(run_dir, f"{which}.pt")
+
+
+def check_compatible(state: dict, path: str, vocab: dict, model_cfg: dict) -> None:
+    """A checkpoint must match the run's vocabulary and model settings; the error names what differs."""
+    if state.get("vocab") != vocab:
+        raise UserError(f"{path}: trained with another vocabulary ({state.get('vocab')} vs this run's {vocab}); "
+                        "use the tokenizer settings of that run or another name=")
+    theirs = state["config"]["model"]
+    differ = [f"model.{k}={theirs.get(k)!r} there, {model_cfg.get(k)!r} here"
+              for k in sorted(set(theirs) | set(model_cfg)) if theirs.get(k) != model_cfg.get(k)]
+    if differ:
+        raise UserError(f"{path}: model settings differ from this run's: {'; '.join(differ)}")
+
+
+def snapshot_steps(run_dir: str) -> list[int]:
+    """Steps of the model snapshots in ``run_dir``, oldest first."""
+    found = (SNAPSHOT.search(os.path.basename(p)) for p in glob.glob(os.path.join(run_dir, "step_*.pt")))
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def snapshot_name(step: int) -> str:
+    return f"step_{step:07d}"
+
+
+def rotate_snapshots(run_dir: str, keep_last: int, keep_best: int, validations: list[list[float]]) -> None:
+    """Delete snapshots that are neither among the newest ``keep_last`` nor among the ``keep_best``
+    best validations (``validations``: [step, dev BLEU] pairs)."""
+    steps = snapshot_steps(run_dir)
+    keep = set(steps[-keep_last:]) if keep_last > 0 else set()
+    ranked = sorted(validations, key=lambda v: (-v[1], v[0]))  # best BLEU first, earlier step on ties
+    keep |= {int(step) for step, _ in ranked[:keep_best]}
+    for step in steps:
+        if step not in keep:
+            os.unlink(os.path.join(run_dir, f"{snapshot_name(step)}.pt"))
+
+
+def average_snapshots(run_dir: str, last: int) -> tuple[dict, list[str]]:
+    """Element-wise mean of the newest ``last`` snapshots' parameters (Vaswani et al. 2017, §6.1);
+    returns a loadable checkpoint (config and vocab of the newest) and the files averaged."""
+    steps = snapshot_steps(run_dir)
+    if last < 1:
+        raise UserError(f"average.last={last}: give at least 1")
+    if len(steps) < last:
+        raise UserError(f"{run_dir}: {len(steps)} snapshot(s) step_*.pt, fewer than average.last={last} "
+                        "(raise train.keep_last, or average fewer)")
+    paths = [os.path.join(run_dir, f"{snapshot_name(s)}.pt") for s in steps[-last:]]
+    states = [load_checkpoint(p) for p in paths]
+    newest = states[-1]
+    for path, state in zip(paths, states):
+        if state["config"]["model"] != newest["config"]["model"] or state["vocab"] != newest["vocab"]:
+            raise UserError(f"{path}: a different model or vocabulary than {paths[-1]}; cannot average them")
+    averaged = {}
+    for key, value in newest["model"].items():
+        if value.is_floating_point():
+            total = sum(s["model"][key].double() for s in states)
+            averaged[key] = (total / len(states)).to(value.dtype)
+        else:  # integer buffers (counters) are not averaged
+            averaged[key] = value
+    return {"model": averaged, "config": newest["config"], "vocab": newest["vocab"],
+            "averaged": [os.path.basename(p) for p in paths]}, paths

@@ -10,9 +10,10 @@ from omegaconf import DictConfig
 
 from app.config import register_configs
 from app.errors import UserError
+from app.interrupt import TrainingInterrupted
 
 log = logging.getLogger("app")
-COMMANDS = ("prepare", "train", "eval", "translate", "bench", "compare")
+COMMANDS = ("prepare", "train", "eval", "translate", "bench", "compare", "average")
 register_configs()
 
 
@@ -42,9 +43,7 @@ def translate_command(cfg: DictConfig) -> None:
     from app.utils import resolve_device
 
     trained = load_trained(cfg.run_dir, cfg.translate.checkpoint, resolve_device(cfg.device))
-    source = open(cfg.translate.input, encoding="utf-8") if cfg.translate.input else sys.stdin
-    with source:
-        lines = [line.rstrip("\n") for line in source]
+    lines = read_translate_input(cfg.translate.input)
     src = trained.tokenizer.encode_src(lines)
     hyps = trained.translate(src, cfg.decode)
     if cfg.decode.n_best > 1:  # Moses n-best format: input index ||| hypothesis ||| score
@@ -61,6 +60,34 @@ def translate_command(cfg: DictConfig) -> None:
         sys.stdout.write(text)
 
 
+def read_translate_input(path: str | None) -> list[str]:
+    """Lines to translate from a file or stdin; an empty input or undecodable bytes is an error."""
+    where = path or "standard input"
+    if path and not os.path.isfile(path):
+        raise UserError(f"translate.input={path!r}: file not found")
+    source = open(path, "rb") if path else sys.stdin.buffer
+    lines = []
+    with source:
+        for line_no, raw in enumerate(source, start=1):
+            try:
+                lines.append(raw.decode("utf-8").rstrip("\r\n"))
+            except UnicodeDecodeError:
+                raise UserError(f"{where}:{line_no}: not valid UTF-8") from None
+    if not lines:
+        raise UserError(f"{where}: nothing to translate (no input lines)")
+    return lines
+
+
+def average_command(cfg: DictConfig) -> None:
+    from app.checkpoint import average_snapshots, save_checkpoint
+
+    state, paths = average_snapshots(cfg.run_dir, cfg.average.last)
+    out = os.path.join(cfg.run_dir, "averaged.pt")
+    save_checkpoint(out, state)
+    print(f"averaged {len(paths)} snapshots ({', '.join(state['averaged'])}) into {out}; "
+          f'evaluate it with: make eval ARGS="name={cfg.name} eval.checkpoint=averaged"')
+
+
 def bench_command(cfg: DictConfig) -> None:
     from app.bench import bench
 
@@ -71,8 +98,6 @@ def compare_command(cfg: DictConfig) -> None:
     from app.compare import compare_report
 
     if not cfg.compare.dir:
-        from app.errors import UserError
-
         raise UserError("compare.dir is not set: give the sweep folder of a `train -m` run")
     compare_report(cfg.compare.dir, cfg.eval.split)
 
@@ -80,6 +105,7 @@ def compare_command(cfg: DictConfig) -> None:
 HANDLERS = {
     "prepare": prepare_command, "train": train_command, "eval": eval_command,
     "translate": translate_command, "bench": bench_command, "compare": compare_command,
+    "average": average_command,
 }
 
 
@@ -91,6 +117,9 @@ def _hydra_entry(cfg: DictConfig) -> None:
     command = os.environ["NMT_COMMAND"]
     try:
         HANDLERS[command](cfg)
+    except TrainingInterrupted as err:
+        print(f"interrupted: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

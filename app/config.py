@@ -103,6 +103,10 @@ class TrainConfig:
     amp: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
     max_dev_sentences: int = 0  # validate on the first N dev pairs only; 0 = all
     evaluate: bool = False  # after training, evaluate best.pt on eval.split (what make compare uses)
+    keep_last: int = 5  # model snapshots step_NNNNNNN.pt kept (newest); make average reads them; 0 = none
+    keep_best: int = 0  # also keep the snapshots of the N best validations (best.pt is always written)
+    max_bad_steps: int = 20  # abort after this many updates in a row with a non-finite loss (each is skipped)
+    oom_retry: bool = False  # out of memory on a batch: halve train.batch_tokens and go on instead of stopping
 
 
 @dataclass
@@ -118,7 +122,7 @@ class DecodeConfig:
 @dataclass
 class EvalConfig:
     split: str = "test"
-    checkpoint: str = "best"  # best | last
+    checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
     length_buckets: list[int] = field(default_factory=lambda: [10, 20, 30, 40, 50])  # source-word bucket edges
     gold_align: Optional[str] = None  # Pharaoh gold alignments for the split: AER/precision/recall in metrics.json
 
@@ -127,7 +131,7 @@ class EvalConfig:
 class TranslateConfig:
     input: Optional[str] = None  # file; default stdin
     output: Optional[str] = None  # file; default stdout
-    checkpoint: str = "best"
+    checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
 
 
 @dataclass
@@ -141,6 +145,11 @@ class VizConfig:
     sentences: int = 4  # dev sentences whose alignments go to TensorBoard at every validation
     eval_plots: int = 20  # eval: PNG heatmaps for the first N sentences (alignments.jsonl has all)
     layer: int = -1  # Transformer layer whose heads are shown (and averaged in alignments.jsonl)
+
+
+@dataclass
+class AverageConfig:
+    last: int = 5  # average the newest N snapshots (step_*.pt) into averaged.pt
 
 
 @dataclass
@@ -162,6 +171,7 @@ class Config:
     translate: TranslateConfig = field(default_factory=TranslateConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
+    average: AverageConfig = field(default_factory=AverageConfig)
     viz: VizConfig = field(default_factory=VizConfig)
 
 

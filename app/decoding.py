@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from app.data.tokenizer import BOS, EOS, PAD
+from app.errors import UserError
 
 
 @dataclass
@@ -25,8 +26,21 @@ def next_token_scores(logits: torch.Tensor) -> torch.Tensor:
     return logp
 
 
-def max_output_lengths(src_mask: torch.Tensor, ratio: float, extra: int) -> torch.Tensor:
-    return (src_mask.sum(-1).float() * ratio).long() + extra
+def max_output_lengths(model, src_mask: torch.Tensor, ratio: float, extra: int) -> torch.Tensor:
+    """ratio × source length + extra, within the positions the model has (``max_positions``, if any)."""
+    limits = (src_mask.sum(-1).float() * ratio).long() + extra
+    max_positions = getattr(model, "max_positions", None)
+    return limits if max_positions is None else limits.clamp(max=max_positions - 1)
+
+
+def check_source_lengths(model, src: list[list[int]]) -> None:
+    max_positions = getattr(model, "max_positions", None)
+    if max_positions is None:
+        return
+    for i, sentence in enumerate(src):
+        if len(sentence) + 1 > max_positions:  # + EOS
+            raise UserError(f"input sentence {i + 1} has {len(sentence)} subword tokens; this model takes at most "
+                            f"{max_positions - 1} (model.max_len={max_positions}): split it")
 
 
 @torch.no_grad()
@@ -40,7 +54,7 @@ def greedy_decode(
     """Pick the most probable token at every step until EOS or the length limit, for a whole batch."""
     src_mask = src != PAD
     memory = model.encode(src, src_mask)
-    limits = max_output_lengths(src_mask, max_len_ratio, max_len_extra)
+    limits = max_output_lengths(model, src_mask, max_len_ratio, max_len_extra)
     batch = src.size(0)
     prev = torch.full((batch,), BOS, dtype=torch.long, device=src.device)
     finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
@@ -96,7 +110,7 @@ def beam_search(
     memory = model.encode(src, src_mask)
     per_beam = torch.arange(batch, device=device).repeat_interleave(k)
     memory = memory.select(per_beam)
-    limits = max_output_lengths(src_mask, max_len_ratio, max_len_extra).repeat_interleave(k)
+    limits = max_output_lengths(model, src_mask, max_len_ratio, max_len_extra).repeat_interleave(k)
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: let only the first one expand
     scores = scores.view(-1)
@@ -183,6 +197,7 @@ def decode_corpus(
     from app.data.batching import Batcher, make_batches
     from app.utils import autocast
 
+    check_source_lengths(model, src)
     was_training = model.training
     model.eval()
     tokens: list = [None] * len(src)

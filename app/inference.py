@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from app.checkpoint import load_checkpoint
+from app.checkpoint import checkpoint_path, load_checkpoint
 from app.data.corpus import load_split
 from app.config import Config, DecodeConfig, VizConfig
 from app.data.corpus import load_tokenizer
@@ -42,9 +42,7 @@ class TrainedModel:
 
 
 def load_trained(run_dir: str, which: str, device: torch.device) -> TrainedModel:
-    if which not in ("best", "last"):
-        raise UserError(f"checkpoint={which!r}: choose best or last")
-    path = os.path.join(run_dir, f"{which}.pt")
+    path = checkpoint_path(run_dir, which)
     state = load_checkpoint(path, device)
     trained = OmegaConf.merge(OmegaConf.structured(Config), state["config"])
     tokenizer = load_tokenizer(trained.data.dir, trained.tokenizer)

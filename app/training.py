@@ -1,14 +1,15 @@
 """The training loop: bf16 autocast on CUDA, inverse-sqrt warmup, clipping, validation with dev BLEU,
-best/last checkpoints, early stopping, resume, TensorBoard scalars and a progress bar with ETA."""
+checkpoints (last, best, rotated snapshots), early stopping, exact resume, graceful stop on SIGINT/SIGTERM,
+skipped non-finite updates, out-of-memory handling, TensorBoard scalars and a progress bar with ETA."""
 from __future__ import annotations
 
 import json
 import logging
 import math
 import os
-import random
+import signal
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 import torch
@@ -17,7 +18,7 @@ from omegaconf import OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from app.checkpoint import load_checkpoint, save_checkpoint
+from app.checkpoint import (check_compatible, load_checkpoint, rotate_snapshots, save_checkpoint, snapshot_name)
 from app.config import Config
 from app.data.batching import Batcher, make_batches, sorted_batches
 from app.data.corpus import ParallelData, load_split, prepare_data
@@ -25,8 +26,10 @@ from app.data.tokenizer import EOS, PAD, Tokenizer
 from app.decoding import decode_corpus
 from app.errors import UserError
 from app.evaluation import score
+from app.interrupt import StopRequest, TrainingInterrupted
 from app.models import build_model, count_parameters
-from app.utils import atomic_write_text, autocast, file_hash, resolve_device, seed_everything
+from app.utils import (atomic_write_text, autocast, file_hash, resolve_device, rng_state, seed_everything,
+                       set_rng_state)
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,10 @@ class Progress:
     elapsed_seconds: float = 0.0  # wall clock of the training loop, validations included
     eval_seconds: float = 0.0
     tgt_tokens: int = 0
+    skipped_steps: int = 0  # updates skipped for a non-finite loss or gradient
+    batch_tokens: int = 0  # token budget in force (halved on out-of-memory with train.oom_retry)
+    epoch_batch_tokens: int = 0  # the budget the current epoch's batches were cut with
+    validations: list = field(default_factory=list)  # [step, dev BLEU] of every validation
 
 
 def amp_dtype(setting: str, device: torch.device) -> Optional[torch.dtype]:
@@ -72,16 +79,27 @@ def sequence_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: f
     )
 
 
-def train_step(model, batch, n_tokens: int, optimizer, scheduler, cfg: Config, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """One update; returns the summed loss and the gradient norm as device tensors (no host sync)."""
+def make_optimizer(model: torch.nn.Module, cfg: Config) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    # fused: one kernel for all parameters, and it can skip an update on the device (found_inf below)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, betas=tuple(cfg.train.adam_betas),
+                                  weight_decay=cfg.train.weight_decay, fused=True)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt(cfg.train.warmup_steps))
+
+
+def train_step(model, batch, n_tokens: int, optimizer, scheduler, cfg: Config, dtype
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One update; returns the summed loss, the gradient norm and whether both were finite, as device
+    tensors (no host sync). A non-finite update is skipped inside the fused optimizer kernel."""
     with autocast(batch.src.device, dtype):
         loss_sum = sequence_loss(model(batch.src, batch.tgt_in), batch.tgt_out, cfg.train.label_smoothing)
     (loss_sum / n_tokens).backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
+    finite = torch.isfinite(loss_sum.detach()) & torch.isfinite(grad_norm)
+    optimizer.found_inf = (~finite).float()  # what GradScaler hands fused Adam: skip params and step count
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
-    return loss_sum.detach(), grad_norm
+    return loss_sum.detach(), grad_norm, finite
 
 
 @torch.no_grad()
@@ -130,155 +148,285 @@ def log_alignments(writer: SummaryWriter, model, dev: ParallelData, tokenizer: T
     writer.add_scalar("dev/attention_monotonicity", sum(monotone) / n, step)
 
 
-def train(cfg: Config) -> dict:
-    run_dir = cfg.run_dir
-    device = resolve_device(cfg.device)
-    dtype = amp_dtype(cfg.train.amp, device)
-    seed_everything(cfg.train.seed)
-    tokenizer = prepare_data(cfg)
-    train_data = load_split(cfg.data.dir, "train", tokenizer)
-    dev_data = load_split(cfg.data.dir, "dev", tokenizer).head(cfg.train.max_dev_sentences)
-    vocab = vocab_fingerprint(tokenizer)
+def split_batch(indices: list[int], src_lens: list[int], tgt_lens: list[int], budget: int) -> list[list[int]]:
+    """Cut a batch into pieces within ``budget`` tokens; always at least two pieces when it has two
+    sentences (a batch that ran out of memory must shrink). Deterministic, so resume replays it."""
+    pieces = [[indices[i] for i in piece] for piece in
+              make_batches([src_lens[i] for i in indices], [tgt_lens[i] for i in indices], budget)]
+    if len(pieces) == 1 and len(indices) > 1:
+        half = len(indices) // 2
+        pieces = [indices[:half], indices[half:]]
+    return pieces
 
-    model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.joint).to(device)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.train.lr, betas=tuple(cfg.train.adam_betas),
-        weight_decay=cfg.train.weight_decay, fused=device.type == "cuda",
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt(cfg.train.warmup_steps))
-    progress = Progress()
-    last_path, best_path = os.path.join(run_dir, "last.pt"), os.path.join(run_dir, "best.pt")
-    config_dict = OmegaConf.to_container(cfg, resolve=True)
 
-    if cfg.train.resume:
-        if not os.path.exists(last_path):
-            raise UserError(f"train.resume=true but {last_path} does not exist")
-        state = load_checkpoint(last_path, device)
-        if state["vocab"] != vocab:
-            raise UserError(f"{last_path}: its vocabulary differs from this run's tokenizer; cannot resume")
-        if state["config"]["model"] != config_dict["model"]:
-            raise UserError(f"{last_path}: model settings differ from this run's (model=...); cannot resume")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        progress = Progress(**state["progress"])
-        random.setstate(state["rng"]["python"])
-        torch.set_rng_state(state["rng"]["torch"].cpu())
-        if device.type == "cuda" and "cuda" in state["rng"]:
-            torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", last_path, progress.step, progress.epoch, progress.batch_in_epoch)
+def resume_hint() -> str:
+    """The command that continues this run: the same Hydra overrides plus train.resume=true."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
 
-    os.makedirs(run_dir, exist_ok=True)
-    atomic_write_text(os.path.join(run_dir, "config.yaml"), OmegaConf.to_yaml(cfg, resolve=True))
-    n_params = count_parameters(model)
-    log.info("model: %s, %.1f M parameters; device %s, %s; %d train / %d dev pairs", cfg.model.arch, n_params / 1e6,
-             device, dtype or "fp32", len(train_data), len(dev_data))
+        overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("train.resume=")]
+    except ValueError:  # not started through Hydra (tests)
+        overrides = []
+    return f'make train ARGS="{" ".join([*overrides, "train.resume=true"])}"'
 
-    def checkpoint(path: str) -> None:
-        rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
-        if device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state()
-        save_checkpoint(path, {
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "progress": asdict(progress), "config": config_dict, "vocab": vocab, "rng": rng,
-        })
 
-    writer = SummaryWriter(os.path.join(run_dir, "tb"))
-    batcher = Batcher(train_data.src, train_data.tgt)
-    src_lens, tgt_lens = [len(s) for s in train_data.src], [len(t) for t in train_data.tgt]
-    budget = cfg.train.max_minutes * 60 if cfg.train.max_minutes else float("inf")
-    bar = tqdm(total=cfg.train.max_steps, initial=progress.step, desc="training", unit="step", dynamic_ncols=True)
-    window_start, window_tokens, window_loss, window_loss_tokens = time.time(), 0, torch.zeros((), device=device), 0
-    last_eval_step, stop_reason = -1, "max_steps"
-    model.train()
+class Trainer:
+    """One training run: set-up (or resume), the update loop, validation and checkpoints."""
 
-    def run_validation() -> bool:
+    def __init__(self, cfg: Config):
+        self.cfg, self.run_dir = cfg, cfg.run_dir
+        self.device = resolve_device(cfg.device)
+        self.dtype = amp_dtype(cfg.train.amp, self.device)
+        seed_everything(cfg.train.seed)
+        self.tokenizer = prepare_data(cfg)
+        self.train_data = load_split(cfg.data.dir, "train", self.tokenizer)
+        self.dev_data = load_split(cfg.data.dir, "dev", self.tokenizer).head(cfg.train.max_dev_sentences)
+        self.vocab = vocab_fingerprint(self.tokenizer)
+        self.model = build_model(cfg.model, self.tokenizer.src_vocab_size, self.tokenizer.tgt_vocab_size,
+                                 self.tokenizer.joint).to(self.device)
+        self.optimizer, self.scheduler = make_optimizer(self.model, cfg)
+        self.config_dict = OmegaConf.to_container(cfg, resolve=True)
+        self.last_path, self.best_path = os.path.join(self.run_dir, "last.pt"), os.path.join(self.run_dir, "best.pt")
+        self.progress = Progress(batch_tokens=cfg.train.batch_tokens, epoch_batch_tokens=cfg.train.batch_tokens)
+        if cfg.train.resume:
+            self.resume()
+        elif os.path.exists(self.last_path):
+            raise UserError(f"{self.last_path} exists: continue that run with train.resume=true, "
+                            "or train under another name= (or delete the folder)")
+        self.batcher = Batcher(self.train_data.src, self.train_data.tgt)
+        self.src_lens = [len(s) for s in self.train_data.src]
+        self.tgt_lens = [len(t) for t in self.train_data.tgt]
+
+    # --- checkpoints ------------------------------------------------------------------------------
+
+    def resume(self) -> None:
+        if not os.path.exists(self.last_path):
+            raise UserError(f"train.resume=true but {self.last_path} does not exist")
+        state = load_checkpoint(self.last_path, self.device)
+        check_compatible(state, self.last_path, self.vocab, self.config_dict["model"])
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.progress = p = Progress(**state["progress"])
+        set_rng_state(state["rng"], self.device)
+        if state["config"]["train"]["batch_tokens"] != self.cfg.train.batch_tokens:  # the user changed it: from now on
+            p.batch_tokens = self.cfg.train.batch_tokens
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", self.last_path, p.step, p.epoch, p.batch_in_epoch)
+
+    def full_state(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "progress": asdict(self.progress),
+                "config": self.config_dict, "vocab": self.vocab, "rng": rng_state(self.device)}
+
+    def snapshot(self) -> None:
+        """A model-only ``step_NNNNNNN.pt`` for averaging, then rotation (train.keep_last / keep_best)."""
+        t = self.cfg.train
+        path = os.path.join(self.run_dir, f"{snapshot_name(self.progress.step)}.pt")
+        if not os.path.exists(path):
+            save_checkpoint(path, {"model": self.model.state_dict(), "config": self.config_dict, "vocab": self.vocab,
+                                   "progress": asdict(self.progress)})
+        rotate_snapshots(self.run_dir, t.keep_last, t.keep_best, self.progress.validations)
+
+    def save(self) -> None:
+        save_checkpoint(self.last_path, self.full_state())
+        if self.cfg.train.keep_last > 0:
+            self.snapshot()
+
+    # --- validation -------------------------------------------------------------------------------
+
+    def validate(self) -> bool:
         """Validate, log, keep the best checkpoint; returns True when early stopping says stop."""
-        nonlocal last_eval_step
-        last_eval_step = progress.step
+        cfg, p = self.cfg, self.progress
         t0 = time.time()
-        metrics = validate(model, dev_data, tokenizer, cfg, device, dtype)
-        log_alignments(writer, model, dev_data, tokenizer, cfg, device, dtype, progress.step)
+        metrics = validate(self.model, self.dev_data, self.tokenizer, cfg, self.device, self.dtype)
+        log_alignments(self.writer, self.model, self.dev_data, self.tokenizer, cfg, self.device, self.dtype, p.step)
         for key in ("loss", "ppl", "bleu", "chrf"):
-            writer.add_scalar(f"dev/{key}", metrics[key], progress.step)
-        improved = metrics["bleu"] > progress.best_bleu
+            self.writer.add_scalar(f"dev/{key}", metrics[key], p.step)
+        p.validations.append([p.step, metrics["bleu"]])
+        improved = metrics["bleu"] > p.best_bleu
         if improved:
-            progress.best_bleu, progress.best_step, progress.bad_evals = metrics["bleu"], progress.step, 0
+            p.best_bleu, p.best_step, p.bad_evals = metrics["bleu"], p.step, 0
         else:
-            progress.bad_evals += 1
-        progress.eval_seconds += time.time() - t0
-        tqdm.write(
-            f"step {progress.step}: dev loss {metrics['loss']:.3f} ppl {metrics['ppl']:.2f} BLEU {metrics['bleu']:.2f} "
-            f"chrF {metrics['chrf']:.2f} ({time.time() - t0:.0f}s){' *best*' if improved else ''}"
-        )
+            p.bad_evals += 1
+        p.eval_seconds += time.time() - t0
+        tqdm.write(f"step {p.step}: dev loss {metrics['loss']:.3f} ppl {metrics['ppl']:.2f} BLEU {metrics['bleu']:.2f} "
+                   f"chrF {metrics['chrf']:.2f} ({time.time() - t0:.0f}s){' *best*' if improved else ''}")
         if improved:
-            checkpoint(best_path)
-        return bool(cfg.train.patience) and progress.bad_evals >= cfg.train.patience
+            save_checkpoint(self.best_path, self.full_state())
+        if cfg.train.keep_best > 0:
+            self.snapshot()
+        return bool(cfg.train.patience) and p.bad_evals >= cfg.train.patience
 
-    done = progress.step >= cfg.train.max_steps
-    loop_start = time.time() - progress.elapsed_seconds
-    while not done:
-        batches = make_batches(src_lens, tgt_lens, cfg.train.batch_tokens, shuffle=True, seed=cfg.train.seed, epoch=progress.epoch)
-        for indices in batches[progress.batch_in_epoch:]:
-            batch = batcher(indices)
-            n_tokens = int((batch.tgt_out != PAD).sum())
-            loss_sum, grad_norm = train_step(model, batch.to(device), n_tokens, optimizer, scheduler, cfg, dtype)
-            progress.step += 1
-            progress.batch_in_epoch += 1
-            progress.tgt_tokens += n_tokens
-            window_tokens += n_tokens
-            window_loss += loss_sum
-            window_loss_tokens += n_tokens
-            bar.update(1)
+    # --- updates ----------------------------------------------------------------------------------
 
-            if progress.step % cfg.train.log_every == 0:
-                loss = window_loss.item() / window_loss_tokens  # the only host sync between validations
-                elapsed = time.time() - window_start
-                writer.add_scalar("train/loss", loss, progress.step)
-                writer.add_scalar("train/ppl", math.exp(min(loss, 50)), progress.step)
-                writer.add_scalar("train/lr", scheduler.get_last_lr()[0], progress.step)
-                writer.add_scalar("train/grad_norm", float(grad_norm), progress.step)
-                writer.add_scalar("train/tgt_tokens_per_s", window_tokens / elapsed, progress.step)
-                postfix = dict(loss=f"{loss:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}", tok_s=f"{window_tokens / elapsed:,.0f}")
-                if budget < float("inf"):  # the step-count ETA means little when time is the limit
-                    postfix["time_left"] = tqdm.format_interval(max(budget - (time.time() - loop_start), 0))
-                bar.set_postfix(postfix)
-                window_start, window_tokens, window_loss_tokens = time.time(), 0, 0
-                window_loss.zero_()
+    def update(self, indices: list[int]) -> bool:
+        """One optimizer update on these sentences; False when it ran out of memory (nothing changed)."""
+        batch = self.batcher(indices)
+        n_tokens = int((batch.tgt_out != PAD).sum())
+        try:
+            loss_sum, grad_norm, finite = train_step(self.model, batch.to(self.device), n_tokens, self.optimizer,
+                                                     self.scheduler, self.cfg, self.dtype)
+        except torch.OutOfMemoryError:
+            self.oom_shape = f"{len(indices)} sentences, source {tuple(batch.src.shape)}, target {tuple(batch.tgt_in.shape)}"
+            return False
+        p = self.progress
+        p.step += 1
+        p.tgt_tokens += n_tokens
+        self.window_tokens += n_tokens
+        self.window_loss += torch.where(finite, loss_sum.float(), 0.0)
+        self.window_loss_tokens += finite * n_tokens
+        self.bad_run = (self.bad_run + 1) * ~finite  # consecutive skipped updates, counted on the device
+        self.worst_bad_run = torch.maximum(self.worst_bad_run, self.bad_run)
+        self.window_skipped += ~finite
+        self.grad_norm = grad_norm
+        self.bar.update(1)
+        t = self.cfg.train
+        if p.step % t.log_every == 0 or (t.max_bad_steps and p.step % t.max_bad_steps == 0):
+            self.read_window(log=p.step % t.log_every == 0)
+        return True
 
-            if progress.step % cfg.train.eval_every == 0 and run_validation():
-                done, stop_reason = True, f"early stopping (no dev BLEU gain in {cfg.train.patience} validations)"
-            if progress.step % cfg.train.save_every == 0:
-                checkpoint(last_path)
-            if progress.step >= cfg.train.max_steps:
-                done = True
-            elif time.time() - loop_start >= budget:
-                done, stop_reason = True, f"time budget of {cfg.train.max_minutes} min"
-            progress.elapsed_seconds = time.time() - loop_start
-            if done:
-                break
-        else:
-            progress.epoch += 1
-            progress.batch_in_epoch = 0
-    bar.close()
+    def train_batch(self, indices: list[int]) -> None:
+        """Train on one batch of the epoch; on out-of-memory, halve the budget and split (train.oom_retry)."""
+        p = self.progress
+        pending = [indices]
+        if p.batch_tokens < p.epoch_batch_tokens:  # the budget was halved during this epoch
+            pending = split_batch(indices, self.src_lens, self.tgt_lens, p.batch_tokens)
+        while pending:
+            part = pending.pop(0)
+            if self.update(part):
+                continue
+            # out of memory: the failed step's tensors are gone once its exception frame is
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            if not self.cfg.train.oom_retry or len(part) == 1:
+                raise UserError(f"out of {self.device.type} memory at step {p.step + 1} on a batch of {self.oom_shape}: "
+                                f"lower train.batch_tokens (now {p.batch_tokens})"
+                                + ("" if self.cfg.train.oom_retry else " or set train.oom_retry=true"))
+            p.batch_tokens = max(p.batch_tokens // 2, 1)
+            log.warning("out of memory on a batch of %s: train.batch_tokens halved to %d", self.oom_shape, p.batch_tokens)
+            pending = split_batch(part, self.src_lens, self.tgt_lens, p.batch_tokens) + pending
 
-    if last_eval_step != progress.step:
-        run_validation()
-    checkpoint(last_path)
-    if not os.path.exists(best_path):
-        checkpoint(best_path)
-    summary = {
-        "stopped": stop_reason, "steps": progress.step, "epochs": progress.epoch + progress.batch_in_epoch / max(len(batches), 1),
-        "train_minutes": round(progress.elapsed_seconds / 60, 2),
-        "validation_minutes": round(progress.eval_seconds / 60, 2),
-        "tgt_tokens_per_s": round(progress.tgt_tokens / max(progress.elapsed_seconds - progress.eval_seconds, 1e-9)),
-        "best_dev_bleu": progress.best_bleu, "best_step": progress.best_step, "parameters": n_params,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "amp": str(dtype or "fp32"),
-    }
-    if device.type == "cuda":
-        summary["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
-    atomic_write_text(os.path.join(run_dir, "train_summary.json"), json.dumps(summary, indent=2))
-    writer.close()
-    log.info("training stopped: %s. %s", stop_reason, json.dumps(summary))
-    return summary
+    def read_window(self, log: bool) -> None:
+        """The one host sync between validations: loss of the window, skipped updates, abort check."""
+        p, t = self.progress, self.cfg.train
+        skipped, worst = int(self.window_skipped), int(self.worst_bad_run)
+        if skipped:
+            p.skipped_steps += skipped
+            self.window_skipped.zero_()
+            self.writer.add_scalar("train/skipped_steps", p.skipped_steps, p.step)
+            tqdm.write(f"step {p.step}: skipped {skipped} update(s) with a non-finite loss or gradient "
+                       f"({p.skipped_steps} in all)")
+        if t.max_bad_steps and worst >= t.max_bad_steps:
+            raise UserError(f"training aborted at step {p.step}: {worst} updates in a row had a non-finite loss or "
+                            f"gradient (train.max_bad_steps={t.max_bad_steps}); lower train.lr or raise "
+                            "train.warmup_steps, and check the data")
+        if not log:
+            return
+        tokens = int(self.window_loss_tokens)
+        loss = self.window_loss.item() / tokens if tokens else float("nan")
+        elapsed = time.time() - self.window_start
+        lr = self.scheduler.get_last_lr()[0]
+        self.writer.add_scalar("train/loss", loss, p.step)
+        self.writer.add_scalar("train/ppl", math.exp(min(loss, 50)), p.step)
+        self.writer.add_scalar("train/lr", lr, p.step)
+        self.writer.add_scalar("train/grad_norm", float(self.grad_norm), p.step)
+        self.writer.add_scalar("train/tgt_tokens_per_s", self.window_tokens / elapsed, p.step)
+        postfix = dict(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{self.window_tokens / elapsed:,.0f}")
+        if self.budget < float("inf"):  # the step-count ETA means little when time is the limit
+            postfix["time_left"] = tqdm.format_interval(max(self.budget - (time.time() - self.loop_start), 0))
+        self.bar.set_postfix(postfix)
+        self.reset_window()
+
+    def reset_window(self) -> None:
+        zero = lambda dtype: torch.zeros((), dtype=dtype, device=self.device)  # noqa: E731
+        self.window_start, self.window_tokens = time.time(), 0
+        self.window_loss, self.window_loss_tokens = zero(torch.float32), zero(torch.long)
+        self.window_skipped = zero(torch.long)
+        self.worst_bad_run = self.bad_run.clone()  # a run of skips may continue into the next window
+
+    # --- the loop ---------------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        cfg, p = self.cfg, self.progress
+        os.makedirs(self.run_dir, exist_ok=True)
+        atomic_write_text(os.path.join(self.run_dir, "config.yaml"), OmegaConf.to_yaml(cfg, resolve=True))
+        n_params = count_parameters(self.model)
+        log.info("model: %s, %.1f M parameters; device %s, %s; %d train / %d dev pairs", cfg.model.arch,
+                 n_params / 1e6, self.device, self.dtype or "fp32", len(self.train_data), len(self.dev_data))
+        self.writer = SummaryWriter(os.path.join(self.run_dir, "tb"))
+        self.budget = cfg.train.max_minutes * 60 if cfg.train.max_minutes else float("inf")
+        self.bar = tqdm(total=cfg.train.max_steps, initial=p.step, desc="training", unit="step", dynamic_ncols=True)
+        self.grad_norm = torch.zeros(())
+        self.bad_run = torch.zeros((), dtype=torch.long, device=self.device)  # consecutive skipped updates
+        self.reset_window()
+        last_eval_step, stop_reason = -1, "max_steps"
+        self.model.train()
+        self.loop_start = time.time() - p.elapsed_seconds
+        done, batches = p.step >= cfg.train.max_steps, []
+        crossed = lambda every, before: every > 0 and p.step // every > before // every  # noqa: E731
+        with StopRequest() as stop:
+            while not done:
+                batches = make_batches(self.src_lens, self.tgt_lens, p.epoch_batch_tokens, shuffle=True,
+                                       seed=cfg.train.seed, epoch=p.epoch)
+                for indices in batches[p.batch_in_epoch:]:
+                    before = p.step
+                    self.train_batch(indices)
+                    p.batch_in_epoch += 1
+                    if crossed(cfg.train.eval_every, before):
+                        last_eval_step = p.step
+                        if self.validate():
+                            done, stop_reason = True, f"early stopping (no dev BLEU gain in {cfg.train.patience} validations)"
+                    if crossed(cfg.train.save_every, before):
+                        self.save()
+                    if p.step >= cfg.train.max_steps:
+                        done = True
+                    elif time.time() - self.loop_start >= self.budget:
+                        done, stop_reason = True, f"time budget of {cfg.train.max_minutes} min"
+                    p.elapsed_seconds = time.time() - self.loop_start
+                    if stop.requested and not done:
+                        self.interrupted(stop.signum)
+                    if done:
+                        break
+                else:
+                    p.epoch += 1
+                    p.batch_in_epoch = 0
+                    p.epoch_batch_tokens = p.batch_tokens
+            self.bar.close()
+            if last_eval_step != p.step:
+                self.validate()
+            self.save()
+        if not os.path.exists(self.best_path):
+            save_checkpoint(self.best_path, self.full_state())
+        return self.finish(stop_reason, n_params, len(batches))
+
+    def interrupted(self, signum: int) -> None:
+        self.save()
+        self.bar.close()
+        self.writer.close()
+        name = signal.Signals(signum).name
+        raise TrainingInterrupted(f"{name}: stopped after step {self.progress.step} and saved {self.last_path}; "
+                                  f"continue with: {resume_hint()}", signum)
+
+    def finish(self, stop_reason: str, n_params: int, epoch_batches: int) -> dict:
+        p, device = self.progress, self.device
+        summary = {
+            "stopped": stop_reason, "steps": p.step, "epochs": round(p.epoch + p.batch_in_epoch / max(epoch_batches, 1), 3),
+            "train_minutes": round(p.elapsed_seconds / 60, 2),
+            "validation_minutes": round(p.eval_seconds / 60, 2),
+            "tgt_tokens_per_s": round(p.tgt_tokens / max(p.elapsed_seconds - p.eval_seconds, 1e-9)),
+            "best_dev_bleu": p.best_bleu, "best_step": p.best_step, "parameters": n_params,
+            "skipped_steps": p.skipped_steps, "batch_tokens": p.batch_tokens,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "amp": str(self.dtype or "fp32"),
+        }
+        if device.type == "cuda":
+            summary["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+        atomic_write_text(os.path.join(self.run_dir, "train_summary.json"), json.dumps(summary, indent=2))
+        self.writer.close()
+        log.info("training stopped: %s. %s", stop_reason, json.dumps(summary))
+        return summary
+
+
+def train(cfg: Config) -> dict:
+    return Trainer(cfg).run()

@@ -46,8 +46,36 @@ def atomic_write_text(path: str, text: str) -> None:
 
 
 def seed_everything(seed: int) -> None:
+    import numpy as np
+
     random.seed(seed)
+    np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def rng_state(device: torch.device) -> dict:
+    """Every random generator training may draw from, as tensors and plain values (weights_only-safe)."""
+    import numpy as np
+
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached": float(cached)}}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    import numpy as np
+
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"].cpu())
+    if "numpy" in state:
+        n = state["numpy"]
+        np.random.set_state((n["kind"], n["keys"].numpy().astype("uint32"), n["pos"], n["has_gauss"], n["cached"]))
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 
 
 def resolve_device(name: str) -> torch.device:

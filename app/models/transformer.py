@@ -129,6 +129,7 @@ class Transformer(nn.Module):
         if cfg.pos != "sinusoidal":
             raise ValueError(f"model.pos={cfg.pos!r}: only 'sinusoidal' is implemented")
         self.cfg, self.d_model = cfg, cfg.d_model
+        self.max_positions = cfg.max_len  # decoding keeps inputs and outputs within the position table
         self.tgt_embed = nn.Embedding(tgt_vocab, cfg.d_model, padding_idx=PAD)
         share_src = cfg.tie_embeddings and joint_vocab
         self.src_embed = self.tgt_embed if share_src else nn.Embedding(src_vocab, cfg.d_model, padding_idx=PAD)
