@@ -42,8 +42,8 @@ def translate_command(cfg: DictConfig) -> None:
     from app.inference import load_trained
     from app.utils import resolve_device
 
+    lines = read_translate_input(cfg.translate.input)  # bad input fails before the model loads
     trained = load_trained(cfg.run_dir, cfg.translate.checkpoint, resolve_device(cfg.device))
-    lines = read_translate_input(cfg.translate.input)
     src = trained.tokenizer.encode_src(lines)
     hyps = trained.translate(src, cfg.decode)
     if cfg.decode.n_best > 1:  # Moses n-best format: input index ||| hypothesis ||| score

@@ -393,6 +393,7 @@ class Trainer:
                     p.batch_in_epoch = 0
                     p.epoch_batch_tokens = p.batch_tokens
             self.bar.close()
+            self.read_window(log=False)  # skipped updates of the last, partial window
             if last_eval_step != p.step:
                 self.validate()
             self.save()

@@ -9,6 +9,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+import subprocess  # noqa: E402
+
 import pytest  # noqa: E402
 
 SWORD = "/usr/share/sword"
@@ -38,3 +40,36 @@ def write_tsv(tmp_path):
         return str(path)
 
     return write
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Genesis 1-6 (160 verses): the corpus of the CLI runs
+CORPUS_CHAPTERS = {1: 31, 2: 25, 3: 24, 4: 26, 5: 32, 6: 22}
+# A 1+1-layer Transformer on it: a CLI training run takes seconds on 2 CPU cores
+TINY = [
+    "data=files", "data.name=tiny", "data.train=corpus.tsv", "data.dev_fraction=0.08", "data.test_fraction=0.08",
+    "tokenizer.vocab_size=400", "model=transformer_small", "model.d_model=32", "model.heads=2",
+    "model.enc_layers=1", "model.dec_layers=1", "model.ff_dim=64", "train.batch_tokens=2000",
+    "train.warmup_steps=10", "train.eval_every=20", "train.save_every=20", "train.log_every=10",
+    "device=cpu", "name=tiny", "viz.sentences=2", "viz.eval_plots=2",
+]
+
+
+def run_cli(cwd, *args, stdin=None, timeout=600):
+    """``python -m app ARGS`` in ``cwd``, as a user runs it; returns the CompletedProcess."""
+    env = {**os.environ, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run([sys.executable, "-m", "app", *args], cwd=cwd, input=stdin, capture_output=True,
+                          text=True, env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def corpus_tsv(tmp_path_factory):
+    """A TSV (ref, spanish, english) of Genesis 1-6 from the installed SWORD modules."""
+    from app.data.sources import bible_verses
+
+    refs = [f"Gen.{c}.{v}" for c, n in CORPUS_CHAPTERS.items() for v in range(1, n + 1)]
+    es = bible_verses(SWORD, "spaRV1909eb", refs)
+    en = bible_verses(SWORD, "engWEB2015eb", refs)
+    path = tmp_path_factory.mktemp("corpus") / "corpus.tsv"
+    path.write_text("".join(f"{ref}\t{es[ref]}\t{en[ref]}\n" for ref in refs), encoding="utf-8")
+    return path

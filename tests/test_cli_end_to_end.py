@@ -6,40 +6,17 @@ about a minute on 2 CPU cores.
 """
 import json
 import os
-import subprocess
-import sys
+import shutil
 
 import pytest
 import sacrebleu
-
-from app.data.sources import bible_verses
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHAPTER_VERSES = {1: 31, 2: 25, 3: 24, 4: 26, 5: 32, 6: 22}
-TINY = [
-    "data=files", "data.name=tiny", "data.train=corpus.tsv", "data.dev_fraction=0.08", "data.test_fraction=0.08",
-    "tokenizer.vocab_size=400", "model=transformer_small", "model.d_model=32", "model.heads=2",
-    "model.enc_layers=1", "model.dec_layers=1", "model.ff_dim=64", "train.batch_tokens=2000",
-    "train.warmup_steps=10", "train.eval_every=20", "train.save_every=20", "train.log_every=10",
-    "device=cpu", "name=tiny", "viz.sentences=2", "viz.eval_plots=2",
-]
-
-
-def run_cli(cwd, *args, stdin=None):
-    env = {**os.environ, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run([sys.executable, "-m", "app", *args], cwd=cwd, input=stdin, capture_output=True,
-                          text=True, env=env, timeout=600)
+from conftest import TINY, run_cli
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
+def workdir(tmp_path_factory, corpus_tsv):
     root = tmp_path_factory.mktemp("e2e")
-    refs = [f"Gen.{c}.{v}" for c, n in CHAPTER_VERSES.items() for v in range(1, n + 1)]
-    es = bible_verses("/usr/share/sword", "spaRV1909eb", refs)
-    en = bible_verses("/usr/share/sword", "engWEB2015eb", refs)
-    with open(root / "corpus.tsv", "w", encoding="utf-8") as f:
-        for ref in refs:
-            f.write(f"{ref}\t{es[ref]}\t{en[ref]}\n")
+    shutil.copy(corpus_tsv, root / "corpus.tsv")
     result = run_cli(root, "train", *TINY, "train.max_steps=40")
     assert result.returncode == 0, result.stderr[-3000:]
     return root

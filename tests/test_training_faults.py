@@ -1,0 +1,161 @@
+"""Training faults, injected into the real training loop: non-finite losses, out-of-memory batches;
+and checkpoint safety: atomic writes, weights_only loading, rotation, mismatch errors."""
+import os
+import shutil
+
+import pytest
+import torch
+from conftest import TINY
+from hydra import compose, initialize_config_dir
+
+import app.training as training
+from app.checkpoint import check_compatible, load_checkpoint, rotate_snapshots, save_checkpoint, snapshot_steps
+from app.config import register_configs
+from app.errors import UserError
+
+CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+
+
+def config(run_dir, *overrides):
+    register_configs()
+    base = [a for a in TINY if not a.startswith(("name=", "train.eval_every", "train.save_every"))]
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose("config", overrides=[*base, f"run_dir={run_dir}", "train.eval_every=1000",
+                                            "train.save_every=1000", "train.log_every=5", *overrides])
+
+
+@pytest.fixture
+def workdir(tmp_path, corpus_tsv, monkeypatch):
+    shutil.copy(corpus_tsv, tmp_path / "corpus.tsv")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def inject(monkeypatch, fault):
+    """Build the real model, with ``fault(call_number, output, src)`` applied to every forward pass."""
+    real_build, calls = training.build_model, []
+
+    def build(*args, **kwargs):
+        model = real_build(*args, **kwargs)
+
+        def hook(module, inputs, output):
+            if not module.training:
+                return output
+            calls.append(1)
+            return fault(len(calls), output, inputs[0])
+
+        model.register_forward_hook(hook)
+        return model
+
+    monkeypatch.setattr(training, "build_model", build)
+    return calls
+
+
+def test_non_finite_updates_are_skipped_and_counted(workdir, monkeypatch):
+    inject(monkeypatch, lambda n, out, src: out * float("nan") if n in (3, 4, 7) else out)
+    summary = training.train(config(workdir / "run", "train.max_steps=12"))
+    assert summary["steps"] == 12 and summary["skipped_steps"] == 3
+    state = torch.load(workdir / "run" / "last.pt", weights_only=True)
+    assert all(torch.isfinite(p).all() for p in state["model"].values())
+    assert state["optimizer"]["state"][0]["step"] == 9  # skipped updates leave Adam's step count alone
+
+
+def test_a_skipped_update_changes_no_parameter():
+    from app.data.batching import Batcher
+    from app.models import build_model
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose("config", overrides=["model=transformer_small", "model.d_model=16", "model.heads=2",
+                                           "model.enc_layers=1", "model.dec_layers=1", "model.ff_dim=32"])
+    model = build_model(cfg.model, 20, 20, True)
+    optimizer, scheduler = training.make_optimizer(model, cfg)
+    batch = Batcher([[5, 6, 7], [8, 9]], [[10, 11], [12, 13, 14]])([0, 1])
+    training.train_step(model, batch, 7, optimizer, scheduler, cfg, None)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    handle = model.register_forward_hook(lambda m, i, out: out * float("inf"))
+    loss, grad_norm, finite = training.train_step(model, batch, 7, optimizer, scheduler, cfg, None)
+    assert not bool(finite)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    handle.remove()
+    *_, finite = training.train_step(model, batch, 7, optimizer, scheduler, cfg, None)
+    assert bool(finite) and not torch.equal(before["out_proj.weight"], model.state_dict()["out_proj.weight"])
+
+
+def test_training_aborts_after_max_bad_steps_in_a_row(workdir, monkeypatch):
+    inject(monkeypatch, lambda n, out, src: out * float("nan") if n > 2 else out)
+    with pytest.raises(UserError, match=r"aborted at step \d+: \d+ updates in a row .*train.max_bad_steps=4"):
+        training.train(config(workdir / "run", "train.max_steps=50", "train.max_bad_steps=4"))
+
+
+def out_of_memory_over(sentences):
+    def fault(n, out, src):
+        if src.size(0) > sentences:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return out
+    return fault
+
+
+def test_out_of_memory_names_the_batch_and_the_setting(workdir, monkeypatch):
+    inject(monkeypatch, out_of_memory_over(8))
+    with pytest.raises(UserError) as err:
+        training.train(config(workdir / "run", "train.max_steps=5"))
+    message = str(err.value)
+    assert "out of cpu memory at step 1" in message and "source (" in message
+    assert "lower train.batch_tokens (now 2000)" in message and "train.oom_retry=true" in message
+
+
+def test_out_of_memory_retry_halves_the_budget_and_trains_on(workdir, monkeypatch):
+    inject(monkeypatch, out_of_memory_over(8))
+    summary = training.train(config(workdir / "run", "train.max_steps=10", "train.oom_retry=true"))
+    assert summary["steps"] == 10 and summary["batch_tokens"] < 2000
+    assert torch.load(workdir / "run" / "last.pt", weights_only=True)["progress"]["batch_tokens"] == summary["batch_tokens"]
+
+
+def test_a_crash_while_saving_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    save_checkpoint(str(path), {"model": {"w": torch.ones(3)}})
+
+    def torn_save(obj, f):
+        f.write(b"half a checkpoint")
+        raise OSError("disk full (injected)")
+
+    monkeypatch.setattr(torch, "save", torn_save)
+    with pytest.raises(OSError):
+        save_checkpoint(str(path), {"model": {"w": torch.zeros(3)}})
+    assert torch.equal(load_checkpoint(str(path))["model"]["w"], torch.ones(3))
+    assert os.listdir(tmp_path) == ["last.pt"]  # no temp file left behind
+
+
+class Exploit:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.mkdir, (self.marker,)
+
+
+def test_loading_refuses_a_malicious_pickle(tmp_path):
+    marker = tmp_path / "pwned"
+    torch.save({"model": Exploit(str(marker))}, tmp_path / "evil.pt")
+    with pytest.raises(UserError, match="not a loadable checkpoint"):
+        load_checkpoint(str(tmp_path / "evil.pt"))
+    assert not marker.exists()
+
+
+def test_rotation_keeps_newest_and_best(tmp_path):
+    for step in (10, 20, 30, 40, 50):
+        (tmp_path / f"step_{step:07d}.pt").write_bytes(b"x")
+    rotate_snapshots(str(tmp_path), keep_last=2, keep_best=1, validations=[[10, 5.0], [20, 9.0], [30, 7.0]])
+    assert snapshot_steps(str(tmp_path)) == [20, 40, 50]
+    rotate_snapshots(str(tmp_path), keep_last=0, keep_best=0, validations=[])
+    assert snapshot_steps(str(tmp_path)) == []
+
+
+def test_mismatched_checkpoint_names_what_differs():
+    state = {"vocab": {"src": "a"}, "config": {"model": {"hidden": 1024, "cell": "gru"}}}
+    check_compatible(state, "x.pt", {"src": "a"}, {"hidden": 1024, "cell": "gru"})
+    with pytest.raises(UserError, match=r"model.cell='gru' there, 'lstm' here; model.hidden=1024 there, 512 here"):
+        check_compatible(state, "x.pt", {"src": "a"}, {"hidden": 512, "cell": "lstm"})
+    with pytest.raises(UserError, match="another vocabulary"):
+        check_compatible(state, "x.pt", {"src": "b"}, {"hidden": 1024, "cell": "gru"})
