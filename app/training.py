@@ -259,16 +259,16 @@ class Trainer:
 
     # --- updates ----------------------------------------------------------------------------------
 
-    def update(self, indices: list[int]) -> bool:
-        """One optimizer update on these sentences; False when it ran out of memory (nothing changed)."""
+    def update(self, indices: list[int]) -> Optional[str]:
+        """One optimizer update on these sentences; when it runs out of memory, nothing changes and the
+        batch's shape comes back."""
         batch = self.batcher(indices)
         n_tokens = int((batch.tgt_out != PAD).sum())
         try:
             loss_sum, grad_norm, finite = train_step(self.model, batch.to(self.device), n_tokens, self.optimizer,
                                                      self.scheduler, self.cfg, self.dtype)
         except torch.OutOfMemoryError:
-            self.oom_shape = f"{len(indices)} sentences, source {tuple(batch.src.shape)}, target {tuple(batch.tgt_in.shape)}"
-            return False
+            return f"{len(indices)} sentences, source {tuple(batch.src.shape)}, target {tuple(batch.tgt_in.shape)}"
         p = self.progress
         p.step += 1
         p.tgt_tokens += n_tokens
@@ -282,8 +282,8 @@ class Trainer:
         self.bar.update(1)
         t = self.cfg.train
         if p.step % t.log_every == 0 or (t.max_bad_steps and p.step % t.max_bad_steps == 0):
-            self.read_window(log=p.step % t.log_every == 0)
-        return True
+            self.read_window(write_scalars=p.step % t.log_every == 0)
+        return None
 
     def train_batch(self, indices: list[int]) -> None:
         """Train on one batch of the epoch; on out-of-memory, halve the budget and split (train.oom_retry)."""
@@ -293,21 +293,22 @@ class Trainer:
             pending = split_batch(indices, self.src_lens, self.tgt_lens, p.batch_tokens)
         while pending:
             part = pending.pop(0)
-            if self.update(part):
+            oom_shape = self.update(part)
+            if oom_shape is None:
                 continue
             # out of memory: the failed step's tensors are gone once its exception frame is
             self.optimizer.zero_grad(set_to_none=True)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             if not self.cfg.train.oom_retry or len(part) == 1:
-                raise UserError(f"out of {self.device.type} memory at step {p.step + 1} on a batch of {self.oom_shape}: "
+                raise UserError(f"out of {self.device.type} memory at step {p.step + 1} on a batch of {oom_shape}: "
                                 f"lower train.batch_tokens (now {p.batch_tokens})"
                                 + ("" if self.cfg.train.oom_retry else " or set train.oom_retry=true"))
             p.batch_tokens = max(p.batch_tokens // 2, 1)
-            log.warning("out of memory on a batch of %s: train.batch_tokens halved to %d", self.oom_shape, p.batch_tokens)
+            log.warning("out of memory on a batch of %s: train.batch_tokens halved to %d", oom_shape, p.batch_tokens)
             pending = split_batch(part, self.src_lens, self.tgt_lens, p.batch_tokens) + pending
 
-    def read_window(self, log: bool) -> None:
+    def read_window(self, write_scalars: bool) -> None:
         """The one host sync between validations: loss of the window, skipped updates, abort check."""
         p, t = self.progress, self.cfg.train
         skipped, worst = int(self.window_skipped), int(self.worst_bad_run)
@@ -321,7 +322,7 @@ class Trainer:
             raise UserError(f"training aborted at step {p.step}: {worst} updates in a row had a non-finite loss or "
                             f"gradient (train.max_bad_steps={t.max_bad_steps}); lower train.lr or raise "
                             "train.warmup_steps, and check the data")
-        if not log:
+        if not write_scalars:
             return
         tokens = int(self.window_loss_tokens)
         loss = self.window_loss.item() / tokens if tokens else float("nan")
@@ -356,7 +357,9 @@ class Trainer:
                  n_params / 1e6, self.device, self.dtype or "fp32", len(self.train_data), len(self.dev_data))
         self.writer = SummaryWriter(os.path.join(self.run_dir, "tb"))
         self.budget = cfg.train.max_minutes * 60 if cfg.train.max_minutes else float("inf")
-        self.bar = tqdm(total=cfg.train.max_steps, initial=p.step, desc="training", unit="step", dynamic_ncols=True)
+        # with a time budget the step-count ETA is meaningless: time_left in the postfix says it instead
+        total = None if self.budget < float("inf") else cfg.train.max_steps
+        self.bar = tqdm(total=total, initial=p.step, desc="training", unit="step", dynamic_ncols=True)
         self.grad_norm = torch.zeros(())
         self.bad_run = torch.zeros((), dtype=torch.long, device=self.device)  # consecutive skipped updates
         self.reset_window()
@@ -393,7 +396,7 @@ class Trainer:
                     p.batch_in_epoch = 0
                     p.epoch_batch_tokens = p.batch_tokens
             self.bar.close()
-            self.read_window(log=False)  # skipped updates of the last, partial window
+            self.read_window(write_scalars=False)  # skipped updates of the last, partial window
             if last_eval_step != p.step:
                 self.validate()
             self.save()
