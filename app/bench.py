@@ -1,31 +1,95 @@
-"""Throughput benchmark: training steps and greedy decoding on the prepared corpus, with the run's
-settings (model=, train.batch_tokens=, train.amp=, device=).
+"""Throughput benchmark on the prepared corpus, with the run's settings (model=, train.batch_tokens=,
+train.amp=, device=):
 
-    make bench ARGS="bench.steps=50 train.batch_tokens=64000"
+    make bench ARGS="model=rnn_bahdanau bench.steps=50 train.batch_tokens=64000"
 
-Prints target tokens/s, source+target tokens/s and peak GPU memory for training, then decoding speed
-on the dev split.
+Times ``bench.steps`` training steps after ``bench.warmup`` untimed ones, then greedy and beam search
+decoding of the test split; prints one table and writes it as JSON (``checkpoints/bench/<name>.json``).
+Decoding uses the weights of ``bench.checkpoint`` when given (an untrained model runs every sentence to
+the length limit, so its timings are an upper bound).
+
+Model FLOPs utilisation (MFU) counts the useful (non-padding) work of a training step as
+    6 × (P_enc · source tokens + P_dec · target tokens) + attention
+where P_enc, P_dec are the matrix-multiply parameters applied once per source / target token (the output
+projection included, embedding lookups not) and the factor 6 is 2 FLOPs per multiply-add times forward
+plus a backward twice as costly (Kaplan et al. 2020). Attention adds 12 · width FLOPs per (query, key)
+pair and layer: QKᵀ and the weighted sum of values, forward and backward. MFU is that count per second
+over the device's peak dense bf16 rate.
 """
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import torch
+from torch import nn
 
+from app.checkpoint import check_compatible, load_checkpoint
 from app.config import Config
 from app.data.batching import Batcher, make_batches
 from app.data.corpus import load_split, prepare_data
 from app.data.tokenizer import PAD
 from app.decoding import decode_corpus
 from app.models import build_model, count_parameters
-from app.training import amp_dtype, make_optimizer, train_step
-from app.utils import resolve_device, seed_everything
+from app.training import amp_dtype, make_optimizer, train_step, vocab_fingerprint
+from app.utils import atomic_write_text, resolve_device, seed_everything, to_plain
+
+# dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched on the device name
+PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "RTX 4090": 165e12}
 
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def matmul_parameters(module: nn.Module) -> int:
+    """Weights used in a matrix multiply (Linear layers, RNN input/recurrent matrices), each once."""
+    seen, total = set(), 0
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.RNNBase)):
+            for p in m.parameters(recurse=False):
+                if p.dim() == 2 and id(p) not in seen:
+                    seen.add(id(p))
+                    total += p.numel()
+    return total
+
+
+def training_flops(model: nn.Module, src_lens: list[int], tgt_lens: list[int]) -> float:
+    """Useful FLOPs of one training step over sentences of these lengths (EOS/BOS included)."""
+    cfg = model.cfg
+    p_enc = matmul_parameters(model.encoder)
+    p_dec = matmul_parameters(model) - p_enc
+    flops = 6.0 * (p_enc * sum(src_lens) + p_dec * sum(tgt_lens))
+    pairs_src_src = sum(s * s for s in src_lens)
+    pairs_tgt_src = sum(s * t for s, t in zip(src_lens, tgt_lens))
+    pairs_tgt_tgt = sum(t * (t + 1) / 2 for t in tgt_lens)  # causal: each query sees itself and earlier keys
+    if cfg.arch == "transformer":
+        width = cfg.d_model
+        flops += 12.0 * width * (cfg.enc_layers * pairs_src_src + cfg.dec_layers * (pairs_tgt_tgt + pairs_tgt_src))
+    elif cfg.attention != "none":
+        flops += 12.0 * cfg.hidden * pairs_tgt_src
+    return flops
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16.items() if key in name), None)
+
+
+def time_decoding(model, src, device, cfg: Config, dtype, beam_size: int) -> dict:
+    sync(device)
+    start = time.time()
+    hyps = decode_corpus(model, src, device, cfg.decode.batch_tokens, cfg.decode.max_len_ratio,
+                         cfg.decode.max_len_extra, amp_dtype=dtype, beam_size=beam_size,
+                         alpha=cfg.decode.length_penalty)
+    sync(device)
+    seconds = time.time() - start
+    return {"seconds": round(seconds, 2), "sentences_per_s": round(len(src) / seconds, 1),
+            "tokens_per_s": round(sum(len(h) + 1 for h in hyps.tokens) / seconds)}
 
 
 def bench(cfg: Config, steps: int = 50, warmup: int = 10) -> dict:
@@ -34,13 +98,18 @@ def bench(cfg: Config, steps: int = 50, warmup: int = 10) -> dict:
     seed_everything(cfg.train.seed)
     tokenizer = prepare_data(cfg)
     data = load_split(cfg.data.dir, "train", tokenizer)
-    dev = load_split(cfg.data.dir, "dev", tokenizer)
+    test = load_split(cfg.data.dir, "test", tokenizer).head(cfg.bench.decode_sentences)
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.joint).to(device)
+    if cfg.bench.checkpoint:  # an untrained model decodes to the length limit: time real translations
+        state = load_checkpoint(cfg.bench.checkpoint, device)
+        check_compatible(state, cfg.bench.checkpoint, vocab_fingerprint(tokenizer), to_plain(cfg.model))
+        model.load_state_dict(state["model"])
     optimizer, scheduler = make_optimizer(model, cfg)
     batcher = Batcher(data.src, data.tgt)
     batches = make_batches([len(s) for s in data.src], [len(t) for t in data.tgt], cfg.train.batch_tokens, True, cfg.train.seed)
     batches = (batches * (1 + (steps + warmup) // len(batches)))[: steps + warmup]
-    tgt_tokens = all_tokens = 0
+    tgt_tokens = src_tokens = padded_tokens = 0
+    flops = 0.0
     for i, indices in enumerate(batches):
         if i == warmup:
             sync(device)
@@ -50,28 +119,45 @@ def bench(cfg: Config, steps: int = 50, warmup: int = 10) -> dict:
         batch = batcher(indices)
         n_tokens = int((batch.tgt_out != PAD).sum())
         if i >= warmup:
+            src_lens = [len(data.src[j]) + 1 for j in indices]  # + EOS
+            tgt_lens = [len(data.tgt[j]) + 1 for j in indices]  # + BOS / EOS
             tgt_tokens += n_tokens
-            all_tokens += n_tokens + int((batch.src != PAD).sum())
+            src_tokens += sum(src_lens)
+            padded_tokens += batch.src.numel() + batch.tgt_in.numel()
+            flops += training_flops(model, src_lens, tgt_lens)
         train_step(model, batch.to(device), n_tokens, optimizer, scheduler, cfg, dtype)
     sync(device)
     seconds = time.time() - start
+    peak = peak_flops(device)
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "model": cfg.model.arch, "parameters_m": round(count_parameters(model) / 1e6, 1),
-        "amp": str(dtype or "fp32"),
-        "batch_tokens": cfg.train.batch_tokens, "timed_steps": steps,
-        "train_tgt_tokens_per_s": round(tgt_tokens / seconds), "train_src_tgt_tokens_per_s": round(all_tokens / seconds),
-        "steps_per_s": round(steps / seconds, 2),
+        "model": cfg.model.arch if cfg.model.arch == "transformer" else f"rnn/{cfg.model.attention}",
+        "parameters_m": round(count_parameters(model) / 1e6, 1), "amp": str(dtype or "fp32"),
+        "batch_tokens": cfg.train.batch_tokens, "timed_steps": steps, "steps_per_s": round(steps / seconds, 2),
+        "train_tgt_tokens_per_s": round(tgt_tokens / seconds),
+        "train_src_tgt_tokens_per_s": round((src_tokens + tgt_tokens) / seconds),
+        "padding_ratio": round(1 - (src_tokens + tgt_tokens) / padded_tokens, 3),
+        "model_tflops_per_s": round(flops / seconds / 1e12, 2),
+        "mfu": round(flops / seconds / peak, 4) if peak else None,
     }
     if device.type == "cuda":
         result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
-    sync(device)
-    start = time.time()
-    hyps = decode_corpus(model, dev.src, device, cfg.decode.batch_tokens, cfg.decode.max_len_ratio,
-                         cfg.decode.max_len_extra, amp_dtype=dtype)
-    sync(device)
-    seconds = time.time() - start
-    result.update(greedy_dev_sentences=len(dev), greedy_sentences_per_s=round(len(dev) / seconds, 1),
-                  greedy_tokens_per_s=round(sum(len(h) + 1 for h in hyps.tokens) / seconds))
-    print(json.dumps(result))
+    result["decode_sentences"] = len(test)
+    for beam in sorted({1, cfg.bench.beam_size}):
+        result[f"decode_beam{beam}"] = time_decoding(model, test.src, device, cfg, dtype, beam)
+    print_table(result)
+    path = os.path.join("checkpoints", "bench", f"{cfg.name}.json")
+    atomic_write_text(path, json.dumps(result, indent=2))
+    print(f"wrote {path}")
     return result
+
+
+def print_table(result: dict) -> None:
+    rows = []
+    for key, value in result.items():
+        if isinstance(value, dict):
+            rows += [(f"{key} {k}", v) for k, v in value.items()]
+        else:
+            rows.append((key, "n/a (no known peak for this device)" if value is None else value))
+    width = max(len(k) for k, _ in rows)
+    print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))

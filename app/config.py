@@ -138,6 +138,9 @@ class TranslateConfig:
 class BenchConfig:
     steps: int = 50  # timed training steps
     warmup: int = 10  # untimed steps first (allocator, cuDNN/compile warm-up)
+    decode_sentences: int = 0  # decode the first N test sentences; 0 = all
+    beam_size: int = 5  # decoding is timed greedy and with this beam
+    checkpoint: Optional[str] = None  # a trained run's .pt (same model= settings): decode timings of real output
 
 
 @dataclass

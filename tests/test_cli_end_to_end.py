@@ -169,3 +169,37 @@ def test_eval_reports_alignment_error_rate_against_a_gold_file(workdir):
     alignment = metrics["alignment"]
     assert 0.0 <= alignment["aer"] <= 1.0 and 0.0 <= alignment["precision"] <= 1.0
     assert alignment["links"] == sum(len(tgt.split()) for _, _, tgt in refs)  # one link per reference word
+
+
+def test_bench_prints_and_writes_the_table(workdir):
+    result = run_cli(workdir, "bench", *TINY, "bench.steps=3", "bench.warmup=1", "bench.decode_sentences=4",
+                     "bench.beam_size=2", "bench.checkpoint=checkpoints/tiny/best.pt")
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = json.loads((workdir / "checkpoints" / "bench" / "tiny.json").read_text())
+    assert table["device"] == "cpu" and table["timed_steps"] == 3 and table["mfu"] is None  # no peak known for CPUs
+    assert table["train_src_tgt_tokens_per_s"] > table["train_tgt_tokens_per_s"] > 0
+    assert 0 <= table["padding_ratio"] < 1 and table["model_tflops_per_s"] > 0
+    assert table["decode_sentences"] == 4 and table["decode_beam2"]["sentences_per_s"] > 0
+    assert "padding_ratio" in result.stdout and "decode_beam1 sentences_per_s" in result.stdout
+
+
+def test_training_flops_count_by_hand():
+    from hydra import compose, initialize_config_dir
+
+    from app.bench import matmul_parameters, training_flops
+    from app.config import register_configs
+    from app.models import build_model
+
+    register_configs()
+    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf"),
+                               version_base="1.3"):
+        cfg = compose("config", overrides=["model=transformer_small", "model.d_model=8", "model.heads=2",
+                                           "model.enc_layers=1", "model.dec_layers=1", "model.ff_dim=16"])
+    model = build_model(cfg.model, 10, 10, True)
+    # encoder layer: q, k, v, out (4 × 8×8) + ff (8×16 + 16×8); decoder adds cross attention and the
+    # output projection (10×8, tied to the embedding but still a matrix multiply per target token)
+    p_enc, p_dec = 4 * 64 + 2 * 128, 8 * 64 + 2 * 128 + 80
+    assert matmul_parameters(model.encoder) == p_enc and matmul_parameters(model) == p_enc + p_dec
+    flops = training_flops(model, [3], [2])
+    attention = 12 * 8 * (1 * 3 * 3 + 1 * (2 * 3 / 2 + 2 * 3))
+    assert flops == 6 * (p_enc * 3 + p_dec * 2) + attention
