@@ -175,6 +175,12 @@ class Trainer:
 
     def __init__(self, cfg: Config):
         self.cfg, self.run_dir = cfg, cfg.run_dir
+        self.last_path, self.best_path = os.path.join(self.run_dir, "last.pt"), os.path.join(self.run_dir, "best.pt")
+        if cfg.train.resume and not os.path.exists(self.last_path):  # both checked before any data work
+            raise UserError(f"train.resume=true but {self.last_path} does not exist")
+        if not cfg.train.resume and os.path.exists(self.last_path):
+            raise UserError(f"{self.last_path} exists: continue that run with train.resume=true, "
+                            "or train under another name= (or delete the folder)")
         self.device = resolve_device(cfg.device)
         self.dtype = amp_dtype(cfg.train.amp, self.device)
         seed_everything(cfg.train.seed)
@@ -186,13 +192,9 @@ class Trainer:
                                  self.tokenizer.joint).to(self.device)
         self.optimizer, self.scheduler = make_optimizer(self.model, cfg)
         self.config_dict = OmegaConf.to_container(cfg, resolve=True)
-        self.last_path, self.best_path = os.path.join(self.run_dir, "last.pt"), os.path.join(self.run_dir, "best.pt")
         self.progress = Progress(batch_tokens=cfg.train.batch_tokens, epoch_batch_tokens=cfg.train.batch_tokens)
         if cfg.train.resume:
             self.resume()
-        elif os.path.exists(self.last_path):
-            raise UserError(f"{self.last_path} exists: continue that run with train.resume=true, "
-                            "or train under another name= (or delete the folder)")
         self.batcher = Batcher(self.train_data.src, self.train_data.tgt)
         self.src_lens = [len(s) for s in self.train_data.src]
         self.tgt_lens = [len(t) for t in self.train_data.tgt]
@@ -200,8 +202,6 @@ class Trainer:
     # --- checkpoints ------------------------------------------------------------------------------
 
     def resume(self) -> None:
-        if not os.path.exists(self.last_path):
-            raise UserError(f"train.resume=true but {self.last_path} does not exist")
         state = load_checkpoint(self.last_path, self.device)
         check_compatible(state, self.last_path, self.vocab, self.config_dict["model"])
         self.model.load_state_dict(state["model"])
