@@ -73,3 +73,14 @@ def corpus_tsv(tmp_path_factory):
     path = tmp_path_factory.mktemp("corpus") / "corpus.tsv"
     path.write_text("".join(f"{ref}\t{es[ref]}\t{en[ref]}\n" for ref in refs), encoding="utf-8")
     return path
+
+
+def compose_config(*overrides):
+    """The project's Hydra config with these overrides, as the CLI would build it (no run folder)."""
+    from hydra import compose, initialize_config_dir
+
+    from app.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=os.path.join(REPO, "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))

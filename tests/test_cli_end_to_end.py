@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 import sacrebleu
-from conftest import TINY, run_cli
+from conftest import TINY, compose_config, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -184,17 +184,11 @@ def test_bench_prints_and_writes_the_table(workdir):
 
 
 def test_training_flops_count_by_hand():
-    from hydra import compose, initialize_config_dir
-
     from app.bench import matmul_parameters, training_flops
-    from app.config import register_configs
     from app.models import build_model
 
-    register_configs()
-    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf"),
-                               version_base="1.3"):
-        cfg = compose("config", overrides=["model=transformer_small", "model.d_model=8", "model.heads=2",
-                                           "model.enc_layers=1", "model.dec_layers=1", "model.ff_dim=16"])
+    cfg = compose_config("model=transformer_small", "model.d_model=8", "model.heads=2", "model.enc_layers=1",
+                         "model.dec_layers=1", "model.ff_dim=16")
     model = build_model(cfg.model, 10, 10, True)
     # encoder layer: q, k, v, out (4 × 8×8) + ff (8×16 + 16×8); decoder adds cross attention and the
     # output projection (10×8, tied to the embedding but still a matrix multiply per target token)

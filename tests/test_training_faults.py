@@ -5,23 +5,16 @@ import shutil
 
 import pytest
 import torch
-from conftest import TINY
-from hydra import compose, initialize_config_dir
+from conftest import TINY, compose_config
 
 import app.training as training
 from app.checkpoint import check_compatible, load_checkpoint, rotate_snapshots, save_checkpoint, snapshot_steps
-from app.config import register_configs
 from app.errors import UserError
 
-CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
-
-
 def config(run_dir, *overrides):
-    register_configs()
     base = [a for a in TINY if not a.startswith(("name=", "train.eval_every", "train.save_every"))]
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        return compose("config", overrides=[*base, f"run_dir={run_dir}", "train.eval_every=1000",
-                                            "train.save_every=1000", "train.log_every=5", *overrides])
+    return compose_config(*base, f"run_dir={run_dir}", "train.eval_every=1000", "train.save_every=1000",
+                          "train.log_every=5", *overrides)
 
 
 @pytest.fixture
@@ -64,10 +57,8 @@ def test_a_skipped_update_changes_no_parameter():
     from app.data.batching import Batcher
     from app.models import build_model
 
-    register_configs()
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        cfg = compose("config", overrides=["model=transformer_small", "model.d_model=16", "model.heads=2",
-                                           "model.enc_layers=1", "model.dec_layers=1", "model.ff_dim=32"])
+    cfg = compose_config("model=transformer_small", "model.d_model=16", "model.heads=2", "model.enc_layers=1",
+                         "model.dec_layers=1", "model.ff_dim=32")
     model = build_model(cfg.model, 20, 20, True)
     optimizer, scheduler = training.make_optimizer(model, cfg)
     batch = Batcher([[5, 6, 7], [8, 9]], [[10, 11], [12, 13, 14]])([0, 1])
