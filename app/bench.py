@@ -14,7 +14,9 @@ where P_enc, P_dec are the matrix-multiply parameters applied once per source / 
 projection included, embedding lookups not) and the factor 6 is 2 FLOPs per multiply-add times forward
 plus a backward twice as costly (Kaplan et al. 2020). Attention adds 12 · width FLOPs per (query, key)
 pair and layer: QKᵀ and the weighted sum of values, forward and backward. MFU is that count per second
-over the device's peak dense bf16 rate.
+over the device's peak dense bf16 rate. For RNN attention the key projection (Bahdanau U, Luong general
+W_a) runs once per source token but is counted per target token: a small overcount when targets are
+longer than sources.
 """
 from __future__ import annotations
 

@@ -209,7 +209,10 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.progress = p = Progress(**state["progress"])
         set_rng_state(state["rng"], self.device)
-        if state["config"]["train"]["batch_tokens"] != self.cfg.train.batch_tokens:  # the user changed it: from now on
+        saved_budget = state["config"]["train"]["batch_tokens"]
+        p.epoch_batch_tokens = p.epoch_batch_tokens or saved_budget  # checkpoints older than these fields
+        p.batch_tokens = p.batch_tokens or saved_budget
+        if saved_budget != self.cfg.train.batch_tokens:  # the user changed it: from the next batches on
             p.batch_tokens = self.cfg.train.batch_tokens
         log.info("resumed from %s at step %d (epoch %d, batch %d)", self.last_path, p.step, p.epoch, p.batch_in_epoch)
 
