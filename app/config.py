@@ -69,8 +69,11 @@ class ModelConfig:
     dropout: float = 0.1
     attention_dropout: float = 0.1
     activation: str = "relu"  # relu | gelu
-    norm: str = "pre"  # pre | post
-    pos: str = "sinusoidal"
+    norm: str = "pre"  # pre | post: where the norm sits in each residual block
+    norm_type: str = "layernorm"  # layernorm | rmsnorm
+    pos: str = "sinusoidal"  # sinusoidal | learned | rope | alibi
+    kv_heads: int = 0  # key/value heads: 0 = heads (multi-head), a divisor of heads (grouped-query), 1 (multi-query)
+    window: int = 0  # encoder self-attention sees only tokens within this distance; 0 = the whole sentence
     max_len: int = 1024
     tie_embeddings: bool = True  # decoder input/output (and encoder input with a joint vocab)
     # RNN encoder-decoders (arch=rnn); enc_layers, dec_layers, dropout are shared with the Transformer
