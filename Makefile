@@ -33,8 +33,16 @@ $(STAMP): pyproject.toml
 data: setup
 	$(PY) -m app prepare $(ARGS)
 
+# NPROC=N trains on N processes (GPUs) with torchrun and DDP; TORCHRUN_ARGS replaces --standalone for
+# several machines, e.g. TORCHRUN_ARGS="--nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=host0:29500 --rdzv_id=run1"
+NPROC ?=
+TORCHRUN_ARGS ?= --standalone
 train: setup
+ifeq ($(NPROC),)
 	$(PY) -m app train $(ARGS)
+else
+	$(VENV)/bin/torchrun $(TORCHRUN_ARGS) --nproc_per_node=$(NPROC) -m app train $(ARGS)
+endif
 
 eval: setup
 	$(PY) -m app eval $(ARGS)

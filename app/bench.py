@@ -30,7 +30,7 @@ from torch import nn
 from app.checkpoint import check_compatible, load_checkpoint
 from app.config import Config
 from app.data.batching import Batcher, make_batches
-from app.data.corpus import load_split, prepare_data
+from app.data.corpus import load_split, load_tokenized, prepare_data
 from app.data.tokenizer import PAD
 from app.decoding import decode_corpus
 from app.models import build_model, count_parameters
@@ -99,7 +99,7 @@ def bench(cfg: Config, steps: int = 50, warmup: int = 10) -> dict:
     dtype = amp_dtype(cfg.train.amp, device)
     seed_everything(cfg.train.seed)
     tokenizer = prepare_data(cfg)
-    data = load_split(cfg.data.dir, "train", tokenizer)
+    data = load_tokenized(cfg.data.dir, "train", tokenizer)
     test = load_split(cfg.data.dir, "test", tokenizer).head(cfg.bench.decode_sentences)
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.joint).to(device)
     if cfg.bench.checkpoint:  # an untrained model decodes to the length limit: time real translations
@@ -108,7 +108,7 @@ def bench(cfg: Config, steps: int = 50, warmup: int = 10) -> dict:
         model.load_state_dict(state["model"])
     optimizer, scheduler = make_optimizer(model, cfg)
     batcher = Batcher(data.src, data.tgt)
-    batches = make_batches([len(s) for s in data.src], [len(t) for t in data.tgt], cfg.train.batch_tokens, True, cfg.train.seed)
+    batches = make_batches(data.src_lens, data.tgt_lens, cfg.train.batch_tokens, True, cfg.train.seed)
     batches = (batches * (1 + (steps + warmup) // len(batches)))[: steps + warmup]
     tgt_tokens = src_tokens = padded_tokens = 0
     flops = 0.0
@@ -121,13 +121,13 @@ def bench(cfg: Config, steps: int = 50, warmup: int = 10) -> dict:
         batch = batcher(indices)
         n_tokens = int((batch.tgt_out != PAD).sum())
         if i >= warmup:
-            src_lens = [len(data.src[j]) + 1 for j in indices]  # + EOS
-            tgt_lens = [len(data.tgt[j]) + 1 for j in indices]  # + BOS / EOS
+            src_lens = [data.src_lens[j] + 1 for j in indices]  # + EOS
+            tgt_lens = [data.tgt_lens[j] + 1 for j in indices]  # + BOS / EOS
             tgt_tokens += n_tokens
             src_tokens += sum(src_lens)
             padded_tokens += batch.src.numel() + batch.tgt_in.numel()
             flops += training_flops(model, src_lens, tgt_lens)
-        train_step(model, batch.to(device), n_tokens, optimizer, scheduler, cfg, dtype)
+        train_step(model, [batch.to(device)], n_tokens, optimizer, scheduler, cfg, dtype)
     sync(device)
     seconds = time.time() - start
     peak = peak_flops(device)

@@ -140,5 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     if command in ("prepare", "bench", "compare"):
         run_dir = "checkpoints" if command == "compare" else "${data.dir}"
         extra = [f"hydra.job.name={command}", "hydra.output_subdir=null", f"hydra.run.dir={run_dir}"]
+    if int(os.environ.get("RANK", 0)) > 0:  # torchrun workers other than rank 0 write no files, not even Hydra's
+        extra = [e for e in extra if not e.startswith("hydra.output_subdir=")]
+        extra += ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
     sys.argv = [sys.argv[0], *argv, *extra]
     _hydra_entry()

@@ -46,6 +46,11 @@ class DataConfig:
     dev_fraction: float = 0.032
     test_fraction: float = 0.032
     max_train_pairs: int = 0  # 0 = all; otherwise keep the first N train pairs (quick experiments)
+    num_proc: int = 0  # processes that tokenize into the Arrow cache; 0 = one per CPU core for big corpora
+    # hf: read the dataset as a stream (no download of the whole dataset); train pairs pass through a
+    # shuffle buffer of this many pairs, so data.max_train_pairs takes a shuffled sample of the stream
+    streaming: bool = False
+    shuffle_buffer: int = 10_000
     filters: FilterConfig = field(default_factory=FilterConfig)
 
 
@@ -91,7 +96,9 @@ class TrainConfig:
     seed: int = 1234
     max_steps: int = 100_000
     max_minutes: float = 0.0  # wall-clock budget for the training loop; 0 = none
-    batch_tokens: int = 8192  # source+target tokens per batch, padding included
+    batch_tokens: int = 8192  # source+target tokens per batch (per rank and micro-batch), padding included
+    accum_steps: int = 1  # micro-batches accumulated per update on each rank
+    tokens_per_update: int = 0  # if set: accum_steps = this / (batch_tokens × ranks), constant across NPROC
     lr: float = 7e-4
     warmup_steps: int = 4000
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])

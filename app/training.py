@@ -3,6 +3,7 @@ checkpoints (last, best, rotated snapshots), early stopping, exact resume, grace
 skipped non-finite updates, out-of-memory handling, TensorBoard scalars and a progress bar with ETA."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -15,13 +16,15 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+from app import distributed
 from app.checkpoint import (check_compatible, load_checkpoint, rotate_snapshots, save_checkpoint, snapshot_name)
-from app.config import Config
+from app.config import Config, TrainConfig
 from app.data.batching import Batcher, make_batches, sorted_batches
-from app.data.corpus import ParallelData, load_split, prepare_data
+from app.data.corpus import ParallelData, load_split, load_tokenized, load_tokenizer, prepare_data
 from app.data.tokenizer import EOS, PAD, Tokenizer
 from app.decoding import decode_corpus
 from app.errors import UserError
@@ -86,20 +89,29 @@ def make_optimizer(model: torch.nn.Module, cfg: Config) -> tuple[torch.optim.Opt
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt(cfg.train.warmup_steps))
 
 
-def train_step(model, batch, n_tokens: int, optimizer, scheduler, cfg: Config, dtype
+def train_step(model, batches: list, n_tokens: int, optimizer, scheduler, cfg: Config, dtype, ranks: int = 1
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One update; returns the summed loss, the gradient norm and whether both were finite, as device
-    tensors (no host sync). A non-finite update is skipped inside the fused optimizer kernel."""
-    with autocast(batch.src.device, dtype):
-        loss_sum = sequence_loss(model(batch.src, batch.tgt_in), batch.tgt_out, cfg.train.label_smoothing)
-    (loss_sum / n_tokens).backward()
+    """One update over ``batches`` (gradient accumulation), the loss normalized by ``n_tokens``, the
+    target tokens of the whole update over all ``ranks``. Returns the summed loss, the gradient norm and
+    whether both were finite, as device tensors (no host sync). A non-finite update is skipped inside
+    the fused optimizer kernel."""
+    loss_sum = torch.zeros((), device=batches[0].src.device)
+    for i, batch in enumerate(batches):
+        # DDP all-reduces gradients on the last micro-batch only; it averages them over the ranks,
+        # so each rank's loss is scaled up by their number to keep the sum over the whole update
+        sync = i == len(batches) - 1 or not hasattr(model, "no_sync")
+        with contextlib.nullcontext() if sync else model.no_sync():
+            with autocast(batch.src.device, dtype):
+                loss = sequence_loss(model(batch.src, batch.tgt_in), batch.tgt_out, cfg.train.label_smoothing)
+            (loss / (n_tokens / ranks)).backward()
+        loss_sum += loss.detach().float()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
-    finite = torch.isfinite(loss_sum.detach()) & torch.isfinite(grad_norm)
+    finite = torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
     optimizer.found_inf = (~finite).float()  # what GradScaler hands fused Adam: skip params and step count
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
-    return loss_sum.detach(), grad_norm, finite
+    return loss_sum, grad_norm, finite
 
 
 @torch.no_grad()
@@ -181,11 +193,19 @@ class Trainer:
         if not cfg.train.resume and os.path.exists(self.last_path):
             raise UserError(f"{self.last_path} exists: continue that run with train.resume=true, "
                             "or train under another name= (or delete the folder)")
-        self.device = resolve_device(cfg.device)
+        self.device = distributed.setup(resolve_device(cfg.device))
+        self.rank, self.world, self.main = distributed.rank(), distributed.world_size(), distributed.is_main()
+        self.accum = accumulation_steps(cfg.train, self.world)
+        if self.world > 1 and cfg.train.oom_retry:
+            raise UserError("train.oom_retry=true works in a single process only: with several ranks every "
+                            "rank must cut the same batches; lower train.batch_tokens instead")
         self.dtype = amp_dtype(cfg.train.amp, self.device)
         seed_everything(cfg.train.seed)
-        self.tokenizer = prepare_data(cfg)
-        self.train_data = load_split(cfg.data.dir, "train", self.tokenizer)
+        if self.main:  # rank 0 prepares data, tokenizer and Arrow caches; the others then read them
+            prepare_data(cfg)
+        distributed.barrier()
+        self.tokenizer = load_tokenizer(cfg.data.dir, cfg.tokenizer)
+        self.train_data = load_tokenized(cfg.data.dir, "train", self.tokenizer)
         self.dev_data = load_split(cfg.data.dir, "dev", self.tokenizer).head(cfg.train.max_dev_sentences)
         self.vocab = vocab_fingerprint(self.tokenizer)
         self.model = build_model(cfg.model, self.tokenizer.src_vocab_size, self.tokenizer.tgt_vocab_size,
@@ -195,9 +215,14 @@ class Trainer:
         self.progress = Progress(batch_tokens=cfg.train.batch_tokens, epoch_batch_tokens=cfg.train.batch_tokens)
         if cfg.train.resume:
             self.resume()
+        elif self.world > 1:  # same initial weights (DDP broadcasts rank 0's), different dropout per rank
+            torch.manual_seed(cfg.train.seed + self.rank)
+        # the module that trains: DDP all-reduces its gradients; self.model stays the plain model
+        self.trained = self.model
+        if distributed.launched():
+            self.trained = DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
         self.batcher = Batcher(self.train_data.src, self.train_data.tgt)
-        self.src_lens = [len(s) for s in self.train_data.src]
-        self.tgt_lens = [len(t) for t in self.train_data.tgt]
+        self.src_lens, self.tgt_lens = self.train_data.src_lens, self.train_data.tgt_lens
 
     # --- checkpoints ------------------------------------------------------------------------------
 
@@ -208,7 +233,12 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.progress = p = Progress(**state["progress"])
-        set_rng_state(state["rng"], self.device)
+        rng = state.get("rng_ranks") or [state["rng"]]
+        if len(rng) == self.world:
+            set_rng_state(rng[self.rank], self.device)
+        else:  # resumed with another number of ranks: same weights and data order, fresh dropout streams
+            set_rng_state(state["rng"], self.device)
+            torch.manual_seed(self.cfg.train.seed + self.rank + 7919 * p.step)
         saved_budget = state["config"]["train"]["batch_tokens"]
         p.epoch_batch_tokens = p.epoch_batch_tokens or saved_budget  # checkpoints older than these fields
         p.batch_tokens = p.batch_tokens or saved_budget
@@ -216,10 +246,13 @@ class Trainer:
             p.batch_tokens = self.cfg.train.batch_tokens
         log.info("resumed from %s at step %d (epoch %d, batch %d)", self.last_path, p.step, p.epoch, p.batch_in_epoch)
 
-    def full_state(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "progress": asdict(self.progress),
-                "config": self.config_dict, "vocab": self.vocab, "rng": rng_state(self.device)}
+    def full_state(self, rng_ranks: Optional[list] = None) -> dict:
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "scheduler": self.scheduler.state_dict(), "progress": asdict(self.progress),
+                 "config": self.config_dict, "vocab": self.vocab, "rng": rng_state(self.device)}
+        if rng_ranks and len(rng_ranks) > 1:
+            state["rng_ranks"] = rng_ranks  # each rank's dropout stream, for an exact resume under DDP
+        return state
 
     def snapshot(self) -> None:
         """A model-only ``step_NNNNNNN.pt`` for averaging, then rotation (train.keep_last / keep_best)."""
@@ -231,13 +264,21 @@ class Trainer:
         rotate_snapshots(self.run_dir, t.keep_last, t.keep_best, self.progress.validations)
 
     def save(self) -> None:
-        save_checkpoint(self.last_path, self.full_state())
+        """Called on every rank (it gathers their RNG states); rank 0 alone writes."""
+        rng_ranks = distributed.gather_objects(rng_state(self.device)) if self.world > 1 else None
+        if not self.main:
+            return
+        save_checkpoint(self.last_path, self.full_state(rng_ranks))
         if self.cfg.train.keep_last > 0:
             self.snapshot()
 
     # --- validation -------------------------------------------------------------------------------
 
     def validate(self) -> bool:
+        """Validation (once, on rank 0); returns on every rank whether early stopping says stop."""
+        return distributed.from_main(self.main and self.validate_on_main(), self.device)
+
+    def validate_on_main(self) -> bool:
         """Validate, log, keep the best checkpoint; returns True when early stopping says stop."""
         cfg, p = self.cfg, self.progress
         t0 = time.time()
@@ -262,22 +303,24 @@ class Trainer:
 
     # --- updates ----------------------------------------------------------------------------------
 
-    def update(self, indices: list[int]) -> Optional[str]:
-        """One optimizer update on these sentences; when it runs out of memory, nothing changes and the
-        batch's shape comes back."""
-        batch = self.batcher(indices)
-        n_tokens = int((batch.tgt_out != PAD).sum())
+    def update(self, parts: list[list[int]], n_tokens: int) -> Optional[str]:
+        """One optimizer update on this rank's micro-batches ``parts`` (``n_tokens`` target tokens in the
+        update over all ranks). When it runs out of memory, nothing changes and the batch's shape comes back."""
+        batches = [self.batcher(indices) for indices in parts]
         try:
-            loss_sum, grad_norm, finite = train_step(self.model, batch.to(self.device), n_tokens, self.optimizer,
-                                                     self.scheduler, self.cfg, self.dtype)
+            loss_sum, grad_norm, finite = train_step(self.trained, [b.to(self.device) for b in batches], n_tokens,
+                                                     self.optimizer, self.scheduler, self.cfg, self.dtype, self.world)
         except torch.OutOfMemoryError:
-            return f"{len(indices)} sentences, source {tuple(batch.src.shape)}, target {tuple(batch.tgt_in.shape)}"
+            big = max(batches, key=lambda b: b.src.numel() + b.tgt_in.numel())
+            return f"{big.src.size(0)} sentences, source {tuple(big.src.shape)}, target {tuple(big.tgt_in.shape)}"
         p = self.progress
         p.step += 1
         p.tgt_tokens += n_tokens
         self.window_tokens += n_tokens
-        self.window_loss += torch.where(finite, loss_sum.float(), 0.0)
-        self.window_loss_tokens += finite * n_tokens
+        self.window_steps += 1
+        local_tokens = sum(int((b.tgt_out != PAD).sum()) for b in batches)
+        self.window_loss += torch.where(finite, loss_sum, 0.0)
+        self.window_loss_tokens += finite * local_tokens
         self.bad_run = (self.bad_run + 1) * ~finite  # consecutive skipped updates, counted on the device
         self.worst_bad_run = torch.maximum(self.worst_bad_run, self.bad_run)
         self.window_skipped += ~finite
@@ -288,28 +331,30 @@ class Trainer:
             self.read_window(write_scalars=p.step % t.log_every == 0)
         return None
 
-    def train_batch(self, indices: list[int]) -> None:
-        """Train on one batch of the epoch; on out-of-memory, halve the budget and split (train.oom_retry)."""
+    def train_update(self, group: list[list[int]]) -> None:
+        """One update on a group of world × accum batches of the epoch: this rank's share, accumulated.
+        Out of memory (single process, train.oom_retry): halve the budget and cut the same sentences
+        into more micro-batches of the same update."""
         p = self.progress
-        pending = [indices]
+        n_tokens = sum(self.tgt_lens[i] + 1 for indices in group for i in indices)  # +1: EOS; known on every rank
+        parts = group[self.rank * self.accum:(self.rank + 1) * self.accum]
         if p.batch_tokens < p.epoch_batch_tokens:  # the budget was halved during this epoch
-            pending = split_batch(indices, self.src_lens, self.tgt_lens, p.batch_tokens)
-        while pending:
-            part = pending.pop(0)
-            oom_shape = self.update(part)
+            parts = [piece for part in parts for piece in split_batch(part, self.src_lens, self.tgt_lens, p.batch_tokens)]
+        while True:
+            oom_shape = self.update(parts, n_tokens)
             if oom_shape is None:
-                continue
+                return
             # out of memory: the failed step's tensors are gone once its exception frame is
             self.optimizer.zero_grad(set_to_none=True)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-            if not self.cfg.train.oom_retry or len(part) == 1:
+            if not self.cfg.train.oom_retry or all(len(part) == 1 for part in parts):
                 raise UserError(f"out of {self.device.type} memory at step {p.step + 1} on a batch of {oom_shape}: "
                                 f"lower train.batch_tokens (now {p.batch_tokens})"
                                 + ("" if self.cfg.train.oom_retry else " or set train.oom_retry=true"))
             p.batch_tokens = max(p.batch_tokens // 2, 1)
             log.warning("out of memory on a batch of %s: train.batch_tokens halved to %d", oom_shape, p.batch_tokens)
-            pending = split_batch(part, self.src_lens, self.tgt_lens, p.batch_tokens) + pending
+            parts = [piece for part in parts for piece in split_batch(part, self.src_lens, self.tgt_lens, p.batch_tokens)]
 
     def read_window(self, write_scalars: bool) -> None:
         """The one host sync between validations: loss of the window, skipped updates, abort check."""
@@ -327,8 +372,8 @@ class Trainer:
                             "train.warmup_steps, and check the data")
         if not write_scalars:
             return
-        tokens = int(self.window_loss_tokens)
-        loss = self.window_loss.item() / tokens if tokens else float("nan")
+        loss_sum, tokens = distributed.sum_all(torch.stack([self.window_loss.double(), self.window_loss_tokens.double()])).tolist()
+        loss = loss_sum / tokens if tokens else float("nan")
         elapsed = time.time() - self.window_start
         lr = self.scheduler.get_last_lr()[0]
         self.writer.add_scalar("train/loss", loss, p.step)
@@ -336,6 +381,7 @@ class Trainer:
         self.writer.add_scalar("train/lr", lr, p.step)
         self.writer.add_scalar("train/grad_norm", float(self.grad_norm), p.step)
         self.writer.add_scalar("train/tgt_tokens_per_s", self.window_tokens / elapsed, p.step)
+        self.writer.add_scalar("train/tgt_tokens_per_update", self.window_tokens / max(self.window_steps, 1), p.step)
         postfix = dict(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{self.window_tokens / elapsed:,.0f}")
         if self.budget < float("inf"):  # the step-count ETA means little when time is the limit
             postfix["time_left"] = tqdm.format_interval(max(self.budget - (time.time() - self.loop_start), 0))
@@ -344,7 +390,7 @@ class Trainer:
 
     def reset_window(self) -> None:
         zero = lambda dtype: torch.zeros((), dtype=dtype, device=self.device)  # noqa: E731
-        self.window_start, self.window_tokens = time.time(), 0
+        self.window_start, self.window_tokens, self.window_steps = time.time(), 0, 0
         self.window_loss, self.window_loss_tokens = zero(torch.float32), zero(torch.long)
         self.window_skipped = zero(torch.long)
         self.worst_bad_run = self.bad_run.clone()  # a run of skips may continue into the next window
@@ -353,16 +399,21 @@ class Trainer:
 
     def run(self) -> dict:
         cfg, p = self.cfg, self.progress
-        os.makedirs(self.run_dir, exist_ok=True)
-        atomic_write_text(os.path.join(self.run_dir, "config.yaml"), OmegaConf.to_yaml(cfg, resolve=True))
         n_params = count_parameters(self.model)
-        log.info("model: %s, %.1f M parameters; device %s, %s; %d train / %d dev pairs", cfg.model.arch,
-                 n_params / 1e6, self.device, self.dtype or "fp32", len(self.train_data), len(self.dev_data))
-        self.writer = SummaryWriter(os.path.join(self.run_dir, "tb"))
+        if self.main:
+            os.makedirs(self.run_dir, exist_ok=True)
+            atomic_write_text(os.path.join(self.run_dir, "config.yaml"), OmegaConf.to_yaml(cfg, resolve=True))
+            log.info("model: %s, %.1f M parameters; device %s, %s; %d train / %d dev pairs", cfg.model.arch,
+                     n_params / 1e6, self.device, self.dtype or "fp32", len(self.train_data), len(self.dev_data))
+            log.info("each update: %d rank(s) × %d micro-batch(es) of up to %d tokens = %d padded tokens%s",
+                     self.world, self.accum, p.batch_tokens, self.world * self.accum * p.batch_tokens,
+                     f" (train.tokens_per_update={cfg.train.tokens_per_update})" if cfg.train.tokens_per_update else "")
+        self.writer = SummaryWriter(os.path.join(self.run_dir, "tb")) if self.main else NoWriter()
         self.budget = cfg.train.max_minutes * 60 if cfg.train.max_minutes else float("inf")
         # with a time budget the step-count ETA is meaningless: time_left in the postfix says it instead
         total = None if self.budget < float("inf") else cfg.train.max_steps
-        self.bar = tqdm(total=total, initial=p.step, desc="training", unit="step", dynamic_ncols=True)
+        self.bar = tqdm(total=total, initial=p.step, desc="training", unit="step", dynamic_ncols=True,
+                        disable=not self.main)
         self.grad_norm = torch.zeros(())
         self.bad_run = torch.zeros((), dtype=torch.long, device=self.device)  # consecutive skipped updates
         self.reset_window()
@@ -371,27 +422,39 @@ class Trainer:
         self.loop_start = time.time() - p.elapsed_seconds
         done, batches = p.step >= cfg.train.max_steps, []
         crossed = lambda every, before: every > 0 and p.step // every > before // every  # noqa: E731
+        group = self.world * self.accum  # batches per update: each rank takes accum of them
         with StopRequest() as stop:
             while not done:
                 batches = make_batches(self.src_lens, self.tgt_lens, p.epoch_batch_tokens, shuffle=True,
                                        seed=cfg.train.seed, epoch=p.epoch)
-                for indices in batches[p.batch_in_epoch:]:
+                if len(batches) < group:
+                    raise UserError(f"the train split makes {len(batches)} batches of train.batch_tokens="
+                                    f"{p.epoch_batch_tokens}, fewer than one update takes ({self.world} ranks × "
+                                    f"{self.accum} accumulated): lower train.batch_tokens")
+                # every rank walks the same global batches; a last group smaller than one update is left out
+                for start in range(p.batch_in_epoch, len(batches) - group + 1, group):
                     before = p.step
-                    self.train_batch(indices)
-                    p.batch_in_epoch += 1
+                    self.train_update(batches[start:start + group])
+                    p.batch_in_epoch = start + group
                     if crossed(cfg.train.eval_every, before):
                         last_eval_step = p.step
                         if self.validate():
                             done, stop_reason = True, f"early stopping (no dev BLEU gain in {cfg.train.patience} validations)"
                     if crossed(cfg.train.save_every, before):
                         self.save()
+                    p.elapsed_seconds = time.time() - self.loop_start
+                    # ranks must agree on stopping: with several, they compare flags every few steps
+                    out_of_time, stop_requested = p.elapsed_seconds >= self.budget, stop.requested
+                    if self.world > 1:
+                        check = p.step % STOP_CHECK_EVERY == 0 or p.step >= cfg.train.max_steps
+                        out_of_time, stop_requested = distributed.any_rank([out_of_time, stop_requested], self.device) \
+                            if check else (False, False)
                     if p.step >= cfg.train.max_steps:
                         done = True
-                    elif time.time() - self.loop_start >= self.budget:
+                    elif out_of_time:
                         done, stop_reason = True, f"time budget of {cfg.train.max_minutes} min"
-                    p.elapsed_seconds = time.time() - self.loop_start
-                    if stop.requested and not done:
-                        self.interrupted(stop.signum)
+                    if stop_requested and not done:
+                        self.interrupted(stop.signum or signal.SIGTERM)
                     if done:
                         break
                 else:
@@ -402,8 +465,9 @@ class Trainer:
             self.read_window(write_scalars=False)  # skipped updates of the last, partial window
             if last_eval_step != p.step:
                 self.validate()
+            p.elapsed_seconds = time.time() - self.loop_start
             self.save()
-        if not os.path.exists(self.best_path):
+        if self.main and not os.path.exists(self.best_path):
             save_checkpoint(self.best_path, self.full_state())
         return self.finish(stop_reason, n_params, len(batches))
 
@@ -425,15 +489,45 @@ class Trainer:
             "best_dev_bleu": p.best_bleu, "best_step": p.best_step, "parameters": n_params,
             "skipped_steps": p.skipped_steps, "batch_tokens": p.batch_tokens,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "amp": str(self.dtype or "fp32"),
+            "amp": str(self.dtype or "fp32"), "ranks": self.world, "accum_steps": self.accum,
+            "tgt_tokens_per_update": round(p.tgt_tokens / max(p.step, 1)),
         }
         if device.type == "cuda":
             summary["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
-        atomic_write_text(os.path.join(self.run_dir, "train_summary.json"), json.dumps(summary, indent=2))
         self.writer.close()
-        log.info("training stopped: %s. %s", stop_reason, json.dumps(summary))
+        if self.main:
+            atomic_write_text(os.path.join(self.run_dir, "train_summary.json"), json.dumps(summary, indent=2))
+            log.info("training stopped: %s. %s", stop_reason, json.dumps(summary))
         return summary
 
 
+class NoWriter:
+    """What ranks other than 0 log to: nothing (rank 0 alone writes events, plots and checkpoints)."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+STOP_CHECK_EVERY = 10  # steps between the ranks' agreement on stopping (a host sync) under DDP
+
+
+def accumulation_steps(t: TrainConfig, world: int) -> int:
+    """Micro-batches per rank and update: train.accum_steps, or what train.tokens_per_update asks for
+    with this many ranks (so the tokens per update stay the same when the number of GPUs changes)."""
+    if t.tokens_per_update <= 0:
+        if t.accum_steps < 1:
+            raise UserError(f"train.accum_steps={t.accum_steps} must be at least 1")
+        return t.accum_steps
+    accum = max(1, round(t.tokens_per_update / (t.batch_tokens * world)))
+    if accum * t.batch_tokens * world != t.tokens_per_update:
+        log.warning("train.tokens_per_update=%d is not a multiple of %d ranks × train.batch_tokens=%d: using %d "
+                    "accumulation steps (%d tokens per update)", t.tokens_per_update, world, t.batch_tokens, accum,
+                    accum * world * t.batch_tokens)
+    return accum
+
+
 def train(cfg: Config) -> dict:
-    return Trainer(cfg).run()
+    try:
+        return Trainer(cfg).run()
+    finally:
+        distributed.teardown()

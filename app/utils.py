@@ -1,6 +1,7 @@
 """Small helpers shared by several stages: hashing, atomic writes, seeding, devices."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -22,15 +23,16 @@ def file_hash(path: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def atomic_write(path: str, write) -> None:
-    """Write through ``write(file_object)`` to a temp file in the same folder, fsync, then rename:
-    a crash leaves either the old file or the new one, never a torn one."""
+@contextlib.contextmanager
+def atomic_open(path: str, mode: str = "wb"):
+    """A file to write ``path`` through: a temp file in the same folder, fsynced and renamed when the
+    block ends, removed if it fails. A crash leaves either the old file or the new one, never a torn one."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are ordinary files
@@ -39,6 +41,12 @@ def atomic_write(path: str, write) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_write(path: str, write) -> None:
+    """Write ``path`` atomically through ``write(file_object)`` (see atomic_open)."""
+    with atomic_open(path) as f:
+        write(f)
 
 
 def atomic_write_text(path: str, text: str) -> None:

@@ -55,9 +55,9 @@ TINY = [
 ]
 
 
-def run_cli(cwd, *args, stdin=None, timeout=600):
+def run_cli(cwd, *args, stdin=None, timeout=600, env=None):
     """``python -m app ARGS`` in ``cwd``, as a user runs it; returns the CompletedProcess."""
-    env = {**os.environ, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0"}
+    env = {**os.environ, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0", **(env or {})}
     return subprocess.run([sys.executable, "-m", "app", *args], cwd=cwd, input=stdin, capture_output=True,
                           text=True, env=env, timeout=timeout)
 

@@ -6,10 +6,32 @@ import datasets
 import pytest
 
 from app.config import DataConfig
-from app.data.sources import Pair, read_files, read_hf, read_parallel_file, read_source
+from app.data import sources
+from app.data.sources import Pair
 from app.errors import UserError
 
 datasets.disable_progress_bars()
+
+
+# Sources read lazily; these read everything at once, as prepare() does.
+def read_parallel_file(*args) -> list[Pair]:
+    return list(sources.read_parallel_file(*args))
+
+
+def materialized(splits: dict) -> dict:
+    return {split: None if pairs is None else list(pairs) for split, pairs in splits.items()}
+
+
+def read_files(cfg):
+    return materialized(sources.read_files(cfg))
+
+
+def read_hf(cfg):
+    return materialized(sources.read_hf(cfg))
+
+
+def read_source(cfg):
+    return materialized(sources.read_source(cfg))
 
 
 def files_cfg(**kw) -> DataConfig:

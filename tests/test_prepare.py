@@ -223,3 +223,47 @@ def test_prepare_hf_local_folder_edit_reprepares(tmp_path):
     prepare(hf_folder_cfg(tmp_path))
     write_jsonl_folder(tmp_path / "folder", 80)
     assert sum(prepare(hf_folder_cfg(tmp_path))["pairs"].values()) == 80
+
+
+def test_prepare_hf_streaming_takes_a_shuffled_sample(tmp_path):
+    write_jsonl_folder(tmp_path / "folder", 200)
+    cfg = hf_folder_cfg(tmp_path)
+    cfg.streaming, cfg.shuffle_buffer, cfg.max_train_pairs = True, 50, 30
+    report = prepare(cfg)
+    assert report["pairs"]["train"] == 30
+    train = read_tsv(os.path.join(cfg.dir, "train.tsv"))
+    numbers = [int(p.src.split()[-1]) for p in train]
+    assert numbers != sorted(numbers)  # drawn through the shuffle buffer, not the first 30 in order
+
+
+# --- the tokenized Arrow cache ------------------------------------------------------------------
+
+
+def test_tokenized_cache_is_built_once_and_reused(tmp_path, write_tsv, caplog):
+    import logging
+
+    from app.config import TokenizerConfig
+    from app.data.corpus import load_split, load_tokenized, tokenized
+    from app.data.tokenizer import build_tokenizer
+
+    cfg = data_cfg(tmp_path, train=write_tsv("corpus.tsv", corpus_rows()))
+    prepare(cfg)
+    tokenizer = build_tokenizer(cfg.dir, TokenizerConfig(vocab_size=200))
+    with caplog.at_level(logging.INFO, logger="app.data.corpus"):
+        tokenized(cfg.dir, "train", tokenizer)
+        stamp = os.path.join(cfg.dir, "tokenized", "spm_unigram200", "train", "key.json")
+        built = os.stat(stamp).st_mtime_ns
+        assert caplog.text.count("tokenizing") == 1
+        train = load_tokenized(cfg.dir, "train", tokenizer)
+        assert caplog.text.count("tokenizing") == 1  # the second read maps the cache
+    assert os.stat(stamp).st_mtime_ns == built
+    pairs = read_tsv(os.path.join(cfg.dir, "train.tsv"))
+    assert train.src.to_pylist() == tokenizer.encode_src([p.src for p in pairs])
+    assert train.tgt_lens == [len(ids) for ids in tokenizer.encode_tgt([p.tgt for p in pairs])]
+    assert load_split(cfg.dir, "train", tokenizer).ids == [p.id for p in pairs]
+
+    other = build_tokenizer(cfg.dir, TokenizerConfig(vocab_size=150))  # another tokenizer: its own cache
+    assert load_tokenized(cfg.dir, "train", other).src.to_pylist() == other.encode_src([p.src for p in pairs])
+    write_tsv("corpus.tsv", corpus_rows()[:150])  # new data: prepare rewrites train.tsv, the cache follows
+    prepare(cfg)
+    assert len(load_tokenized(cfg.dir, "train", tokenizer)) == len(read_tsv(os.path.join(cfg.dir, "train.tsv")))

@@ -62,14 +62,14 @@ def test_a_skipped_update_changes_no_parameter():
     model = build_model(cfg.model, 20, 20, True)
     optimizer, scheduler = training.make_optimizer(model, cfg)
     batch = Batcher([[5, 6, 7], [8, 9]], [[10, 11], [12, 13, 14]])([0, 1])
-    training.train_step(model, batch, 7, optimizer, scheduler, cfg, None)
+    training.train_step(model, [batch], 7, optimizer, scheduler, cfg, None)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     handle = model.register_forward_hook(lambda m, i, out: out * float("inf"))
-    loss, grad_norm, finite = training.train_step(model, batch, 7, optimizer, scheduler, cfg, None)
+    loss, grad_norm, finite = training.train_step(model, [batch], 7, optimizer, scheduler, cfg, None)
     assert not bool(finite)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     handle.remove()
-    *_, finite = training.train_step(model, batch, 7, optimizer, scheduler, cfg, None)
+    *_, finite = training.train_step(model, [batch], 7, optimizer, scheduler, cfg, None)
     assert bool(finite) and not torch.equal(before["out_proj.weight"], model.state_dict()["out_proj.weight"])
 
 

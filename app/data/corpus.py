@@ -1,16 +1,35 @@
-"""A prepared split, tokenized: what training, evaluation and plots read."""
+"""Prepared splits, tokenized once into a memory-mapped Arrow cache (Hugging Face ``datasets``).
+
+``data/<corpus>/tokenized/<tokenizer>/<split>/`` holds the split's ids, texts and subword ids. It is
+built with ``data.num_proc`` processes the first time a split is read with a tokenizer and reused as
+long as the split file and the tokenizer are unchanged. Training reads sentences straight from the
+mapped file, so a corpus of many GB does not sit in Python lists.
+"""
 from __future__ import annotations
 
+import json
+import logging
 import os
+import shutil
 from dataclasses import dataclass
+from functools import lru_cache
+
+import pyarrow as pa
 
 from app.config import Config, TokenizerConfig
-from app.data.prepare import prepare, read_tsv
+from app.data.prepare import prepare
+from app.data.sources import SPLITS
 from app.data.tokenizer import Tokenizer, build_tokenizer, model_paths
+from app.utils import atomic_write_text, file_hash, stable_hash
+
+log = logging.getLogger(__name__)
+PARALLEL_ABOVE = 50_000  # pairs: smaller splits tokenize faster in one process than the workers start
 
 
 @dataclass
 class ParallelData:
+    """A split in memory: what validation, evaluation and plots read (dev and test are small)."""
+
     ids: list[str]
     src_texts: list[str]
     tgt_texts: list[str]
@@ -26,17 +45,99 @@ class ParallelData:
         return ParallelData(self.ids[:n], self.src_texts[:n], self.tgt_texts[:n], self.src[:n], self.tgt[:n])
 
 
+@dataclass
+class TokenizedSplit:
+    """A split's subword ids as memory-mapped Arrow columns: what training reads."""
+
+    src: pa.ChunkedArray  # list<int32> per sentence, without BOS/EOS
+    tgt: pa.ChunkedArray
+    src_lens: list[int]
+    tgt_lens: list[int]
+
+    def __len__(self) -> int:
+        return len(self.src_lens)
+
+
 def prepare_data(cfg: Config) -> Tokenizer:
-    """Corpus preparation and tokenizer training, each skipped when its inputs did not change."""
+    """Corpus preparation, tokenizer training and the tokenized Arrow caches, each skipped when its
+    inputs did not change."""
     prepare(cfg.data)
-    return build_tokenizer(cfg.data.dir, cfg.tokenizer)
+    tokenizer = build_tokenizer(cfg.data.dir, cfg.tokenizer)
+    for split in SPLITS:
+        tokenized(cfg.data.dir, split, tokenizer, cfg.data.num_proc)
+    return tokenizer
 
 
 def load_tokenizer(data_dir: str, cfg: TokenizerConfig) -> Tokenizer:
     return Tokenizer(*model_paths(data_dir, cfg))
 
 
+def load_tokenized(data_dir: str, split: str, tokenizer: Tokenizer) -> TokenizedSplit:
+    table = tokenized(data_dir, split, tokenizer).data
+    return TokenizedSplit(table.column("src_ids"), table.column("tgt_ids"),
+                          table.column("src_len").to_pylist(), table.column("tgt_len").to_pylist())
+
+
 def load_split(data_dir: str, split: str, tokenizer: Tokenizer) -> ParallelData:
-    pairs = read_tsv(os.path.join(data_dir, f"{split}.tsv"))
-    src_texts, tgt_texts = [p.src for p in pairs], [p.tgt for p in pairs]
-    return ParallelData([p.id for p in pairs], src_texts, tgt_texts, tokenizer.encode_src(src_texts), tokenizer.encode_tgt(tgt_texts))
+    dataset = tokenized(data_dir, split, tokenizer)
+    return ParallelData(dataset["id"], dataset["src"], dataset["tgt"], dataset["src_ids"], dataset["tgt_ids"])
+
+
+def tokenized(data_dir: str, split: str, tokenizer: Tokenizer, num_proc: int = 0):
+    """The Arrow cache of ``<data_dir>/<split>.tsv`` under ``tokenizer`` (a ``datasets.Dataset``,
+    memory-mapped), built when missing or stale."""
+    import datasets
+
+    tsv = os.path.join(data_dir, f"{split}.tsv")
+    stem = os.path.splitext(os.path.basename(tokenizer.src_path))[0]
+    cache = os.path.join(data_dir, "tokenized", stem, split)
+    stat = os.stat(tsv)
+    key = stable_hash({"tsv": [stat.st_size, stat.st_mtime_ns], "src": file_hash(tokenizer.src_path),
+                       "tgt": file_hash(tokenizer.tgt_path)})
+    stamp = os.path.join(cache, "key.json")
+    if os.path.exists(stamp):
+        with open(stamp, encoding="utf-8") as f:
+            if json.load(f).get("key") == key:
+                return datasets.load_from_disk(cache)
+
+    datasets.disable_progress_bars()
+    work = f"{cache}.building-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    features = datasets.Features({"id": datasets.Value("string"), "src": datasets.Value("string"),
+                                  "tgt": datasets.Value("string")})
+    rows = datasets.Dataset.from_generator(_tsv_rows, features=features, gen_kwargs={"path": tsv},
+                                           cache_dir=os.path.join(work, "hf"))
+    procs = num_proc or (min(os.cpu_count() or 1, 8) if len(rows) > PARALLEL_ABOVE else 1)
+    log.info("data: tokenizing %s (%d pairs, %d process%s) into %s", tsv, len(rows), procs,
+             "es" if procs > 1 else "", cache)
+    encoded = rows.map(_encode_rows, batched=True, batch_size=2000, num_proc=procs if procs > 1 else None,
+                       fn_kwargs={"src_model": tokenizer.src_path, "tgt_model": tokenizer.tgt_path},
+                       features=datasets.Features({**features, "src_ids": datasets.List(datasets.Value("int32")),
+                                                   "tgt_ids": datasets.List(datasets.Value("int32")),
+                                                   "src_len": datasets.Value("int32"), "tgt_len": datasets.Value("int32")}))
+    encoded.save_to_disk(os.path.join(work, "final"))
+    del rows, encoded
+    shutil.rmtree(cache, ignore_errors=True)
+    os.replace(os.path.join(work, "final"), cache)
+    shutil.rmtree(work, ignore_errors=True)
+    atomic_write_text(stamp, json.dumps({"key": key, "tsv": tsv, "tokenizer": tokenizer.src_path}))
+    return datasets.load_from_disk(cache)
+
+
+def _tsv_rows(path: str):
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            pair_id, src, tgt = line.rstrip("\n").split("\t")
+            yield {"id": pair_id, "src": src, "tgt": tgt}
+
+
+@lru_cache(maxsize=4)
+def _processor(path: str):
+    import sentencepiece as spm
+
+    return spm.SentencePieceProcessor(model_file=path)
+
+
+def _encode_rows(batch: dict, src_model: str, tgt_model: str) -> dict:
+    src, tgt = _processor(src_model).encode(batch["src"]), _processor(tgt_model).encode(batch["tgt"])
+    return {**batch, "src_ids": src, "tgt_ids": tgt, "src_len": [len(s) for s in src], "tgt_len": [len(t) for t in tgt]}

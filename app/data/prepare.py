@@ -5,17 +5,20 @@ second run with the same inputs does nothing.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 from collections import Counter
+from typing import Iterable, Optional
 
+from tqdm import tqdm
 
 from app.config import DataConfig, FilterConfig
 from app.data.sources import SPLITS, Pair, read_source
 from app.errors import UserError
-from app.utils import atomic_write_text, stable_hash, to_plain
+from app.utils import atomic_open, atomic_write_text, stable_hash, to_plain
 
 log = logging.getLogger(__name__)
 PREPARE_VERSION = 1  # bump when cleaning/splitting logic changes, to invalidate old caches
@@ -35,26 +38,43 @@ def split_of(pair_id: str, dev_fraction: float, test_fraction: float) -> str:
     return "train"
 
 
-def filter_pairs(pairs: list[Pair], rules: FilterConfig, dedup: bool) -> tuple[list[Pair], Counter]:
-    """Apply cleaning rules; returns the kept pairs and how many each rule dropped."""
-    kept, dropped, seen = [], Counter(), set()
-    for pair in pairs:
+class PairFilter:
+    """The cleaning rules, one pair at a time: returns the normalized pair or None, counting drops per
+    rule. Duplicates are found by an 8-byte digest of the pair, so memory grows by a few dozen bytes per
+    distinct pair, not by its text."""
+
+    def __init__(self, rules: FilterConfig, dedup: bool):
+        self.rules, self.dedup, self.seen, self.dropped = rules, dedup, set(), Counter()
+
+    def __call__(self, pair: Pair) -> Optional[Pair]:
+        rules = self.rules
         src, tgt = normalize(pair.src), normalize(pair.tgt)
         short, long = sorted((len(src), len(tgt)))
+        reason = None
         if short == 0:
-            dropped["empty"] += 1
+            reason = "empty"
         elif short < rules.min_chars:
-            dropped["min_chars"] += 1
+            reason = "min_chars"
         elif long > rules.max_chars:
-            dropped["max_chars"] += 1
+            reason = "max_chars"
         elif rules.max_ratio and long / short > rules.max_ratio:
-            dropped["max_ratio"] += 1
-        elif dedup and (src, tgt) in seen:
-            dropped["duplicate"] += 1
-        else:
-            seen.add((src, tgt))
-            kept.append(Pair(pair.id, src, tgt))
-    return kept, dropped
+            reason = "max_ratio"
+        elif self.dedup:
+            digest = hashlib.blake2b(f"{src}\t{tgt}".encode("utf-8"), digest_size=8).digest()
+            if digest in self.seen:
+                reason = "duplicate"
+            self.seen.add(digest)
+        if reason:
+            self.dropped[reason] += 1
+            return None
+        return Pair(pair.id, src, tgt)
+
+
+def filter_pairs(pairs: Iterable[Pair], rules: FilterConfig, dedup: bool) -> tuple[list[Pair], Counter]:
+    """Apply cleaning rules; returns the kept pairs and how many each rule dropped."""
+    keep = PairFilter(rules, dedup)
+    kept = [clean for pair in pairs if (clean := keep(pair)) is not None]
+    return kept, keep.dropped
 
 
 def _fingerprint(cfg: DataConfig) -> dict:
@@ -74,10 +94,6 @@ def _fingerprint(cfg: DataConfig) -> dict:
 def cache_key(cfg: DataConfig) -> str:
     settings = to_plain(cfg)
     return stable_hash({"version": PREPARE_VERSION, "settings": settings, "inputs": _fingerprint(cfg)})
-
-
-def write_tsv(path: str, pairs: list[Pair]) -> None:
-    atomic_write_text(path, "".join(f"{p.id}\t{p.src}\t{p.tgt}\n" for p in pairs))
 
 
 def read_tsv(path: str) -> list[Pair]:
@@ -101,23 +117,34 @@ def prepare(cfg: DataConfig) -> dict:
     # Splits the source does not provide are carved out of train by the id hash.
     dev_fraction = cfg.dev_fraction if raw["dev"] is None else 0.0
     test_fraction = cfg.test_fraction if raw["test"] is None else 0.0
-    splits: dict[str, list[Pair]] = {s: list(raw[s] or []) for s in SPLITS}
-    splits["train"] = []
-    for pair in raw["train"]:
-        splits[split_of(pair.id, dev_fraction, test_fraction)].append(pair)
+    # Dev/test keep duplicates: they are what the user asked to be scored on.
+    filters = {s: PairFilter(cfg.filters, dedup=cfg.filters.dedup and s == "train") for s in SPLITS}
+    kept = Counter()
+    full = lambda split: split == "train" and 0 < cfg.max_train_pairs <= kept["train"]  # noqa: E731
+    with contextlib.ExitStack() as files:  # pairs stream from the source into the split files
+        out = {s: files.enter_context(atomic_open(os.path.join(cfg.dir, f"{s}.tsv"), "w")) for s in SPLITS}
 
-    report = {"key": key, "source": cfg.source, "dropped": {}, "pairs": {}}
+        def write(split: str, pair: Pair) -> None:
+            clean = filters[split](pair)
+            if clean is not None and not full(split):
+                out[split].write(f"{clean.id}\t{clean.src}\t{clean.tgt}\n")
+                kept[split] += 1
+
+        for pair in tqdm(raw["train"], desc="preparing", unit=" pairs", mininterval=2, leave=False, disable=None):
+            write(split_of(pair.id, dev_fraction, test_fraction), pair)
+            if cfg.streaming and full("train") and raw["dev"] is not None and raw["test"] is not None:
+                break  # a stream may be endless: stop once the sample is taken
+        for split in ("dev", "test"):
+            for pair in raw[split] or ():
+                write(split, pair)
+        for split in SPLITS:
+            if not kept[split]:
+                raise UserError(f"data: the {split} split of {cfg.name!r} is empty after filtering "
+                                f"(dropped: {dict(filters[split].dropped)})")
+    report = {"key": key, "source": cfg.source, "dropped": {s: dict(filters[s].dropped) for s in SPLITS},
+              "pairs": {s: kept[s] for s in SPLITS}}
     for split in SPLITS:
-        # Dev/test keep duplicates: they are what the user asked to be scored on.
-        kept, dropped = filter_pairs(splits[split], cfg.filters, dedup=cfg.filters.dedup and split == "train")
-        if split == "train" and cfg.max_train_pairs:
-            kept = kept[: cfg.max_train_pairs]
-        if not kept:
-            raise UserError(f"data: the {split} split of {cfg.name!r} is empty after filtering (dropped: {dict(dropped)})")
-        report["dropped"][split] = dict(dropped)
-        report["pairs"][split] = len(kept)
-        write_tsv(os.path.join(cfg.dir, f"{split}.tsv"), kept)
-        log.info("data: %s: %d pairs kept, dropped %s", split, len(kept), dict(dropped) or "none")
+        log.info("data: %s: %d pairs kept, dropped %s", split, kept[split], dict(filters[split].dropped) or "none")
     atomic_write_text(report_path, json.dumps(report, indent=2))
     return report
 

@@ -12,7 +12,8 @@ import html
 import os
 import re
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from itertools import zip_longest
+from typing import Iterable, Iterator, Optional
 
 from tqdm import tqdm
 
@@ -29,7 +30,7 @@ class Pair:
     tgt: str
 
 
-Splits = dict[str, Optional[list[Pair]]]
+Splits = dict[str, Optional[Iterable[Pair]]]  # each split read lazily, once
 
 
 def read_source(cfg: DataConfig) -> Splits:
@@ -100,14 +101,15 @@ def read_bible(cfg: DataConfig) -> Splits:
     src = bible_verses(cfg.sword_path, cfg.src_module)
     tgt = bible_verses(cfg.sword_path, cfg.tgt_module, refs=[ref for ref in src])
     # Versifications differ (WEB adds the deuterocanon); only references present in both pair up.
-    pairs = [Pair(ref, src[ref], tgt[ref]) for ref in src if ref in tgt]
+    pairs = (Pair(ref, src[ref], tgt[ref]) for ref in src if ref in tgt)
     return {"train": pairs, "dev": None, "test": None}
 
 
 # --- local files ---------------------------------------------------------------------------------
 
 
-def _load(builder: str, path: str):
+def _rows(builder: str, path: str) -> Iterator[dict]:
+    """The rows of a local file through a streaming ``datasets`` builder: read lazily, in bounded memory."""
     import datasets
 
     datasets.disable_progress_bars()
@@ -116,7 +118,9 @@ def _load(builder: str, path: str):
     if bad_line:
         raise UserError(f"{path}:{bad_line}: not valid UTF-8")
     try:
-        return datasets.load_dataset(builder, data_files=path, split="train", keep_in_memory=True)
+        yield from datasets.load_dataset(builder, data_files=path, split="train", streaming=True)
+    except UserError:
+        raise
     except Exception as err:  # datasets wraps parser errors in its own types
         cause = err.__cause__ or err
         raise UserError(f"{path}: cannot be read as {builder}: {str(cause).splitlines()[0]}") from None
@@ -132,48 +136,50 @@ def _first_non_utf8_line(path: str) -> int:
     return 0
 
 
-def _read_tsv(path: str) -> list[Pair]:
-    pairs = []
+def _read_tsv(path: str) -> Iterator[Pair]:
     name = os.path.basename(path)
-    for line_no, row in enumerate(_load("text", path)["text"], start=1):
+    for line_no, row in enumerate(_rows("text", path), start=1):
+        row = row["text"]
         if not row.strip():
             continue
         cols = row.split("\t")
         if len(cols) == 2:
-            pairs.append(Pair(f"{name}:{line_no}", cols[0], cols[1]))
+            yield Pair(f"{name}:{line_no}", cols[0], cols[1])
         elif len(cols) == 3:
-            pairs.append(Pair(cols[0], cols[1], cols[2]))
+            yield Pair(cols[0], cols[1], cols[2])
         else:
             raise UserError(f"{path}:{line_no}: expected 2 (src, tgt) or 3 (id, src, tgt) tab-separated columns, got {len(cols)}")
-    return pairs
 
 
-def _read_jsonl(path: str, src_lang: str, tgt_lang: str) -> list[Pair]:
-    pairs = []
+def _read_jsonl(path: str, src_lang: str, tgt_lang: str) -> Iterator[Pair]:
     name = os.path.basename(path)
-    for line_no, row in enumerate(_load("json", path), start=1):
+    for line_no, row in enumerate(_rows("json", path), start=1):
         if "translation" in row and isinstance(row["translation"], dict):
             src, tgt = row["translation"].get(src_lang), row["translation"].get(tgt_lang)
         else:
             src, tgt = row.get("src"), row.get("tgt")
         if src is None or tgt is None:
+            keys = sorted(k for k, v in row.items() if v is not None)  # a streamed row lists every column seen
             raise UserError(
-                f'{path}:{line_no}: expected {{"src", "tgt"}} or {{"translation": {{"{src_lang}", "{tgt_lang}"}}}}, got keys {sorted(row)}'
+                f'{path}:{line_no}: expected {{"src", "tgt"}} or {{"translation": {{"{src_lang}", "{tgt_lang}"}}}}, got keys {keys}'
             )
-        pairs.append(Pair(str(row.get("id") or f"{name}:{line_no}"), src, tgt))
-    return pairs
+        yield Pair(str(row.get("id") or f"{name}:{line_no}"), src, tgt)
 
 
-def _read_text_pair(src_path: str, tgt_path: str) -> list[Pair]:
-    src_lines, tgt_lines = _load("text", src_path)["text"], _load("text", tgt_path)["text"]
-    if len(src_lines) != len(tgt_lines):
-        raise UserError(f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}: they must be parallel")
-    name = os.path.basename(src_path)
-    return [Pair(f"{name}:{i}", s, t) for i, (s, t) in enumerate(zip(src_lines, tgt_lines), start=1)]
+def _read_text_pair(src_path: str, tgt_path: str) -> Iterator[Pair]:
+    name, missing = os.path.basename(src_path), object()
+    src_rows, tgt_rows = _rows("text", src_path), _rows("text", tgt_path)
+    for i, (s, t) in enumerate(zip_longest(src_rows, tgt_rows, fillvalue=missing), start=1):
+        if s is missing or t is missing:
+            n_src = i - 1 + (s is not missing) + sum(1 for _ in src_rows)
+            n_tgt = i - 1 + (t is not missing) + sum(1 for _ in tgt_rows)
+            raise UserError(f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}: they must be parallel")
+        yield Pair(f"{name}:{i}", s["text"], t["text"])
 
 
-def read_parallel_file(spec: str, src_lang: str = "src", tgt_lang: str = "tgt") -> list[Pair]:
-    """``a.tsv`` | ``a.jsonl`` | ``a.es,a.en`` (two line-aligned plain-text files)."""
+def read_parallel_file(spec: str, src_lang: str = "src", tgt_lang: str = "tgt") -> Iterator[Pair]:
+    """``a.tsv`` | ``a.jsonl`` | ``a.es,a.en`` (two line-aligned plain-text files), read lazily; the
+    paths are checked at once, the contents while the pairs are read."""
     paths = spec.split(",")
     for path in paths:
         if not os.path.isfile(path):
@@ -211,6 +217,8 @@ def _field(row: dict, dotted: str, where: str):
 
 
 def read_hf(cfg: DataConfig) -> Splits:
+    """A hub dataset (downloaded into the ``datasets`` Arrow cache, or streamed with data.streaming=true),
+    a local dataset folder or a dataset saved with ``save_to_disk``."""
     import datasets
 
     datasets.disable_progress_bars()
@@ -223,11 +231,11 @@ def read_hf(cfg: DataConfig) -> Splits:
         if saved_to_disk:
             dataset = datasets.load_from_disk(cfg.hf_path)
         else:
-            dataset = datasets.load_dataset(cfg.hf_path, cfg.hf_config)
+            dataset = datasets.load_dataset(cfg.hf_path, cfg.hf_config, streaming=cfg.streaming)
     except Exception as err:
         raise UserError(f"data.hf_path={cfg.hf_path!r}: cannot load dataset: {str(err).splitlines()[0]}") from None
-    if isinstance(dataset, datasets.Dataset):  # a single split saved to disk: it is the train split
-        dataset = datasets.DatasetDict({cfg.train or "train": dataset})
+    if isinstance(dataset, (datasets.Dataset, datasets.IterableDataset)):  # a single split: it is the train split
+        dataset = {cfg.train or "train": dataset}
     splits: Splits = {}
     for split in SPLITS:
         split_name = getattr(cfg, split)
@@ -237,15 +245,22 @@ def read_hf(cfg: DataConfig) -> Splits:
         if split_name not in dataset:
             raise UserError(f"data.{split}={split_name!r}: dataset {cfg.hf_path!r} has splits {sorted(dataset)}")
         rows = dataset[split_name]
-        where = f"{cfg.hf_path}[{split_name}]"
-        if cfg.id_field and cfg.id_field not in rows.column_names:
-            raise UserError(f"data.id_field={cfg.id_field!r} not found in {where} (columns: {rows.column_names})")
-        splits[split] = [
-            Pair(
-                str(row[cfg.id_field]) if cfg.id_field else f"{split_name}:{i}",
-                str(_field(row, cfg.src_field, f"{where} row {i}")),
-                str(_field(row, cfg.tgt_field, f"{where} row {i}")),
-            )
-            for i, row in enumerate(rows)
-        ]
+        if cfg.id_field and rows.column_names is not None and cfg.id_field not in rows.column_names:
+            raise UserError(f"data.id_field={cfg.id_field!r} not found in {cfg.hf_path}[{split_name}] "
+                            f"(columns: {rows.column_names})")
+        if cfg.streaming and split == "train":  # a bounded buffer: the whole stream never sits in memory
+            rows = rows.shuffle(seed=0, buffer_size=cfg.shuffle_buffer)
+        splits[split] = _hf_pairs(rows, cfg, split_name)
     return splits
+
+
+def _hf_pairs(rows, cfg: DataConfig, split_name: str) -> Iterator[Pair]:
+    where = f"{cfg.hf_path}[{split_name}]"
+    for i, row in enumerate(rows):
+        if cfg.id_field and cfg.id_field not in row:
+            raise UserError(f"data.id_field={cfg.id_field!r} not found in {where} (columns: {sorted(row)})")
+        yield Pair(
+            str(row[cfg.id_field]) if cfg.id_field else f"{split_name}:{i}",
+            str(_field(row, cfg.src_field, f"{where} row {i}")),
+            str(_field(row, cfg.tgt_field, f"{where} row {i}")),
+        )

@@ -5,6 +5,7 @@ import io
 import json
 import logging
 import os
+from typing import Iterator
 
 import sentencepiece as spm
 
@@ -61,10 +62,18 @@ def model_paths(data_dir: str, cfg: TokenizerConfig) -> tuple[str, str]:
     return f"{stem}.src.model", f"{stem}.tgt.model"
 
 
-def _train_one(texts: list[str], path: str, cfg: TokenizerConfig) -> None:
+def _column(tsv: str, *columns: int) -> Iterator[str]:
+    """Column after column of an ``id \t src \t tgt`` file, one line at a time."""
+    for column in columns:
+        with open(tsv, encoding="utf-8") as f:
+            for line in f:
+                yield line.rstrip("\n").split("\t")[column]
+
+
+def _train_one(sentences: Iterator[str], path: str, cfg: TokenizerConfig) -> None:
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts),
+        sentence_iterator=sentences,
         model_writer=model,
         model_type=cfg.model_type,
         vocab_size=cfg.vocab_size,
@@ -92,14 +101,14 @@ def build_tokenizer(data_dir: str, cfg: TokenizerConfig) -> Tokenizer:
                 return Tokenizer(src_path, tgt_path)
 
     with open(train_path, encoding="utf-8") as f:
-        rows = [line.rstrip("\n").split("\t") for line in f]
-    src_texts, tgt_texts = [r[1] for r in rows], [r[2] for r in rows]
+        n_pairs = sum(1 for _ in f)
     log.info("tokenizer: training SentencePiece %s (vocab %d, %s) on %d pairs", cfg.model_type, cfg.vocab_size,
-             "joint" if cfg.joint else "separate", len(rows))
+             "joint" if cfg.joint else "separate", n_pairs)
+    # sentences stream from the file; SentencePiece keeps a sample of input_sentence_size of them
     if cfg.joint:
-        _train_one(src_texts + tgt_texts, src_path, cfg)
+        _train_one(_column(train_path, 1, 2), src_path, cfg)
     else:
-        _train_one(src_texts, src_path, cfg)
-        _train_one(tgt_texts, tgt_path, cfg)
+        _train_one(_column(train_path, 1), src_path, cfg)
+        _train_one(_column(train_path, 2), tgt_path, cfg)
     atomic_write_text(stamp_path, json.dumps({"key": key}))
     return Tokenizer(src_path, tgt_path)
