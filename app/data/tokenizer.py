@@ -81,7 +81,7 @@ def _train_one(sentences: Iterator[str], path: str, cfg: TokenizerConfig) -> Non
         max_sentence_length=cfg.max_sentence_length,
         pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
         hard_vocab_limit=False,  # a tiny corpus gets a smaller vocabulary instead of an error
-        input_sentence_size=2_000_000, shuffle_input_sentence=True,
+        input_sentence_size=cfg.input_sentence_size, shuffle_input_sentence=True,
         num_threads=os.cpu_count() or 1,
         minloglevel=2,
     )
