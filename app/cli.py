@@ -24,11 +24,12 @@ def prepare_command(cfg: DictConfig) -> None:
 
 
 def train_command(cfg: DictConfig) -> None:
+    from app import distributed
     from app.inference import evaluate_run
     from app.training import train
 
     train(cfg)
-    if cfg.train.evaluate:
+    if cfg.train.evaluate and distributed.is_main():  # under torchrun: once, on rank 0
         evaluate_run(cfg)
 
 
@@ -118,7 +119,8 @@ def _hydra_entry(cfg: DictConfig) -> None:
     try:
         HANDLERS[command](cfg)
     except TrainingInterrupted as err:
-        print(f"interrupted: {err}", file=sys.stderr)
+        if int(os.environ.get("RANK", 0)) == 0:  # every rank stopped at the same step: say it once
+            print(f"interrupted: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)

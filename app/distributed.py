@@ -41,7 +41,11 @@ def setup(device: torch.device) -> torch.device:
 
 
 def teardown() -> None:
+    """Leave the process group once every rank got here (a finished or stopped run): gloo aborts a
+    process whose peer left while it still had work in flight. A rank that fails does not come here;
+    torchrun then stops the others."""
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -4,6 +4,7 @@ skipped non-finite updates, out-of-memory handling, TensorBoard scalars and a pr
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -179,7 +180,8 @@ def resume_hint() -> str:
         overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("train.resume=")]
     except ValueError:  # not started through Hydra (tests)
         overrides = []
-    return f'make train ARGS="{" ".join([*overrides, "train.resume=true"])}"'
+    nproc = f"NPROC={distributed.world_size()} " if distributed.launched() else ""
+    return f'make train {nproc}ARGS="{" ".join([*overrides, "train.resume=true"])}"'
 
 
 class Trainer:
@@ -527,7 +529,13 @@ def accumulation_steps(t: TrainConfig, world: int) -> int:
 
 
 def train(cfg: Config) -> dict:
+    stopped, summary = None, {}
     try:
-        return Trainer(cfg).run()
-    finally:
-        distributed.teardown()
+        summary = Trainer(cfg).run()
+    except TrainingInterrupted as err:  # every rank stops at the same step
+        stopped = err.with_traceback(None)  # its frames hold the DDP model, which must go before the group
+    gc.collect()
+    distributed.teardown()
+    if stopped:
+        raise stopped
+    return summary
