@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from app.models.positions import Rotation
+
 # cuDNN's SDPA backend builds an execution plan for every new shape (~4 ms of CPU per call, ~0.4 s per
 # training step when batch shapes vary, as length-bucketed batches do). Flash / memory-efficient
 # kernels need no plans, so leave those to the dispatcher.
@@ -26,32 +28,62 @@ def attention_weights(scores: torch.Tensor, mask: Optional[torch.Tensor]) -> tor
     return torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(scores.dtype)
 
 
+def causal_mask(length: int, device: torch.device) -> torch.Tensor:
+    """(length, length): query i may attend to keys j <= i."""
+    return torch.ones(length, length, dtype=torch.bool, device=device).tril()
+
+
+def band_mask(length: int, window: int, device: torch.device) -> torch.Tensor:
+    """(length, length): query i may attend to keys j with |i - j| <= window (sliding-window attention)."""
+    position = torch.arange(length, device=device)
+    return (position[:, None] - position[None, :]).abs() <= window
+
+
 class MultiHeadAttention(nn.Module):
     """Scaled dot-product multi-head attention (Vaswani et al. 2017, "Attention Is All You Need", eq. 1):
 
-        Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V,   head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V),
-        MultiHead(Q, K, V) = Concat(head_1 … head_h) W^O.
+        Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + B) V,   head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V),
+        MultiHead(Q, K, V) = Concat(head_1 … head_h) W^O,
 
-    The fast path calls ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels on GPU)
-    and never materializes the weights; ``need_weights=True`` computes them explicitly instead, for
-    plots and alignments. Both paths compute the same function.
+    with an optional additive score bias B (ALiBi) and an optional rotation of queries and keys (RoPE)
+    by their positions (app/models/positions.py). With ``kv_heads`` < ``heads`` the keys and values
+    have fewer heads, each shared by heads / kv_heads query heads: grouped-query attention (Ainslie
+    et al. 2023), multi-query attention (Shazeer 2019) when kv_heads = 1. Keys and values, and so a
+    decoder's cache of them, stay at kv_heads heads; they are shared out only inside the attention.
+
+    The fast path calls ``F.scaled_dot_product_attention`` and never materializes the weights;
+    ``need_weights=True`` computes them explicitly instead, for plots and alignments. Both paths
+    compute the same function. On GPU, a mask or bias given as ``attn_mask`` rules out the flash
+    kernel: key padding masks, the ALiBi bias and the sliding window run on the memory-efficient
+    kernel, while causal self-attention without a bias (is_causal) and RoPE (a rotation before the
+    call) keep flash.
     """
 
-    def __init__(self, d_model: int, heads: int, dropout: float = 0.0):
+    def __init__(self, d_model: int, heads: int, dropout: float = 0.0, kv_heads: int = 0):
         super().__init__()
         if d_model % heads:
             raise ValueError(f"model.d_model={d_model} must be divisible by model.heads={heads}")
-        self.heads, self.d_head, self.dropout = heads, d_model // heads, dropout
+        if kv_heads < 0 or (kv_heads and heads % kv_heads):
+            raise ValueError(f"model.kv_heads={kv_heads} must divide model.heads={heads} "
+                             "(1 = multi-query, 0 = heads: plain multi-head attention)")
+        self.heads, self.kv_heads, self.d_head, self.dropout = heads, kv_heads or heads, d_model // heads, dropout
         self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, self.kv_heads * self.d_head)
+        self.v_proj = nn.Linear(d_model, self.kv_heads * self.d_head)
         self.out_proj = nn.Linear(d_model, d_model)
 
-    def split_heads(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, H, T, d_head)
-        return x.unflatten(-1, (self.heads, self.d_head)).transpose(1, 2)
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, n·d_head) -> (B, n, T, d_head)
+        return x.unflatten(-1, (-1, self.d_head)).transpose(1, 2)
 
-    def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
+    def project_kv(self, x: torch.Tensor, rotation: Optional[Rotation] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, kv_heads, T, d_head) of x; RoPE keys come out already rotated."""
+        k, v = self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
+        return (k if rotation is None else rotation(k)), v
+
+    def share_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, kv_heads, T, d_head) -> (B, heads, T, d_head): query head h reads key/value head h // group."""
+        group = self.heads // self.kv_heads
+        return x if group == 1 else x.repeat_interleave(group, dim=1)
 
     def forward(
         self,
@@ -60,22 +92,36 @@ class MultiHeadAttention(nn.Module):
         mask: Optional[torch.Tensor] = None,  # bool, broadcastable to (B, H, Tq, Tk); True = may attend
         causal: bool = False,
         need_weights: bool = False,
-        kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None,  # precomputed (B, H, Tk, d_head) keys/values
+        kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None,  # precomputed (B, kv_heads, Tk, d_head) keys/values
+        rotation: Optional[Rotation] = None,  # RoPE angles of the queries (and of the keys, unless given in kv)
+        bias: Optional[torch.Tensor] = None,  # float, broadcastable to (B, H, Tq, Tk): added to the scores
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         q = self.split_heads(self.q_proj(query))
-        k, v = kv if kv is not None else self.project_kv(key_value)
+        if rotation is not None:
+            q = rotation(q)
+        k, v = kv if kv is not None else self.project_kv(key_value, rotation)
+        if causal and (need_weights or bias is not None):  # SDPA's is_causal excludes an attn_mask
+            future = causal_mask(q.size(-2), q.device)
+            mask, causal = (future if mask is None else mask & future), False
         dropout = self.dropout if self.training else 0.0
         if not need_weights:
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+            attn_mask = mask if bias is None else _masked_bias(bias.to(q.dtype), mask)
+            grouped = self.kv_heads < self.heads
+            if grouped and attn_mask is not None:  # SDPA's enable_gqa runs on GPU only in the flash and math kernels
+                k, v = self.share_kv(k), self.share_kv(v)
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout,
+                                                     is_causal=causal, enable_gqa=grouped and attn_mask is None)
             weights = None
         else:
-            scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)
-            if causal:
-                causal_mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
-                mask = causal_mask if mask is None else mask & causal_mask
-            weights = attention_weights(scores, mask)
-            context = F.dropout(weights, dropout) @ v
+            scores = q @ self.share_kv(k).transpose(-2, -1) / math.sqrt(self.d_head)
+            weights = attention_weights(scores if bias is None else scores + bias, mask)
+            context = F.dropout(weights, dropout) @ self.share_kv(v)
         return self.out_proj(context.transpose(1, 2).flatten(-2)), weights
+
+
+def _masked_bias(bias: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """One float attn_mask for SDPA: the bias, and -inf where the mask forbids."""
+    return bias if mask is None else torch.where(mask, bias, float("-inf"))
 
 
 class RNNAttention(nn.Module):

@@ -6,6 +6,11 @@
 
 ``step`` caches each decoder layer's self-attention keys/values and the projected encoder memory, so
 a decoding step costs one token's worth of compute per layer.
+
+Variants from the literature are settings of this one implementation (docs/transformer_variants.md):
+model.pos (sinusoidal | learned | rope | alibi, app/models/positions.py), model.norm_type (layernorm |
+rmsnorm), model.kv_heads (grouped-query / multi-query attention) and model.window (sliding-window
+encoder self-attention).
 """
 from __future__ import annotations
 
@@ -18,7 +23,10 @@ from torch import nn
 
 from app.config import ModelConfig
 from app.data.tokenizer import PAD
-from app.models.attention import MultiHeadAttention
+from app.models.attention import MultiHeadAttention, band_mask
+from app.models.positions import POSITIONS, ALiBi, LearnedPositions, Rotary, Rotation, SinusoidalPositions
+
+NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}
 
 
 @dataclass
@@ -34,23 +42,17 @@ class Memory:
 @dataclass
 class DecoderState:
     position: int = 0
-    self_kv: list = field(default_factory=list)  # per layer (k, v): (B, H, t, d_head)
-    cross_kv: list = field(default_factory=list)  # per layer (k, v): (B, H, S, d_head), computed once
+    self_kv: list = field(default_factory=list)  # per layer (k, v): (B, kv_heads, t, d_head); RoPE keys rotated
+    cross_kv: list = field(default_factory=list)  # per layer (k, v): (B, kv_heads, S, d_head), computed once
 
     def select(self, index: torch.Tensor) -> "DecoderState":
         """Rows ``index`` of the batch (beam search: follow the surviving beams)."""
         pick = lambda kv: [t.index_select(0, index) for t in kv]  # noqa: E731
         return DecoderState(self.position, [pick(kv) for kv in self.self_kv], [pick(kv) for kv in self.cross_kv])
 
-
-def sinusoidal_positions(max_len: int, d_model: int) -> torch.Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))."""
-    position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)
-    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
-    pe = torch.zeros(max_len, d_model)
-    pe[:, 0::2] = torch.sin(position * inv_freq)
-    pe[:, 1::2] = torch.cos(position * inv_freq)
-    return pe
+    def cache_bytes(self) -> int:
+        """Bytes held by the cached keys and values (tensor metadata: no device sync)."""
+        return sum(t.nbytes for kv in (*self.self_kv, *self.cross_kv) for t in kv)
 
 
 class FeedForward(nn.Sequential):
@@ -59,12 +61,17 @@ class FeedForward(nn.Sequential):
         super().__init__(nn.Linear(d_model, ff_dim), act, nn.Dropout(dropout), nn.Linear(ff_dim, d_model))
 
 
-class Sublayer(nn.Module):
-    """Residual wrapper: pre-norm x + f(LN(x)) or post-norm LN(x + f(x))."""
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """LayerNorm (Ba et al. 2016) or RMSNorm (Zhang & Sennrich 2019): x / RMS(x) · g, no centring, no bias."""
+    return NORMS[cfg.norm_type](cfg.d_model, eps=1e-5)
 
-    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+
+class Sublayer(nn.Module):
+    """Residual wrapper: pre-norm x + f(N(x)) or post-norm N(x + f(x)), N = LayerNorm or RMSNorm."""
+
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.norm, self.dropout, self.pre_norm = nn.LayerNorm(d_model), nn.Dropout(dropout), pre_norm
+        self.norm, self.dropout, self.pre_norm = make_norm(cfg), nn.Dropout(cfg.dropout), cfg.norm == "pre"
 
     def forward(self, x: torch.Tensor, fn) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         out, extra = fn(self.norm(x) if self.pre_norm else x)
@@ -72,17 +79,21 @@ class Sublayer(nn.Module):
         return (x if self.pre_norm else self.norm(x)), extra
 
 
+def attention(cfg: ModelConfig) -> MultiHeadAttention:
+    return MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.kv_heads)
+
+
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        pre = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.self_attn = attention(cfg)
         self.ff = FeedForward(cfg.d_model, cfg.ff_dim, cfg.dropout, cfg.activation)
-        self.attn_block = Sublayer(cfg.d_model, cfg.dropout, pre)
-        self.ff_block = Sublayer(cfg.d_model, cfg.dropout, pre)
+        self.attn_block = Sublayer(cfg)
+        self.ff_block = Sublayer(cfg)
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        x, _ = self.attn_block(x, lambda h: self.self_attn(h, h, mask=key_mask))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, rotation: Optional[Rotation] = None,
+                bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x, _ = self.attn_block(x, lambda h: self.self_attn(h, h, mask=mask, rotation=rotation, bias=bias))
         x, _ = self.ff_block(x, lambda h: (self.ff(h), None))
         return x
 
@@ -90,18 +101,20 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        pre = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.self_attn = attention(cfg)
+        self.cross_attn = attention(cfg)
         self.ff = FeedForward(cfg.d_model, cfg.ff_dim, cfg.dropout, cfg.activation)
-        self.self_block = Sublayer(cfg.d_model, cfg.dropout, pre)
-        self.cross_block = Sublayer(cfg.d_model, cfg.dropout, pre)
-        self.ff_block = Sublayer(cfg.d_model, cfg.dropout, pre)
+        self.self_block = Sublayer(cfg)
+        self.cross_block = Sublayer(cfg)
+        self.ff_block = Sublayer(cfg)
 
-    def forward(self, x, memory: torch.Tensor, key_mask, need_weights=False, self_kv=None, cross_kv=None):
-        """Whole target (self_kv None, causal) or one cached step (self_kv = keys/values so far, with x)."""
+    def forward(self, x, memory: torch.Tensor, key_mask, need_weights=False, self_kv=None, cross_kv=None,
+                rotation: Optional[Rotation] = None, bias: Optional[torch.Tensor] = None):
+        """Whole target (self_kv None, causal) or one cached step (self_kv = keys/values so far, with x).
+        Positions (RoPE rotation, ALiBi bias) enter self-attention only: cross-attention has none."""
         x, _ = self.self_block(
-            x, lambda h: self.self_attn(h, mask=None, causal=self_kv is None, kv=_extend(self_kv, self.self_attn, h))
+            x, lambda h: self.self_attn(h, mask=None, causal=self_kv is None, rotation=rotation, bias=bias,
+                                        kv=_extend(self_kv, self.self_attn, h, rotation))
         )
         x, weights = self.cross_block(
             x, lambda h: self.cross_attn(h, memory, mask=key_mask, need_weights=need_weights, kv=cross_kv)
@@ -110,9 +123,9 @@ class DecoderLayer(nn.Module):
         return x, weights
 
 
-def _extend(cache: Optional[list], attn: MultiHeadAttention, h: torch.Tensor):
+def _extend(cache: Optional[list], attn: MultiHeadAttention, h: torch.Tensor, rotation: Optional[Rotation]):
     """Keys/values for self-attention: of ``h`` alone, or appended to the cache (a list, updated in place)."""
-    k, v = attn.project_kv(h)
+    k, v = attn.project_kv(h, rotation)
     if cache is None:
         return k, v
     if cache:
@@ -126,20 +139,28 @@ class Transformer(nn.Module):
         super().__init__()
         if cfg.norm not in ("pre", "post"):
             raise ValueError(f"model.norm={cfg.norm!r}: choose pre or post")
-        if cfg.pos != "sinusoidal":
-            raise ValueError(f"model.pos={cfg.pos!r}: only 'sinusoidal' is implemented")
+        if cfg.norm_type not in NORMS:
+            raise ValueError(f"model.norm_type={cfg.norm_type!r}: choose {' or '.join(NORMS)}")
+        if cfg.pos not in POSITIONS:
+            raise ValueError(f"model.pos={cfg.pos!r}: choose {', '.join(POSITIONS)}")
+        if cfg.window < 0:
+            raise ValueError(f"model.window={cfg.window}: a distance >= 1, or 0 to attend to the whole sentence")
         self.cfg, self.d_model = cfg, cfg.d_model
-        self.max_positions = cfg.max_len  # decoding keeps inputs and outputs within the position table
+        # decoding keeps inputs and outputs within max_len: the table of absolute schemes, a bound for relative ones
+        self.max_positions = cfg.max_len
         self.tgt_embed = nn.Embedding(tgt_vocab, cfg.d_model, padding_idx=PAD)
         share_src = cfg.tie_embeddings and joint_vocab
         self.src_embed = self.tgt_embed if share_src else nn.Embedding(src_vocab, cfg.d_model, padding_idx=PAD)
-        self.register_buffer("positions", sinusoidal_positions(cfg.max_len, cfg.d_model), persistent=False)
+        absolute = {"sinusoidal": SinusoidalPositions, "learned": LearnedPositions}.get(cfg.pos)
+        self.positions = absolute(cfg.max_len, cfg.d_model) if absolute else None
         self.embed_dropout = nn.Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.enc_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.dec_layers))
+        self.rotary = Rotary(cfg.d_model // cfg.heads) if cfg.pos == "rope" else None
+        self.alibi = ALiBi(cfg.heads) if cfg.pos == "alibi" else None
         # pre-norm stacks end with a norm; post-norm layers already end normalized
-        self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
-        self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
+        self.enc_norm = make_norm(cfg) if cfg.norm == "pre" else nn.Identity()
+        self.dec_norm = make_norm(cfg) if cfg.norm == "pre" else nn.Identity()
         self.out_proj = nn.Linear(cfg.d_model, tgt_vocab, bias=False)
         self._init_weights()
         if cfg.tie_embeddings:
@@ -155,28 +176,43 @@ class Transformer(nn.Module):
             nn.init.normal_(embed.weight, std=self.d_model**-0.5)
             with torch.no_grad():
                 embed.weight[PAD].zero_()
+        if isinstance(self.positions, LearnedPositions):
+            nn.init.normal_(self.positions.table.weight, std=self.d_model**-0.5)
 
     def embed(self, table: nn.Embedding, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        length = tokens.size(1)
-        if offset + length > self.positions.size(0):
-            raise ValueError(f"sequence of {offset + length} tokens exceeds model.max_len={self.positions.size(0)}")
-        x = table(tokens) * math.sqrt(self.d_model) + self.positions[offset : offset + length]
+        x = table(tokens) * math.sqrt(self.d_model)
+        if self.positions is not None:
+            x = x + self.positions(offset, tokens.size(1))
         return self.embed_dropout(x)
+
+    def relative_positions(self, offset: int, length: int) -> tuple[Optional[Rotation], Optional[torch.Tensor]]:
+        """Self-attention's RoPE rotation and ALiBi bias for ``length`` tokens at positions offset..,
+        against keys at 0 .. offset + length - 1 (None, None for absolute schemes)."""
+        rotation = self.rotary(offset, length) if self.rotary is not None else None
+        bias = self.alibi(offset, length, offset + length) if self.alibi is not None else None
+        return rotation, bias
 
     def encode(self, src: torch.Tensor, src_mask: Optional[torch.Tensor] = None) -> Memory:
         src_mask = src != PAD if src_mask is None else src_mask
-        key_mask = src_mask[:, None, None, :]
+        mask = src_mask[:, None, None, :]
+        if self.cfg.window:
+            # a padding position with only padding within its window would have no key left (a NaN row
+            # that spreads through the next layer's values): padding positions keep the whole sentence
+            padding = ~src_mask[:, None, :, None]
+            mask = mask & (band_mask(src.size(1), self.cfg.window, src.device) | padding)
+        rotation, bias = self.relative_positions(0, src.size(1))
         x = self.embed(self.src_embed, src)
         for layer in self.encoder:
-            x = layer(x, key_mask)
+            x = layer(x, mask, rotation, bias)
         return Memory(self.enc_norm(x), src_mask)
 
     def decode(self, memory: Memory, tgt_in: torch.Tensor, need_attention: bool = False):
         x = self.embed(self.tgt_embed, tgt_in)
         key_mask = memory.src_mask[:, None, None, :]
+        rotation, bias = self.relative_positions(0, tgt_in.size(1))
         attention = []
         for layer in self.decoder:
-            x, weights = layer(x, memory.states, key_mask, need_weights=need_attention)
+            x, weights = layer(x, memory.states, key_mask, need_weights=need_attention, rotation=rotation, bias=bias)
             attention.append(weights)
         logits = self.out_proj(self.dec_norm(x))
         return logits, torch.stack(attention, dim=1) if need_attention else None
@@ -190,9 +226,11 @@ class Transformer(nn.Module):
             )
         x = self.embed(self.tgt_embed, prev_tokens[:, None], offset=state.position)
         key_mask = memory.src_mask[:, None, None, :]
+        rotation, bias = self.relative_positions(state.position, 1)
         attention = []
         for layer, self_kv, cross_kv in zip(self.decoder, state.self_kv, state.cross_kv):
-            x, weights = layer(x, None, key_mask, need_weights=need_attention, self_kv=self_kv, cross_kv=cross_kv)
+            x, weights = layer(x, None, key_mask, need_weights=need_attention, self_kv=self_kv, cross_kv=cross_kv,
+                               rotation=rotation, bias=bias)
             attention.append(weights)
         state.position += 1
         logits = self.out_proj(self.dec_norm(x))[:, 0]
