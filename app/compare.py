@@ -39,16 +39,22 @@ def load_runs(sweep_dir: str, split: str = "test") -> list[dict]:
 
 
 def markdown_table(runs: list[dict]) -> str:
-    head = ("| run | params | train min | tgt tokens/s | best dev BLEU | test BLEU | test chrF | decoding | "
-            "decode s | sent/s | device |\n" + "|---" * 11 + "|\n")
+    head = ("| run | params | train min | tgt tokens/s | best dev BLEU | test BLEU | test chrF | BLEU longest 10 % | "
+            "decoding | decode s | sent/s | KV cache MiB | device |\n" + "|---" * 13 + "|\n")
     rows = "".join(
         f"| {r['label']} | {r['summary']['parameters'] / 1e6:.2f} M | {r['summary']['train_minutes']} | "
         f"{r['summary']['tgt_tokens_per_s']:,} | {r['summary']['best_dev_bleu']:.2f} | {r['metrics']['bleu']:.2f} | "
-        f"{r['metrics']['chrf']:.2f} | {r['metrics']['decoding']} | {r['metrics']['decode_seconds']} | "
-        f"{r['metrics']['sentences_per_s']} | {r['metrics']['device']} |\n"
+        f"{r['metrics']['chrf']:.2f} | {_cell(r['metrics'].get('bleu_longest_10pct'), '.2f')} | "
+        f"{r['metrics']['decoding']} | {r['metrics']['decode_seconds']} | {r['metrics']['sentences_per_s']} | "
+        f"{_cell(r['metrics'].get('kv_cache_mib'), '.3f')} | {r['metrics']['device']} |\n"
         for r in runs
     )
     return head + rows
+
+
+def _cell(value, spec: str) -> str:
+    """A number, or "-" for a metric the run does not have (an RNN's KV cache, an older evaluation)."""
+    return "-" if value is None else format(value, spec)
 
 
 def length_figure(runs: list[dict]):

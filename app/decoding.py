@@ -16,6 +16,15 @@ class Hypotheses:
     tokens: list[list[int]]  # per sentence, the best hypothesis, without BOS/EOS
     attention: Optional[list[torch.Tensor]] = None  # per sentence: (..., len(tokens) + 1, src_len), EOS row included
     nbest: Optional[list[list[tuple[list[int], float]]]] = None  # beam search: per sentence, (tokens, score) best first
+    kv_cache_bytes: Optional[int] = None  # largest key/value cache of a decoding batch; None: the model has none
+
+
+def cache_bytes(state) -> Optional[int]:
+    """Size of a decoder state's key/value cache (Transformers), None for states without one (RNNs).
+    The cache only grows during a decoding (beam search reorders it, same size), so its size at the
+    last step is its peak."""
+    measure = getattr(state, "cache_bytes", None)
+    return measure() if measure is not None else None
 
 
 def next_token_scores(logits: torch.Tensor) -> torch.Tensor:
@@ -74,11 +83,12 @@ def greedy_decode(
     out = torch.stack(steps, dim=1).tolist()
     tokens = [row[: row.index(EOS)] if EOS in row else row for row in out]
     if not need_attention or attention[0] is None:  # a model without attention has none to give
-        return Hypotheses(tokens)
+        return Hypotheses(tokens, kv_cache_bytes=cache_bytes(state))
     # (B, ..., T, S): every step's attention stacked on the target axis, trimmed per sentence
     stacked = torch.cat(attention, dim=-2).float().cpu()
     src_lens = src_mask.sum(-1).tolist()
-    return Hypotheses(tokens, [stacked[i, ..., : len(tokens[i]) + 1, : src_lens[i]] for i in range(batch)])
+    return Hypotheses(tokens, [stacked[i, ..., : len(tokens[i]) + 1, : src_lens[i]] for i in range(batch)],
+                      kv_cache_bytes=cache_bytes(state))
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -172,7 +182,7 @@ def beam_search(
         weights = ranked[0][3]
         best_attention.append(None if weights is None else weights[..., : src_lens[b]])
     has_attention = need_attention and best_attention[0] is not None
-    return Hypotheses(best_tokens, best_attention if has_attention else None, nbest)
+    return Hypotheses(best_tokens, best_attention if has_attention else None, nbest, cache_bytes(state))
 
 
 @torch.no_grad()
@@ -203,6 +213,7 @@ def decode_corpus(
     tokens: list = [None] * len(src)
     attention: list = [None] * len(src)
     nbest: list = [None] * len(src)
+    kv_cache_bytes = None
     # a beam search batch holds beam_size copies of every sentence
     batches = make_batches([len(s) for s in src], None, max(batch_tokens // beam_size, 1))
     batcher = Batcher(src)
@@ -219,6 +230,8 @@ def decode_corpus(
                 attention[i] = hyps.attention[j]
             if hyps.nbest is not None:
                 nbest[i] = hyps.nbest[j]
+        if hyps.kv_cache_bytes is not None:
+            kv_cache_bytes = max(kv_cache_bytes or 0, hyps.kv_cache_bytes)
     model.train(was_training)
     return Hypotheses(tokens, attention if need_attention and attention[0] is not None else None,
-                      nbest if beam_size > 1 else None)
+                      nbest if beam_size > 1 else None, kv_cache_bytes)

@@ -1,6 +1,9 @@
 """Corpus-level scores with sacrebleu: BLEU, chrF and TER, each with its signature; BLEU by source length."""
 from __future__ import annotations
 
+import math
+from typing import Optional
+
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 from app.errors import UserError
@@ -30,3 +33,15 @@ def bleu_by_length(hypotheses: list[str], references: list[str], sources: list[s
             bucket["bleu"] = round(BLEU().corpus_score([hypotheses[i] for i in members], [[references[i] for i in members]]).score, 2)
         buckets.append(bucket)
     return buckets
+
+
+def bleu_of_longest(hypotheses: list[str], references: list[str], sources: list[str],
+                    fraction: float = 0.1) -> tuple[Optional[float], int]:
+    """Corpus BLEU of the ⌈fraction · N⌉ sentences with the longest sources (whitespace words; of equal
+    lengths, the earlier sentences), and their number: where position schemes that extrapolate differ."""
+    n = math.ceil(fraction * len(sources))
+    longest = sorted(range(len(sources)), key=lambda i: -len(sources[i].split()))[:n]
+    if not longest:
+        return None, 0
+    result = BLEU().corpus_score([hypotheses[i] for i in longest], [[references[i] for i in longest]])
+    return round(result.score, 2), n

@@ -17,7 +17,7 @@ from app.data.corpus import load_tokenizer
 from app.data.tokenizer import EOS, Tokenizer
 from app.decoding import Hypotheses, decode_corpus
 from app.errors import UserError
-from app.evaluation import bleu_by_length, score
+from app.evaluation import bleu_by_length, bleu_of_longest, score
 from app.models import build_model
 from app.training import amp_dtype, vocab_fingerprint
 from app.utils import atomic_write, atomic_write_text, autocast, resolve_device
@@ -64,6 +64,10 @@ def evaluate_run(cfg: Config) -> dict:
     texts = trained.tokenizer.decode_tgt(hyps.tokens)
     metrics = score(texts, data.tgt_texts)
     metrics["bleu_by_source_length"] = bleu_by_length(texts, data.tgt_texts, data.src_texts, list(cfg.eval.length_buckets))
+    metrics["bleu_longest_10pct"], metrics["longest_10pct_sentences"] = bleu_of_longest(
+        texts, data.tgt_texts, data.src_texts, 0.1)
+    # the largest cache of one decoding batch (decode.batch_tokens, beam size): compare runs decoded alike
+    metrics["kv_cache_mib"] = None if hyps.kv_cache_bytes is None else round(hyps.kv_cache_bytes / 2**20, 3)
     metrics.update(
         split=cfg.eval.split, checkpoint=cfg.eval.checkpoint,
         decoding="greedy" if cfg.decode.beam_size == 1 else f"beam {cfg.decode.beam_size}, length penalty {cfg.decode.length_penalty}",

@@ -108,12 +108,46 @@ def test_compare_trains_evaluates_and_reports_a_sweep(workdir):
     table = (sweep / "compare.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| model=")]
     assert [row.split(" | ")[0] for row in rows] == ["| model=rnn_bahdanau", "| model=transformer_small"]
+    assert rows[0].split(" | ")[-2] == "-" and float(rows[1].split(" | ")[-2]) > 0  # KV cache: Transformers only
     assert "beam 2" in table
     from PIL import Image
 
     with Image.open(sweep / "bleu_by_length.png") as image:
         assert image.size[0] > 400 and image.size[1] > 300
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(sweep / "tb"))
+
+
+def test_transformer_variant_trains_and_evaluates_through_the_cli(workdir):
+    overrides = [a for a in TINY if not a.startswith("name=")] + [
+        "name=tiny_rope", "model.pos=rope", "model.norm_type=rmsnorm", "model.kv_heads=1", "model.window=4",
+        "train.max_steps=30", "train.eval_every=30", "train.evaluate=true", "decode.beam_size=2",
+    ]
+    result = run_cli(workdir, "train", *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((workdir / "checkpoints" / "tiny_rope" / "eval" / "test" / "metrics.json").read_text())
+    assert metrics["longest_10pct_sentences"] == -(-metrics["sentences"] // 10)  # ⌈10 %⌉
+    assert 0 <= metrics["bleu_longest_10pct"] <= 100
+    assert metrics["kv_cache_mib"] > 0
+
+
+def test_compare_labels_a_sweep_over_model_settings(workdir):
+    """A sweep that varies model.pos (with grouped-query attention throughout): one row per value,
+    labelled by it, with the longest-sentence BLEU and the KV cache of each run."""
+    sweep = workdir / "checkpoints" / "compare" / "positions"
+    overrides = [a for a in TINY if not a.startswith("name=")] + [
+        "model.heads=4", "model.kv_heads=2", "train.max_steps=10", "train.eval_every=10", "decode.beam_size=1",
+    ]
+    result = run_cli(workdir, "train", "-m", "model.pos=learned,alibi", "experiment=compare",
+                     f"hydra.sweep.dir={sweep}", *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_cli(workdir, "compare", f"compare.dir={sweep}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = (sweep / "compare.md").read_text().splitlines()
+    header = next(line for line in lines if line.startswith("| run |")).split(" | ")
+    rows = [line.split(" | ") for line in lines if line.startswith("| model.pos=")]
+    assert [row[0] for row in rows] == ["| model.pos=learned", "| model.pos=alibi"]
+    for row in rows:
+        assert float(row[header.index("BLEU longest 10 %")]) >= 0 and float(row[header.index("KV cache MiB")]) > 0
 
 
 def test_training_logs_alignment_images_and_scalars_to_tensorboard(workdir):

@@ -74,3 +74,18 @@ def test_bleu_by_source_length_buckets():
     assert buckets[1]["bleu"] == pytest.approx(round(sacrebleu.corpus_bleu(hyps[1:2], [refs[1:2]]).score, 2))
     empty = bleu_by_length(hyps, refs, sources, [100])
     assert empty[1] == {"bucket": "100+", "sentences": 0}
+
+
+def test_bleu_of_the_longest_tenth():
+    from app.evaluation import bleu_of_longest
+
+    # 11 sentences: ⌈1.1⌉ = 2 longest sources, the 8-word one and the earlier of the two 5-word ones
+    sources = ["w " * n for n in (1, 5, 2, 8, 3, 5, 1, 2, 3, 1, 2)]
+    refs = [f"the reference sentence number {i} is here" for i in range(11)]
+    hyps = ["nothing in common"] * 11
+    hyps[1], hyps[3] = refs[1], refs[3]
+    assert bleu_of_longest(hyps, refs, sources, 0.1) == (100.0, 2)
+    hyps = ["nothing in common"] * 11
+    hyps[5] = refs[5]  # the later 5-word sentence is not among them
+    assert bleu_of_longest(hyps, refs, sources, 0.1) == (0.0, 2)
+    assert bleu_of_longest([], [], [], 0.1) == (None, 0)
