@@ -12,6 +12,7 @@ TORCH_GPU ?= torch
 
 .PHONY: setup data train eval translate tensorboard test bench compare average clean
 COMPARE_MODELS ?= rnn_plain,rnn_bahdanau,rnn_luong,transformer
+COMPARE_EXPERIMENT ?= compare
 
 setup: $(STAMP)
 
@@ -61,7 +62,7 @@ test: setup
 # then one report: checkpoints/compare/<stamp>/compare.md and bleu_by_length.png.
 compare: setup
 	@dir=checkpoints/compare/$$(date +%Y-%m-%d_%H-%M-%S); \
-	$(PY) -m app train -m model=$(COMPARE_MODELS) experiment=compare hydra.sweep.dir=$$dir $(ARGS) && \
+	$(PY) -m app train -m model=$(COMPARE_MODELS) experiment=$(COMPARE_EXPERIMENT) hydra.sweep.dir=$$dir $(ARGS) && \
 	$(PY) -m app compare compare.dir=$$dir $(filter eval.% decode.%,$(ARGS))
 
 # Average the newest snapshots of a run: make average ARGS="name=<run> average.last=5" -> averaged.pt
