@@ -65,6 +65,8 @@ def training_flops(model: nn.Module, src_lens: list[int], tgt_lens: list[int]) -
     p_dec = matmul_parameters(model) - p_enc
     flops = 6.0 * (p_enc * sum(src_lens) + p_dec * sum(tgt_lens))
     pairs_src_src = sum(s * s for s in src_lens)
+    if cfg.arch == "transformer" and cfg.window:  # sliding window: keys within `window` on either side
+        pairs_src_src = sum(windowed_pairs(s, cfg.window) for s in src_lens)
     pairs_tgt_src = sum(s * t for s, t in zip(src_lens, tgt_lens))
     pairs_tgt_tgt = sum(t * (t + 1) / 2 for t in tgt_lens)  # causal: each query sees itself and earlier keys
     if cfg.arch == "transformer":
@@ -73,6 +75,12 @@ def training_flops(model: nn.Module, src_lens: list[int], tgt_lens: list[int]) -
     elif cfg.attention != "none":
         flops += 12.0 * cfg.hidden * pairs_tgt_src
     return flops
+
+
+def windowed_pairs(length: int, window: int) -> int:
+    """Query-key pairs (i, j) with |i - j| <= window in a sentence of ``length`` tokens."""
+    w = min(window, length - 1)
+    return length * (2 * w + 1) - w * (w + 1)
 
 
 def peak_flops(device: torch.device) -> float | None:

@@ -231,3 +231,17 @@ def test_training_flops_count_by_hand():
     flops = training_flops(model, [3], [2])
     attention = 12 * 8 * (1 * 3 * 3 + 1 * (2 * 3 / 2 + 2 * 3))
     assert flops == 6 * (p_enc * 3 + p_dec * 2) + attention
+
+
+def test_windowed_attention_counts_only_the_pairs_in_the_window():
+    from app.bench import training_flops, windowed_pairs
+    from app.models import build_model
+
+    for length in (1, 4, 9):
+        for window in (0, 2, 20):
+            assert windowed_pairs(length, window) == sum(abs(i - j) <= window for i in range(length) for j in range(length))
+    sizes = ["model=transformer_small", "model.d_model=8", "model.heads=2", "model.enc_layers=1", "model.dec_layers=1",
+             "model.ff_dim=16"]
+    full = training_flops(build_model(compose_config(*sizes).model, 10, 10, True), [9], [2])
+    windowed = training_flops(build_model(compose_config(*sizes, "model.window=2").model, 10, 10, True), [9], [2])
+    assert full - windowed == 12 * 8 * (9 * 9 - windowed_pairs(9, 2))
