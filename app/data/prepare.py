@@ -93,6 +93,7 @@ def _fingerprint(cfg: DataConfig) -> dict:
 
 def cache_key(cfg: DataConfig) -> str:
     settings = to_plain(cfg)
+    settings.pop("num_proc", None)  # how many processes tokenize does not change the prepared splits
     return stable_hash({"version": PREPARE_VERSION, "settings": settings, "inputs": _fingerprint(cfg)})
 
 
