@@ -95,17 +95,21 @@ def test_rnn_presets_train_and_evaluate_through_the_cli(workdir, preset):
     assert metrics["sentences"] > 0 and "bleu" in metrics
 
 
+def sweep_and_compare(workdir, sweep, *overrides) -> str:
+    """``train -m`` with the compare experiment into ``sweep``, then ``compare``; returns compare.md."""
+    result = run_cli(workdir, "train", "-m", "experiment=compare", f"hydra.sweep.dir={sweep}", *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_cli(workdir, "compare", f"compare.dir={sweep}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return (sweep / "compare.md").read_text()
+
+
 def test_compare_trains_evaluates_and_reports_a_sweep(workdir):
     sweep = workdir / "checkpoints" / "compare" / "test"
     overrides = [a for a in TINY if not a.startswith(("model=", "name="))] + [
         "model.emb_dim=16", "model.hidden=32", "train.max_steps=6", "train.eval_every=6", "decode.beam_size=2",
     ]
-    result = run_cli(workdir, "train", "-m", "model=rnn_bahdanau,transformer_small", "experiment=compare",
-                     f"hydra.sweep.dir={sweep}", *overrides)
-    assert result.returncode == 0, result.stderr[-3000:]
-    result = run_cli(workdir, "compare", f"compare.dir={sweep}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    table = (sweep / "compare.md").read_text()
+    table = sweep_and_compare(workdir, sweep, "model=rnn_bahdanau,transformer_small", *overrides)
     rows = [line for line in table.splitlines() if line.startswith("| model=")]
     assert [row.split(" | ")[0] for row in rows] == ["| model=rnn_bahdanau", "| model=transformer_small"]
     assert rows[0].split(" | ")[-2] == "-" and float(rows[1].split(" | ")[-2]) > 0  # KV cache: Transformers only
@@ -137,12 +141,7 @@ def test_compare_labels_a_sweep_over_model_settings(workdir):
     overrides = [a for a in TINY if not a.startswith("name=")] + [
         "model.heads=4", "model.kv_heads=2", "train.max_steps=10", "train.eval_every=10", "decode.beam_size=1",
     ]
-    result = run_cli(workdir, "train", "-m", "model.pos=learned,alibi", "experiment=compare",
-                     f"hydra.sweep.dir={sweep}", *overrides)
-    assert result.returncode == 0, result.stderr[-3000:]
-    result = run_cli(workdir, "compare", f"compare.dir={sweep}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = (sweep / "compare.md").read_text().splitlines()
+    lines = sweep_and_compare(workdir, sweep, "model.pos=learned,alibi", *overrides).splitlines()
     header = next(line for line in lines if line.startswith("| run |")).split(" | ")
     rows = [line.split(" | ") for line in lines if line.startswith("| model.pos=")]
     assert [row[0] for row in rows] == ["| model.pos=learned", "| model.pos=alibi"]
