@@ -52,6 +52,11 @@ def check_source_lengths(model, src: list[list[int]]) -> None:
                             f"{max_positions - 1} (model.max_len={max_positions}): split it")
 
 
+# How often the decoding loops ask the device whether every sentence is done. Asking is a host sync
+# that stalls the GPU queue; steps run after the last sentence is done change no result.
+CHECK_DONE_EVERY = 8
+
+
 @torch.no_grad()
 def greedy_decode(
     model,
@@ -77,7 +82,7 @@ def greedy_decode(
         if need_attention:
             attention.append(attn)
         finished |= token == EOS
-        if bool(finished.all()):
+        if (t + 1) % CHECK_DONE_EVERY == 0 and bool(finished.all()):
             break
         prev = token
     out = torch.stack(steps, dim=1).tolist()
@@ -96,6 +101,35 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5 + length) / 6) ** alpha
 
 
+@dataclass
+class Ended:
+    """The k best ended hypotheses of every sentence, kept on the device (best first; -inf: empty slot)."""
+    scores: torch.Tensor  # (B, k) log p(Y|X) / lp(Y)
+    tokens: torch.Tensor  # (B, k, max_steps) without BOS/EOS, PAD after the end
+    lengths: torch.Tensor  # (B, k)
+    attention: Optional[torch.Tensor] = None  # (B, k, ..., steps so far, S), EOS row included
+
+    @classmethod
+    def empty(cls, batch: int, k: int, max_steps: int, device: torch.device) -> "Ended":
+        return cls(torch.full((batch, k), float("-inf"), device=device),
+                   torch.full((batch, k, max_steps), PAD, dtype=torch.long, device=device),
+                   torch.zeros(batch, k, dtype=torch.long, device=device))
+
+    def add(self, scores: torch.Tensor, tokens: torch.Tensor, length: int, attention: Optional[torch.Tensor]) -> None:
+        """Merge k candidates per sentence (-inf: not ended) and keep the k best. The sort is stable, so
+        among equal scores the earlier hypothesis ranks first."""
+        k = scores.size(1)
+        keep = torch.cat([self.scores, scores], 1).sort(dim=1, descending=True, stable=True).indices[:, :k]
+        rows = torch.arange(keep.size(0), device=keep.device)[:, None]
+        self.scores = torch.cat([self.scores, scores], 1)[rows, keep]
+        self.tokens = torch.cat([self.tokens, tokens], 1)[rows, keep]
+        self.lengths = torch.cat([self.lengths, torch.full_like(self.lengths, length)], 1)[rows, keep]
+        if attention is not None:
+            old = attention.new_zeros(attention.shape) if self.attention is None \
+                else torch.nn.functional.pad(self.attention, (0, 0, 0, 1))  # one more target row, zeros
+            self.attention = torch.cat([old, attention], 1)[rows, keep]
+
+
 @torch.no_grad()
 def beam_search(
     model,
@@ -107,82 +141,79 @@ def beam_search(
     n_best: int = 1,
     need_attention: bool = False,
 ) -> Hypotheses:
-    """Batched beam search: all sentences and beams of the batch advance together.
+    """Batched beam search: all sentences and beams of the batch advance together, on the device.
 
     Every step extends the live beams by every token, keeps the 2k best candidates per sentence, sets
     aside those ending in EOS among the first k (scored log p(Y|X) / lp(Y)), and continues with the k
     best others. A sentence is done when k hypotheses have ended and its best live beam, ended at the
     next step, would not rank among them; each beam ends at its length limit. With k = 1 this is
-    greedy search.
+    greedy search. The host sees the results once, at the end.
     """
     device, batch, k = src.device, src.size(0), beam_size
     src_mask = src != PAD
     memory = model.encode(src, src_mask)
-    per_beam = torch.arange(batch, device=device).repeat_interleave(k)
-    memory = memory.select(per_beam)
+    memory = memory.select(torch.arange(batch, device=device).repeat_interleave(k))
     limits = max_output_lengths(model, src_mask, max_len_ratio, max_len_extra).repeat_interleave(k)
+    max_steps = int(limits.max()) + 1
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: let only the first one expand
     scores = scores.view(-1)
-    history = torch.empty(batch * k, 0, dtype=torch.long, device=device)
+    history = torch.full((batch * k, max_steps), PAD, dtype=torch.long, device=device)
     attn_history = None
     prev = torch.full((batch * k,), BOS, dtype=torch.long, device=device)
-    finished: list[list[tuple[float, float, list[int], Optional[torch.Tensor]]]] = [[] for _ in range(batch)]
-    done = [False] * batch
+    ended = Ended.empty(batch, k, max_steps, device)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
     offsets = (torch.arange(batch, device=device) * k)[:, None]
     state = None
-    for t in range(int(limits.max()) + 1):
+    for t in range(max_steps):
         logits, attn, state = model.step(memory, prev, state, need_attention=need_attention)
         logp = next_token_scores(logits)
-        at_limit = t >= limits
-        if bool(at_limit.any()):  # only EOS may follow a beam at its length limit
-            forced = torch.full_like(logp, float("-inf"))
-            forced[:, EOS] = 0.0
-            logp = torch.where(at_limit[:, None], forced, logp)
+        at_limit = t >= limits  # only EOS may follow a beam at its length limit
+        eos = logp[:, EOS].masked_fill(at_limit, 0.0)
+        logp = logp.masked_fill(at_limit[:, None], float("-inf"))
+        logp[:, EOS] = eos
         vocab = logp.size(-1)
         top_scores, top_index = (scores[:, None] + logp).view(batch, k * vocab).topk(2 * k, dim=1)
         origin = top_index // vocab + offsets  # (batch, 2k) row in the flattened beams
         token = top_index % vocab
         is_eos = token == EOS
-        if need_attention and attn is not None:
+        with_attention = need_attention and attn is not None
+        if with_attention:
             steps_so_far = attn if attn_history is None else torch.cat([attn_history, attn], dim=-2)
-        ended = (is_eos[:, :k] & (top_scores[:, :k] > float("-inf"))).nonzero().tolist()
-        ended = [(b, rank) for b, rank in ended if not done[b]]
-        if ended:  # one copy to the host per step, not one per hypothesis
-            origin_host, scores_host, history_host = origin.tolist(), top_scores.tolist(), history.tolist()
-        for b, rank in ended:
-            row, score = origin_host[b][rank], scores_host[b][rank]
-            tokens = history_host[row]
-            weights = steps_so_far[row].float().cpu() if need_attention and attn is not None else None
-            finished[b].append((score / length_penalty(len(tokens) + 1, alpha), score, tokens, weights))
+
+        # EOS among the k best candidates ends a hypothesis (of a sentence still searching)
+        ending = is_eos[:, :k] & (top_scores[:, :k] > float("-inf")) & ~done[:, None]
+        ending_rows = origin[:, :k].reshape(-1)
+        ended.add(top_scores[:, :k].masked_fill(~ending, float("-inf")) / length_penalty(t + 1, alpha),
+                  history.index_select(0, ending_rows).view(batch, k, -1), t,
+                  steps_so_far.index_select(0, ending_rows).unflatten(0, (batch, k)) if with_attention else None)
+
         alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)
         # Done when k hypotheses have ended and the best live beam, scored at its next possible end
         # (length t + 2 with EOS), no longer beats the k-th best of them.
-        best_alive = alive_scores[:, 0].tolist()
-        for b in range(batch):
-            if not done[b] and len(finished[b]) >= k:
-                kth_best = sorted((h[0] for h in finished[b]), reverse=True)[k - 1]
-                done[b] = best_alive[b] / length_penalty(t + 2, alpha) <= kth_best
-        if all(done):
+        kth_best = ended.scores[:, k - 1]
+        done |= (kth_best > float("-inf")) & (alive_scores[:, 0] / length_penalty(t + 2, alpha) <= kth_best)
+        if (t + 1) % CHECK_DONE_EVERY == 0 and bool(done.all()):
             break
         rows = origin.gather(1, pick).view(-1)
         prev = token.gather(1, pick).view(-1)
-        history = torch.cat([history.index_select(0, rows), prev[:, None]], dim=1)
-        if need_attention and attn is not None:
+        history = history.index_select(0, rows)
+        history[:, t] = prev
+        if with_attention:
             attn_history = steps_so_far.index_select(0, rows)
         scores = alive_scores.view(-1)
         state = state.select(rows)
 
+    tokens, lengths, norms = ended.tokens.tolist(), ended.lengths.tolist(), ended.scores.tolist()
+    nbest = [[(tokens[b][i][: lengths[b][i]], norms[b][i]) for i in range(n_best) if norms[b][i] > float("-inf")]
+             for b in range(batch)]
+    best_tokens = [hyps[0][0] for hyps in nbest]
+    if ended.attention is None:
+        return Hypotheses(best_tokens, None, nbest, cache_bytes(state))
+    best_attention = ended.attention[:, 0].float().cpu()
     src_lens = src_mask.sum(-1).tolist()
-    best_tokens, best_attention, nbest = [], [], []
-    for b in range(batch):
-        ranked = sorted(finished[b], key=lambda h: h[0], reverse=True)
-        nbest.append([(tokens, norm) for norm, _, tokens, _ in ranked[:n_best]])
-        best_tokens.append(ranked[0][2])
-        weights = ranked[0][3]
-        best_attention.append(None if weights is None else weights[..., : src_lens[b]])
-    has_attention = need_attention and best_attention[0] is not None
-    return Hypotheses(best_tokens, best_attention if has_attention else None, nbest, cache_bytes(state))
+    return Hypotheses(best_tokens, [best_attention[b, ..., : lengths[b][0] + 1, : src_lens[b]] for b in range(batch)],
+                      nbest, cache_bytes(state))
 
 
 @torch.no_grad()

@@ -133,3 +133,31 @@ def test_decode_corpus_restores_input_order_with_beams():
     one_by_one = [beam_search(model, torch.tensor([s + [EOS]]), beam_size=3).tokens[0] for s in src]
     together = decode_corpus(model, src, torch.device("cpu"), batch_tokens=30, beam_size=3)
     assert together.tokens == one_by_one
+
+
+@pytest.mark.parametrize("family", ["transformer", "rnn_bahdanau"])
+def test_asking_less_often_whether_all_are_done_changes_nothing(family, monkeypatch):
+    """Decoding runs on past the last finished sentence until it next checks (a host sync); the extra
+    steps must not change any hypothesis, score or attention row."""
+    model, src = real_model(family), sources()
+    results = {}
+    for every in (1, 8):
+        monkeypatch.setattr("app.decoding.CHECK_DONE_EVERY", every)
+        results[every] = (beam_search(model, src, beam_size=3, n_best=3, need_attention=True),
+                          greedy_decode(model, src, need_attention=True))
+    (beam_1, greedy_1), (beam_8, greedy_8) = results[1], results[8]
+    assert beam_1.nbest == beam_8.nbest and greedy_1.tokens == greedy_8.tokens
+    for a, b in zip(beam_1.attention + greedy_1.attention, beam_8.attention + greedy_8.attention):
+        assert torch.equal(a, b)
+
+
+def test_no_hypothesis_ends_after_its_sentence_is_done(monkeypatch):
+    """A sentence done at step 1 stays done while the loop runs on to its next check: "B A A" ends at
+    the limit (step 3) with a better normalized score than "B", but must not join the n-best."""
+    model = MarkovModel({BOS: {EOS: 0.5, B: 0.365, A: 0.135}, B: {EOS: 0.6, A: 0.4}, A: {A: 1.0}})
+    results = []
+    for every in (1, 8):
+        monkeypatch.setattr("app.decoding.CHECK_DONE_EVERY", every)
+        results.append(beam_search(model, SRC, beam_size=2, alpha=1.0, n_best=2, max_len_ratio=0.5, max_len_extra=1))
+    assert [tokens for tokens, _ in results[0].nbest[0]] == [[], [B]]
+    assert results[1].nbest == results[0].nbest
