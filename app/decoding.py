@@ -2,7 +2,7 @@
 once for every model family."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -52,9 +52,13 @@ def check_source_lengths(model, src: list[list[int]]) -> None:
                             f"{max_positions - 1} (model.max_len={max_positions}): split it")
 
 
-# How often the decoding loops ask the device whether every sentence is done. Asking is a host sync
-# that stalls the GPU queue; steps run after the last sentence is done change no result.
+# How often the decoding loops ask a GPU whether every sentence is done. Asking is a host sync that
+# drains its queue; steps run after the last sentence is done change no result. A CPU is asked every step.
 CHECK_DONE_EVERY = 8
+
+
+def done_check_interval(device: torch.device) -> int:
+    return CHECK_DONE_EVERY if device.type == "cuda" else 1
 
 
 @torch.no_grad()
@@ -72,6 +76,7 @@ def greedy_decode(
     batch = src.size(0)
     prev = torch.full((batch,), BOS, dtype=torch.long, device=src.device)
     finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
+    check_every = done_check_interval(src.device)
     state, steps, attention = None, [], []
     for t in range(int(limits.max()) + 1):
         logits, attn, state = model.step(memory, prev, state, need_attention=need_attention)
@@ -82,7 +87,7 @@ def greedy_decode(
         if need_attention:
             attention.append(attn)
         finished |= token == EOS
-        if (t + 1) % CHECK_DONE_EVERY == 0 and bool(finished.all()):
+        if (t + 1) % check_every == 0 and bool(finished.all()):
             break
         prev = token
     out = torch.stack(steps, dim=1).tolist()
@@ -103,31 +108,49 @@ def length_penalty(length: int, alpha: float) -> float:
 
 @dataclass
 class Ended:
-    """The k best ended hypotheses of every sentence, kept on the device (best first; -inf: empty slot)."""
+    """The k best ended hypotheses of every sentence (best first; score -inf: an empty slot), kept on
+    the device as where they ended: the step and the beam they came from."""
     scores: torch.Tensor  # (B, k) log p(Y|X) / lp(Y)
-    tokens: torch.Tensor  # (B, k, max_steps) without BOS/EOS, PAD after the end
-    lengths: torch.Tensor  # (B, k)
-    attention: Optional[torch.Tensor] = None  # (B, k, ..., steps so far, S), EOS row included
+    steps: torch.Tensor  # (B, k) the step that chose EOS = the number of tokens before it
+    rows: torch.Tensor  # (B, k) the beam, among the beams entering that step, that chose EOS
 
-    @classmethod
-    def empty(cls, batch: int, k: int, max_steps: int, device: torch.device) -> "Ended":
-        return cls(torch.full((batch, k), float("-inf"), device=device),
-                   torch.full((batch, k, max_steps), PAD, dtype=torch.long, device=device),
-                   torch.zeros(batch, k, dtype=torch.long, device=device))
-
-    def add(self, scores: torch.Tensor, tokens: torch.Tensor, length: int, attention: Optional[torch.Tensor]) -> None:
+    def add(self, scores: torch.Tensor, step: int, rows: torch.Tensor) -> None:
         """Merge k candidates per sentence (-inf: not ended) and keep the k best. The sort is stable, so
         among equal scores the earlier hypothesis ranks first."""
         k = scores.size(1)
         keep = torch.cat([self.scores, scores], 1).sort(dim=1, descending=True, stable=True).indices[:, :k]
-        rows = torch.arange(keep.size(0), device=keep.device)[:, None]
-        self.scores = torch.cat([self.scores, scores], 1)[rows, keep]
-        self.tokens = torch.cat([self.tokens, tokens], 1)[rows, keep]
-        self.lengths = torch.cat([self.lengths, torch.full_like(self.lengths, length)], 1)[rows, keep]
-        if attention is not None:
-            old = attention.new_zeros(attention.shape) if self.attention is None \
-                else torch.nn.functional.pad(self.attention, (0, 0, 0, 1))  # one more target row, zeros
-            self.attention = torch.cat([old, attention], 1)[rows, keep]
+        merged = lambda old, new: torch.cat([old, new], 1).gather(1, keep)  # noqa: E731
+        self.scores = merged(self.scores, scores)
+        self.steps = merged(self.steps, torch.full_like(self.steps, step))
+        self.rows = merged(self.rows, rows)
+
+
+@dataclass
+class BeamHistory:
+    """Backpointers: after step t, beam j continues beam ``parents[t][j]`` of step t with token
+    ``tokens[t][j]``. A hypothesis is read back once, at the end, by following them from where it ended
+    (O(1) work per step instead of copying every beam's history)."""
+    tokens: list = field(default_factory=list)  # per step (B·k,)
+    parents: list = field(default_factory=list)  # per step (B·k,) rows of the beams entering that step
+    attention: list = field(default_factory=list)  # per step (B·k, ..., 1, S), rows of the beams entering it
+
+    def trace(self, steps: torch.Tensor, rows: torch.Tensor, with_attention: bool
+              ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Tokens (N, max steps) of hypotheses that chose EOS at ``steps`` from beam ``rows`` (PAD after
+        the end), and their attention (N, ..., max steps + 1, S): rows 0..steps are theirs, EOS row
+        included; the rows after it are to be cut off."""
+        n_steps = max(len(self.tokens), len(self.attention) if with_attention else 0)
+        tokens = rows.new_full((rows.size(0), max(len(self.tokens), 1)), PAD)
+        attention = [None] * n_steps
+        cur = rows.clone()
+        for s in reversed(range(n_steps)):
+            if s < len(self.tokens):  # the hypotheses that were still going after step s step back
+                back = s < steps
+                tokens[:, s] = torch.where(back, self.tokens[s][cur], PAD)
+                cur = torch.where(back, self.parents[s][cur], cur)
+            if with_attention:
+                attention[s] = self.attention[s][cur]
+        return tokens, torch.cat(attention, dim=-2) if with_attention else None
 
 
 @torch.no_grad()
@@ -147,26 +170,29 @@ def beam_search(
     aside those ending in EOS among the first k (scored log p(Y|X) / lp(Y)), and continues with the k
     best others. A sentence is done when k hypotheses have ended and its best live beam, ended at the
     next step, would not rank among them; each beam ends at its length limit. With k = 1 this is
-    greedy search. The host sees the results once, at the end.
+    greedy search. The host reads the results once, at the end.
     """
     device, batch, k = src.device, src.size(0), beam_size
     src_mask = src != PAD
     memory = model.encode(src, src_mask)
     memory = memory.select(torch.arange(batch, device=device).repeat_interleave(k))
     limits = max_output_lengths(model, src_mask, max_len_ratio, max_len_extra).repeat_interleave(k)
-    max_steps = int(limits.max()) + 1
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: let only the first one expand
     scores = scores.view(-1)
-    history = torch.full((batch * k, max_steps), PAD, dtype=torch.long, device=device)
-    attn_history = None
     prev = torch.full((batch * k,), BOS, dtype=torch.long, device=device)
-    ended = Ended.empty(batch, k, max_steps, device)
+    empty = torch.full((batch, k), float("-inf"), device=device)
+    ended = Ended(empty, empty.long().zero_(), empty.long().zero_())
+    history = BeamHistory()
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     offsets = (torch.arange(batch, device=device) * k)[:, None]
-    state = None
-    for t in range(max_steps):
+    check_every = done_check_interval(device)
+    state, with_attention = None, False
+    for t in range(int(limits.max()) + 1):
         logits, attn, state = model.step(memory, prev, state, need_attention=need_attention)
+        with_attention = need_attention and attn is not None
+        if with_attention:
+            history.attention.append(attn)
         logp = next_token_scores(logits)
         at_limit = t >= limits  # only EOS may follow a beam at its length limit
         eos = logp[:, EOS].masked_fill(at_limit, 0.0)
@@ -177,42 +203,37 @@ def beam_search(
         origin = top_index // vocab + offsets  # (batch, 2k) row in the flattened beams
         token = top_index % vocab
         is_eos = token == EOS
-        with_attention = need_attention and attn is not None
-        if with_attention:
-            steps_so_far = attn if attn_history is None else torch.cat([attn_history, attn], dim=-2)
 
         # EOS among the k best candidates ends a hypothesis (of a sentence still searching)
         ending = is_eos[:, :k] & (top_scores[:, :k] > float("-inf")) & ~done[:, None]
-        ending_rows = origin[:, :k].reshape(-1)
-        ended.add(top_scores[:, :k].masked_fill(~ending, float("-inf")) / length_penalty(t + 1, alpha),
-                  history.index_select(0, ending_rows).view(batch, k, -1), t,
-                  steps_so_far.index_select(0, ending_rows).unflatten(0, (batch, k)) if with_attention else None)
+        ended.add(top_scores[:, :k].masked_fill(~ending, float("-inf")) / length_penalty(t + 1, alpha), t, origin[:, :k])
 
         alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)
         # Done when k hypotheses have ended and the best live beam, scored at its next possible end
         # (length t + 2 with EOS), no longer beats the k-th best of them.
         kth_best = ended.scores[:, k - 1]
         done |= (kth_best > float("-inf")) & (alive_scores[:, 0] / length_penalty(t + 2, alpha) <= kth_best)
-        if (t + 1) % CHECK_DONE_EVERY == 0 and bool(done.all()):
+        if (t + 1) % check_every == 0 and bool(done.all()):
             break
         rows = origin.gather(1, pick).view(-1)
         prev = token.gather(1, pick).view(-1)
-        history = history.index_select(0, rows)
-        history[:, t] = prev
-        if with_attention:
-            attn_history = steps_so_far.index_select(0, rows)
+        history.tokens.append(prev)
+        history.parents.append(rows)
         scores = alive_scores.view(-1)
         state = state.select(rows)
 
-    tokens, lengths, norms = ended.tokens.tolist(), ended.lengths.tolist(), ended.scores.tolist()
-    nbest = [[(tokens[b][i][: lengths[b][i]], norms[b][i]) for i in range(n_best) if norms[b][i] > float("-inf")]
+    n = min(n_best, k)
+    tokens, _ = history.trace(ended.steps[:, :n].reshape(-1), ended.rows[:, :n].reshape(-1), with_attention=False)
+    tokens, lengths, norms = tokens.view(batch, n, -1).tolist(), ended.steps.tolist(), ended.scores.tolist()
+    nbest = [[(tokens[b][i][: lengths[b][i]], norms[b][i]) for i in range(n) if norms[b][i] > float("-inf")]
              for b in range(batch)]
     best_tokens = [hyps[0][0] for hyps in nbest]
-    if ended.attention is None:
+    if not with_attention:
         return Hypotheses(best_tokens, None, nbest, cache_bytes(state))
-    best_attention = ended.attention[:, 0].float().cpu()
+    _, attention = history.trace(ended.steps[:, 0], ended.rows[:, 0], with_attention=True)
+    attention = attention.float().cpu()
     src_lens = src_mask.sum(-1).tolist()
-    return Hypotheses(best_tokens, [best_attention[b, ..., : lengths[b][0] + 1, : src_lens[b]] for b in range(batch)],
+    return Hypotheses(best_tokens, [attention[b, ..., : lengths[b][0] + 1, : src_lens[b]] for b in range(batch)],
                       nbest, cache_bytes(state))
 
 
