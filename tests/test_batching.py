@@ -45,7 +45,9 @@ def test_batches_are_reasonably_full():
     batches = make_batches(src_lens, tgt_lens, budget)
     padded = sum(cost(b, src_lens, tgt_lens) for b in batches)
     real = sum(src_lens[i] + 1 + tgt_lens[i] + 1 for i in range(2000))
-    assert padded < 1.3 * real
+    # sorted by the longer side, both sides of a batch are bounded: 7.0 % padding here (sorted by
+    # target length alone: 9.4 %)
+    assert padded < 1.08 * real
     # and the budget is used: on average at least half of it per batch
     assert padded / len(batches) > budget / 2
 

