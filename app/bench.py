@@ -34,7 +34,7 @@ from app.data.corpus import load_split, load_tokenized, prepare_data
 from app.data.tokenizer import PAD
 from app.decoding import decode_corpus
 from app.models import build_model, count_parameters
-from app.training import amp_dtype, make_optimizer, train_step, vocab_fingerprint
+from app.training import amp_dtype, compiled_for_training, make_optimizer, train_step, vocab_fingerprint
 from app.utils import atomic_write_text, resolve_device, seed_everything, to_plain
 
 # dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched on the device name
@@ -115,6 +115,7 @@ def bench(cfg: Config, steps: int = 50, warmup: int = 10) -> dict:
         check_compatible(state, cfg.bench.checkpoint, vocab_fingerprint(tokenizer), to_plain(cfg.model))
         model.load_state_dict(state["model"])
     optimizer, scheduler = make_optimizer(model, cfg)
+    trained = compiled_for_training(model, cfg)
     batcher = Batcher(data.src, data.tgt)
     batches = make_batches(data.src_lens, data.tgt_lens, cfg.train.batch_tokens, True, cfg.train.seed)
     batches = (batches * (1 + (steps + warmup) // len(batches)))[: steps + warmup]
@@ -135,7 +136,7 @@ def bench(cfg: Config, steps: int = 50, warmup: int = 10) -> dict:
             src_tokens += sum(src_lens)
             padded_tokens += batch.src.numel() + batch.tgt_in.numel()
             flops += training_flops(model, src_lens, tgt_lens)
-        train_step(model, [batch.to(device)], n_tokens, optimizer, scheduler, cfg, dtype)
+        train_step(trained, [batch.to(device)], n_tokens, optimizer, scheduler, cfg, dtype)
     sync(device)
     seconds = time.time() - start
     peak = peak_flops(device)
@@ -143,7 +144,7 @@ def bench(cfg: Config, steps: int = 50, warmup: int = 10) -> dict:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "model": cfg.model.arch if cfg.model.arch == "transformer" else f"rnn/{cfg.model.attention}",
         "parameters_m": round(count_parameters(model) / 1e6, 1), "amp": str(dtype or "fp32"),
-        "batch_tokens": cfg.train.batch_tokens, "timed_steps": steps, "steps_per_s": round(steps / seconds, 2),
+        "batch_tokens": cfg.train.batch_tokens, "compiled": cfg.train.compile, "timed_steps": steps, "steps_per_s": round(steps / seconds, 2),
         "train_tgt_tokens_per_s": round(tgt_tokens / seconds),
         "train_src_tgt_tokens_per_s": round((src_tokens + tgt_tokens) / seconds),
         "padding_ratio": round(1 - (src_tokens + tgt_tokens) / padded_tokens, 3),

@@ -90,6 +90,21 @@ def make_optimizer(model: torch.nn.Module, cfg: Config) -> tuple[torch.optim.Opt
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt(cfg.train.warmup_steps))
 
 
+def compiled_for_training(module: torch.nn.Module, cfg: Config) -> torch.nn.Module:
+    """``module`` itself, or with ``train.compile=true`` its torch.compile'd wrapper (parameters shared,
+    so checkpoints and decoding use the plain model). Batch shapes vary with every length bucket:
+    ``dynamic=True`` traces sequence length and batch size as symbols, one graph for all of them, where
+    static shapes would recompile per bucket and give up after torch._dynamo's recompile limit."""
+    if not cfg.train.compile:
+        return module
+    if cfg.model.arch != "transformer":
+        # the RNN decoders loop over target positions in Python and pack sequences with host-side
+        # lengths: dynamo would specialize on every target length and recompile until it gives up
+        raise UserError(f"train.compile=true compiles Transformers; model.arch={cfg.model.arch!r} trains eagerly "
+                        "(its encoder and the Luong no-feeding decoder already run as single cuDNN calls)")
+    return torch.compile(module, dynamic=True)
+
+
 def train_step(model, batches: list, n_tokens: int, optimizer, scheduler, cfg: Config, dtype, ranks: int = 1
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One update over ``batches`` (gradient accumulation), the loss normalized by ``n_tokens``, the
@@ -223,6 +238,7 @@ class Trainer:
         self.trained = self.model
         if distributed.launched():
             self.trained = DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
+        self.trained = compiled_for_training(self.trained, cfg)
         self.batcher = Batcher(self.train_data.src, self.train_data.tgt)
         self.src_lens, self.tgt_lens = self.train_data.src_lens, self.train_data.tgt_lens
 
