@@ -10,7 +10,7 @@ SWORD_PACKAGES := sword-text-sparv sword-text-web
 TORCH_CPU ?= torch==2.13.0
 TORCH_GPU ?= torch
 
-.PHONY: setup data train eval translate tensorboard test bench compare average clean
+.PHONY: setup data train eval translate tensorboard test bench compare average clean gpu-wheels gpu-check
 COMPARE_MODELS ?= rnn_plain,rnn_bahdanau,rnn_luong,transformer
 COMPARE_EXPERIMENT ?= compare
 
@@ -71,6 +71,21 @@ average: setup
 
 bench: setup
 	$(PY) -m app bench $(ARGS)
+
+# A lent GPU machine (no internet, PyTorch but none of the packages below): `make gpu-wheels` here puts
+# them in .whl/ as Python 3.12 wheels; carry .whl and data/ there and run `make gpu-check PART=transformer`
+# (then PART=rnn, PART=bench): scripts/gpu_check.sh says what each part measures.
+GPU_WHEELS ?= hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+GPU_SDISTS ?= antlr4-python3-runtime==4.9.3 pysword==0.2.8
+gpu-wheels:
+	mkdir -p .whl
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
+	python3 -m pip wheel -q --no-deps -w .whl $(GPU_SDISTS)
+
+PART ?= transformer
+gpu-check:
+	bash scripts/gpu_check.sh $(PART)
 
 clean:
 	rm -rf checkpoints/*/ outputs multirun .pytest_cache
