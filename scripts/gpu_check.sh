@@ -36,13 +36,13 @@ train_eval_bench() {  # NAME LAUNCHER OVERRIDES...: train, eval greedy and beam 
     rm -rf "checkpoints/$name"
     run $launcher app train name=$name train.max_minutes=$TRAIN_MINUTES train.eval_every=500 \
         train.save_every=500 train.max_dev_sentences=300 "$@" $EXTRA
-    cp "checkpoints/$name/train_summary.json" "$OUT/${name}_train_summary.json"
+    cp "checkpoints/$name/train_summary.json" "$OUT/${name}_train_summary.json" || status=1
     for beam in 1 5; do
         run $PY -m app eval name=$name decode.beam_size=$beam $EXTRA
-        cp "checkpoints/$name/eval/test/metrics.json" "$OUT/${name}_beam${beam}_metrics.json"
+        cp "checkpoints/$name/eval/test/metrics.json" "$OUT/${name}_beam${beam}_metrics.json" || status=1
     done
     run $PY -m app bench name=$name "$@" bench.steps=$BENCH_STEPS bench.checkpoint=checkpoints/$name/best.pt $EXTRA
-    cp "checkpoints/bench/$name.json" "$OUT/${name}_bench.json"
+    cp "checkpoints/bench/$name.json" "$OUT/${name}_bench.json" || status=1
 }
 
 nvidia-smi -L 2>/dev/null || echo "no nvidia-smi: running on the CPU"
@@ -63,7 +63,7 @@ bench)
     for preset in "model=transformer train.compile=true" "model=rnn_luong" "model=rnn_plain"; do
         name=bench_$(echo "$preset" | tr -c 'a-z0-9\n' '_' | sed 's/_*$//')
         run $PY -m app bench name=$name $preset bench.steps=$BENCH_STEPS $EXTRA
-        cp "checkpoints/bench/$name.json" "$OUT/"
+        cp "checkpoints/bench/$name.json" "$OUT/" || status=1
     done
     ;;
 *)
