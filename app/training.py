@@ -102,6 +102,9 @@ def compiled_for_training(module: torch.nn.Module, cfg: Config) -> torch.nn.Modu
         # lengths: dynamo would specialize on every target length and recompile until it gives up
         raise UserError(f"train.compile=true compiles Transformers; model.arch={cfg.model.arch!r} trains eagerly "
                         "(its encoder and the Luong no-feeding decoder already run as single cuDNN calls)")
+    # Without this, sizes that happen to be equal in the first batch (source length = target length)
+    # get one symbol, and the first batch where they differ compiles again.
+    torch.fx.experimental._config.use_duck_shape = False
     return torch.compile(module, dynamic=True)
 
 

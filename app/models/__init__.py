@@ -1,3 +1,4 @@
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from app.config import ModelConfig
@@ -8,6 +9,10 @@ def build_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, joint_vocab: b
     from app.models.rnn import RNNSeq2Seq
     from app.models.transformer import Transformer
 
+    if isinstance(cfg, DictConfig):
+        # a plain dataclass: models read settings in forward, where an OmegaConf lookup is slow and
+        # stops torch.compile's tracing (a graph break)
+        cfg = ModelConfig(**OmegaConf.to_container(cfg, resolve=True))
     families = {"transformer": Transformer, "rnn": RNNSeq2Seq}
     if cfg.arch not in families:
         raise UserError(f"model.arch={cfg.arch!r} is unknown; available: {sorted(families)}")
