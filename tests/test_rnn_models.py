@@ -5,6 +5,7 @@ import torch
 from app.config import ModelConfig
 from app.data.tokenizer import BOS, EOS, PAD
 from app.models import build_model
+from app.models.rnn import rnn_step
 from toy_tasks import evaluate_reversal, train_on_reversal
 
 VARIANTS = {
@@ -104,3 +105,37 @@ def test_plain_model_trains_on_reversal():
     train_on_reversal(m, steps=100)
     after, _ = evaluate_reversal(m)
     assert after >= before  # it trains without errors; how well is what the bottleneck allows
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+@pytest.mark.parametrize("layers", [1, 3])
+def test_rnn_step_equals_the_rnn_on_one_time_step_with_gradients(cell, layers):
+    torch.manual_seed(0)
+    rnn = (torch.nn.GRU if cell == "gru" else torch.nn.LSTM)(6, 5, layers, batch_first=True)
+    x = torch.randn(4, 6, requires_grad=True)
+    hidden = torch.randn(layers, 4, 5)
+    if cell == "lstm":
+        hidden = (hidden, torch.randn(layers, 4, 5))
+    out, new = rnn(x[:, None], hidden)
+    step_out, step_new = rnn_step(rnn, x, hidden)
+    states, step_states = (new, step_new) if cell == "lstm" else ((new,), (step_new,))
+    assert torch.allclose(step_out, out[:, 0], atol=1e-6)
+    for a, b in zip(states, step_states):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-6)
+    inputs = [x, *rnn.parameters()]
+    grads = torch.autograd.grad(out.sum() + 0.5 * states[-1].sum(), inputs)
+    step_grads = torch.autograd.grad(step_out.sum() + 0.5 * step_states[-1].sum(), inputs)
+    for a, b in zip(grads, step_grads):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_rnn_step_applies_dropout_between_layers_only_in_training():
+    torch.manual_seed(0)
+    rnn = torch.nn.GRU(6, 5, 2, batch_first=True, dropout=0.5)
+    x, h = torch.randn(64, 6), torch.zeros(2, 64, 5)
+    reference = rnn.eval()(x[:, None], h)[0][:, 0]
+    assert torch.allclose(rnn_step(rnn, x, h)[0], reference, atol=1e-6)
+    dropped, _ = rnn_step(rnn.train(), x, h)
+    assert not torch.allclose(dropped, reference, atol=1e-3)
+    _, first_layer_only = rnn_step(rnn, x, h)
+    assert torch.allclose(first_layer_only[0], torch.gru_cell(x, h[0], *rnn.all_weights[0]), atol=1e-6)

@@ -8,7 +8,8 @@
 
 Every decoder has one ``forward(memory, tokens, state)`` that runs T >= 1 steps: ``decode`` calls it
 on the whole target, ``step`` on one token. Decoders whose inputs do not depend on earlier outputs
-(plain, Luong without input feeding) run the RNN over all T steps in one cuDNN call; the others loop.
+(plain, Luong without input feeding) run the RNN over all T steps in one cuDNN call; the others loop,
+one step at a time through the RNN's cell ops (``rnn_step``), as decoding does.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -62,6 +64,27 @@ def _rnn(cell: str, *args, **kwargs) -> nn.RNNBase:
     return (nn.GRU if cell == "gru" else nn.LSTM)(*args, batch_first=True, **kwargs)
 
 
+def rnn_step(rnn: nn.RNNBase, x: torch.Tensor, hidden: Hidden) -> tuple[torch.Tensor, Hidden]:
+    """One time step of ``rnn`` (a multi-layer GRU/LSTM): x (B, D) -> top layer's output (B, H) and the
+    new hidden state. Same weights and result as ``rnn`` on a length-1 sequence, but through the
+    per-layer cell ops (one fused gate kernel each on CUDA): a cuDNN RNN call costs more to set up
+    than one step of a decoder loop computes."""
+    lstm = isinstance(rnn, nn.LSTM)
+    new = []
+    for layer, weights in enumerate(rnn.all_weights):
+        if layer:
+            x = F.dropout(x, rnn.dropout, rnn.training)  # nn.GRU/LSTM's dropout between layers
+        if lstm:
+            x, c = torch.lstm_cell(x, (hidden[0][layer], hidden[1][layer]), *weights)
+            new.append((x, c))
+        else:
+            x = torch.gru_cell(x, hidden[layer], *weights)
+            new.append(x)
+    if lstm:
+        return x, (torch.stack([h for h, _ in new]), torch.stack([c for _, c in new]))
+    return x, torch.stack(new)
+
+
 class RNNEncoder(nn.Module):
     """Embeddings -> (bi)directional multi-layer GRU/LSTM over packed sequences. With two directions
     each gets hidden/2 units, so outputs are ``hidden`` wide either way (what dot scores need)."""
@@ -99,6 +122,13 @@ class RNNDecoder(nn.Module):
                 raise ValueError(f"model.tie_embeddings needs the output layer input ({out_dim}) to equal model.emb_dim ({cfg.emb_dim})")
             self.out_proj.weight = embed.weight
 
+    def run_rnn(self, x: torch.Tensor, hidden: Hidden) -> tuple[torch.Tensor, Hidden]:
+        """The decoder RNN over x (B, T, D): one cuDNN call for a sequence, the cell ops for one step."""
+        if x.size(1) > 1:
+            return self.rnn(x, hidden)
+        out, hidden = rnn_step(self.rnn, x[:, 0], hidden)
+        return out[:, None], hidden
+
     def initial_state(self, memory: RNNMemory) -> RNNState:
         """Bridge: s_0 = tanh(W_b h_final) for every decoder layer (LSTM cells start at zero)."""
         h0 = torch.tanh(self.bridge(memory.summary)).unflatten(-1, (self.cfg.dec_layers, self.cfg.hidden)).transpose(0, 1).contiguous()
@@ -116,7 +146,7 @@ class PlainDecoder(RNNDecoder):
     def forward(self, memory: RNNMemory, tokens: torch.Tensor, state: RNNState, need_attention: bool = False):
         y = self.dropout(self.embed(tokens))
         c = memory.summary[:, None, :].expand(-1, tokens.size(1), -1)
-        s, hidden = self.rnn(torch.cat([y, c], -1), state.hidden)
+        s, hidden = self.run_rnn(torch.cat([y, c], -1), state.hidden)
         out = self.dropout(torch.tanh(self.pre_output(torch.cat([s, c, y], -1))))
         return self.out_proj(out), None, RNNState(hidden)
 
@@ -136,7 +166,7 @@ class BahdanauDecoder(RNNDecoder):
         hidden, outputs, weights = state.hidden, [], []
         for t in range(tokens.size(1)):
             c, alpha = self.attention(_top(hidden)[:, None, :], memory.keys, memory.states, memory.src_mask)
-            s, hidden = self.rnn(torch.cat([y[:, t : t + 1], c], -1), hidden)
+            s, hidden = self.run_rnn(torch.cat([y[:, t : t + 1], c], -1), hidden)
             outputs.append(torch.cat([s, c, y[:, t : t + 1]], -1))
             weights.append(alpha)
         out = self.dropout(torch.tanh(self.pre_output(torch.cat(outputs, 1))))
@@ -166,12 +196,12 @@ class LuongDecoder(RNNDecoder):
     def forward(self, memory: RNNMemory, tokens: torch.Tensor, state: RNNState, need_attention: bool = False):
         y = self.dropout(self.embed(tokens))
         if not self.cfg.input_feeding:  # all T steps in one RNN call and one batched attention
-            h, hidden = self.rnn(y, state.hidden)
+            h, hidden = self.run_rnn(y, state.hidden)
             h_tilde, alpha = self.attend(memory, h)
             return self.out_proj(h_tilde), alpha if need_attention else None, RNNState(hidden)
         hidden, feed, outputs, weights = state.hidden, state.feed, [], []
         for t in range(tokens.size(1)):
-            h, hidden = self.rnn(torch.cat([y[:, t : t + 1], feed[:, None, :]], -1), hidden)
+            h, hidden = self.run_rnn(torch.cat([y[:, t : t + 1], feed[:, None, :]], -1), hidden)
             h_tilde, alpha = self.attend(memory, h)
             feed = h_tilde[:, 0]
             outputs.append(h_tilde)
