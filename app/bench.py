@@ -34,6 +34,7 @@ from app.data.corpus import load_split, load_tokenized, prepare_data
 from app.data.tokenizer import PAD
 from app.decoding import decode_corpus
 from app.models import build_model, count_parameters
+from app.profiling import profile_steps
 from app.training import amp_dtype, compiled_for_training, make_optimizer, train_step, vocab_fingerprint
 from app.utils import atomic_write_text, resolve_device, seed_everything, to_plain
 
@@ -118,10 +119,11 @@ def bench(cfg: Config, steps: int = 50, warmup: int = 10) -> dict:
     trained = compiled_for_training(model, cfg)
     batcher = Batcher(data.src, data.tgt)
     batches = make_batches(data.src_lens, data.tgt_lens, cfg.train.batch_tokens, True, cfg.train.seed)
-    batches = (batches * (1 + (steps + warmup) // len(batches)))[: steps + warmup]
+    profiled = cfg.bench.profile_steps
+    batches = (batches * (1 + (steps + warmup + profiled) // len(batches)))[: steps + warmup + profiled]
     tgt_tokens = src_tokens = padded_tokens = 0
     flops = 0.0
-    for i, indices in enumerate(batches):
+    for i, indices in enumerate(batches[: steps + warmup]):
         if i == warmup:
             sync(device)
             start = time.time()
@@ -153,6 +155,18 @@ def bench(cfg: Config, steps: int = 50, warmup: int = 10) -> dict:
     }
     if device.type == "cuda":
         result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+    os.makedirs(os.path.join("checkpoints", "bench"), exist_ok=True)
+    if profiled:
+        to_profile = iter(batches[steps + warmup :])
+
+        def one_step():
+            batch = batcher(next(to_profile))
+            train_step(trained, [batch.to(device)], int((batch.tgt_out != PAD).sum()), optimizer, scheduler, cfg, dtype)
+
+        result["profile"], table = profile_steps(one_step, profiled, device,
+                                                 os.path.join("checkpoints", "bench", f"{cfg.name}_trace.json"))
+        atomic_write_text(os.path.join("checkpoints", "bench", f"{cfg.name}_profile.txt"), table)
+        print(table)
     result["decode_sentences"] = len(test)
     for beam in sorted({1, cfg.bench.beam_size}):
         result[f"decode_beam{beam}"] = time_decoding(model, test.src, device, cfg, dtype, beam)
@@ -164,11 +178,15 @@ def bench(cfg: Config, steps: int = 50, warmup: int = 10) -> dict:
 
 
 def print_table(result: dict) -> None:
-    rows = []
-    for key, value in result.items():
-        if isinstance(value, dict):
-            rows += [(f"{key} {k}", v) for k, v in value.items()]
-        else:
-            rows.append((key, "n/a (no known peak for this device)" if value is None else value))
+    rows = list(flatten(result))
     width = max(len(k) for k, _ in rows)
-    print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+    print("\n".join(f"{k:<{width}}  {'n/a (no known peak for this device)' if v is None else v}" for k, v in rows))
+
+
+def flatten(table: dict, prefix: str = ""):
+    """(key path, value) rows of nested dicts: ("decode_beam5 seconds", 3.1)."""
+    for key, value in table.items():
+        if isinstance(value, dict):
+            yield from flatten(value, f"{prefix}{key} ")
+        else:
+            yield f"{prefix}{key}", value

@@ -153,6 +153,7 @@ class BenchConfig:
     decode_sentences: int = 0  # decode the first N test sentences; 0 = all
     beam_size: int = 5  # decoding is timed greedy and with this beam
     checkpoint: Optional[str] = None  # a trained run's .pt (same model= settings): decode timings of real output
+    profile_steps: int = 0  # then profile this many more steps: time per kind of work, top ops, a Chrome trace
 
 
 @dataclass

@@ -21,6 +21,7 @@ PY=${PY:-python3}
 EXTRA=${GPU_CHECK_ARGS:-}
 TRAIN_MINUTES=${TRAIN_MINUTES:-4}
 BENCH_STEPS=${BENCH_STEPS:-50}
+PROFILE_STEPS=${PROFILE_STEPS:-5}  # profiled after the timed steps: where the time goes (app/profiling.py)
 status=0
 
 log=$OUT/$part.log
@@ -41,8 +42,10 @@ train_eval_bench() {  # NAME LAUNCHER OVERRIDES...: train, eval greedy and beam 
         run $PY -m app eval name=$name decode.beam_size=$beam $EXTRA
         cp "checkpoints/$name/eval/test/metrics.json" "$OUT/${name}_beam${beam}_metrics.json" || status=1
     done
-    run $PY -m app bench name=$name "$@" bench.steps=$BENCH_STEPS bench.checkpoint=checkpoints/$name/best.pt $EXTRA
+    run $PY -m app bench name=$name "$@" bench.steps=$BENCH_STEPS bench.profile_steps=$PROFILE_STEPS \
+        bench.checkpoint=checkpoints/$name/best.pt $EXTRA
     cp "checkpoints/bench/$name.json" "$OUT/${name}_bench.json" || status=1
+    cp "checkpoints/bench/${name}_profile.txt" "$OUT/" || status=1
 }
 
 nvidia-smi -L 2>/dev/null || echo "no nvidia-smi: running on the CPU"
@@ -62,8 +65,8 @@ rnn)
 bench)
     for preset in "model=transformer train.compile=true" "model=rnn_luong" "model=rnn_plain"; do
         name=bench_$(echo "$preset" | tr -c 'a-z0-9\n' '_' | sed 's/_*$//')
-        run $PY -m app bench name=$name $preset bench.steps=$BENCH_STEPS $EXTRA
-        cp "checkpoints/bench/$name.json" "$OUT/" || status=1
+        run $PY -m app bench name=$name $preset bench.steps=$BENCH_STEPS bench.profile_steps=$PROFILE_STEPS $EXTRA
+        cp "checkpoints/bench/$name.json" "checkpoints/bench/${name}_profile.txt" "$OUT/" || status=1
     done
     ;;
 *)

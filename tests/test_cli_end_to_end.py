@@ -206,7 +206,7 @@ def test_eval_reports_alignment_error_rate_against_a_gold_file(workdir):
 
 def test_bench_prints_and_writes_the_table(workdir):
     result = run_cli(workdir, "bench", *TINY, "bench.steps=3", "bench.warmup=1", "bench.decode_sentences=4",
-                     "bench.beam_size=2", "bench.checkpoint=checkpoints/tiny/best.pt")
+                     "bench.beam_size=2", "bench.checkpoint=checkpoints/tiny/best.pt", "bench.profile_steps=2")
     assert result.returncode == 0, result.stderr[-3000:]
     table = json.loads((workdir / "checkpoints" / "bench" / "tiny.json").read_text())
     assert table["device"] == "cpu" and table["timed_steps"] == 3 and table["mfu"] is None  # no peak known for CPUs
@@ -214,6 +214,24 @@ def test_bench_prints_and_writes_the_table(workdir):
     assert 0 <= table["padding_ratio"] < 1 and table["model_tflops_per_s"] > 0
     assert table["decode_sentences"] == 4 and table["decode_beam2"]["sentences_per_s"] > 0
     assert "padding_ratio" in result.stdout and "decode_beam1 sentences_per_s" in result.stdout
+    shares = table["profile"]["shares"]
+    assert sum(shares.values()) == pytest.approx(1.0, abs=0.01) and shares["matrix multiply"] > 0.05
+    assert "profile shares matrix multiply" in result.stdout and "aten::" in result.stdout
+    assert "aten::" in (workdir / "checkpoints" / "bench" / "tiny_profile.txt").read_text()
+    trace = json.loads((workdir / "checkpoints" / "bench" / "tiny_trace.json").read_text())
+    assert any(event.get("name") == "aten::mm" for event in trace["traceEvents"])
+
+
+def test_profile_kinds_of_work():
+    from app.profiling import kind_of
+
+    assert kind_of("aten::mm") == kind_of("aten::addmm") == kind_of("aten::_scaled_mm") == "matrix multiply"
+    assert kind_of("aten::_flash_attention_backward") == "attention kernels"
+    assert kind_of("aten::_thnn_fused_gru_cell") == kind_of("aten::_cudnn_rnn") == "recurrent cells"
+    assert kind_of("aten::_fused_adamw_") == "optimizer"
+    assert kind_of("aten::_softmax") == "softmax and loss" and kind_of("aten::index_select") == "copies and layout"
+    assert kind_of("## Call CompiledFxGraph fjltto ##") == "compiled kernels"
+    assert kind_of("aten::tanh") == kind_of("aten::mul") == "elementwise and other"
 
 
 def test_training_flops_count_by_hand():
