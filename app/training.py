@@ -94,18 +94,29 @@ def compiled_for_training(module: torch.nn.Module, cfg: Config) -> torch.nn.Modu
     """``module`` itself, or with ``train.compile=true`` its torch.compile'd wrapper (parameters shared,
     so checkpoints and decoding use the plain model). Batch shapes vary with every length bucket:
     ``dynamic=True`` traces sequence length and batch size as symbols, one graph for all of them, where
-    static shapes would recompile per bucket and give up after torch._dynamo's recompile limit."""
+    static shapes would recompile per bucket and give up after torch._dynamo's recompile limit.
+
+    An RNN decoder loops over target positions in Python (a compiled loop would specialize on every
+    target length), so for RNNs only the decoder's loop step is compiled, in place: its attention,
+    cell and output ops become a few fused kernels, run once per target position. The encoder and the
+    decoders that do not loop are single cuDNN calls already. The step compiles with automatic dynamic
+    shapes: static first, then once more with the sizes that changed (batch, source length) as
+    symbols; model widths stay constants (with every size symbolic, Inductor 2.13 fails on Luong's
+    general score: "Exponent must be non-negative")."""
     if not cfg.train.compile:
         return module
-    if cfg.model.arch != "transformer":
-        # the RNN decoders loop over target positions in Python and pack sequences with host-side
-        # lengths: dynamo would specialize on every target length and recompile until it gives up
-        raise UserError(f"train.compile=true compiles Transformers; model.arch={cfg.model.arch!r} trains eagerly "
-                        "(its encoder and the Luong no-feeding decoder already run as single cuDNN calls)")
     # Without this, sizes that happen to be equal in the first batch (source length = target length)
     # get one symbol, and the first batch where they differ compiles again.
     torch.fx.experimental._config.use_duck_shape = False
-    return torch.compile(module, dynamic=True)
+    if cfg.model.arch == "transformer":
+        return torch.compile(module, dynamic=True)
+    decoder = getattr(module, "module", module).decoder  # under DDP: the wrapped model
+    if decoder.loops:
+        decoder.loop_step = torch.compile(decoder.loop_step)
+    else:
+        log.warning("train.compile=true: this RNN decoder runs in one cuDNN call and has no loop to compile; "
+                    "training eagerly")
+    return module
 
 
 def train_step(model, batches: list, n_tokens: int, optimizer, scheduler, cfg: Config, dtype, ranks: int = 1

@@ -3,7 +3,7 @@
 #   bash scripts/gpu_check.sh transformer  # 1-GPU torchrun (DDP over NCCL) training, greedy and beam-5
 #                                          # eval of the test set, make bench with the trained weights
 #   bash scripts/gpu_check.sh rnn          # the same for rnn_bahdanau (one process)
-#   bash scripts/gpu_check.sh bench        # make bench: compiled Transformer, rnn_luong, rnn_plain
+#   bash scripts/gpu_check.sh bench        # make bench: compiled Transformer and Bahdanau, rnn_luong, rnn_plain
 # The machine has no internet: first, where there is, `make gpu-wheels` (the packages its image lacks,
 # into .whl/) and `make data`; carry .whl and data. Results go to $OUT (default checkpoints/gpu_check):
 # <part>.log and one JSON per figure. GPU_CHECK_ARGS adds Hydra overrides to every command (a tiny
@@ -63,7 +63,8 @@ rnn)
         train.warmup_steps=500
     ;;
 bench)
-    for preset in "model=transformer train.compile=true" "model=rnn_luong" "model=rnn_plain"; do
+    for preset in "model=transformer train.compile=true" "model=rnn_bahdanau train.compile=true" "model=rnn_luong" \
+        "model=rnn_plain"; do
         name=bench_$(echo "$preset" | tr -c 'a-z0-9\n' '_' | sed 's/_*$//')
         run $PY -m app bench name=$name $preset bench.steps=$BENCH_STEPS bench.profile_steps=$PROFILE_STEPS $EXTRA
         cp "checkpoints/bench/$name.json" "checkpoints/bench/${name}_profile.txt" "$OUT/" || status=1

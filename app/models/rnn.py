@@ -109,7 +109,10 @@ class RNNEncoder(nn.Module):
 
 
 class RNNDecoder(nn.Module):
-    """What the three decoders share: target embeddings, the RNN, the vocabulary projection."""
+    """What the three decoders share: target embeddings, the RNN, the vocabulary projection.
+    ``loops``: whether it runs target positions one ``loop_step`` at a time (what train.compile compiles)."""
+
+    loops = False
 
     def __init__(self, cfg: ModelConfig, embed: nn.Embedding, rnn_input: int, out_dim: int, vocab: int):
         super().__init__()
@@ -161,16 +164,24 @@ class BahdanauDecoder(RNNDecoder):
         self.attention = rnn_attention("bahdanau", cfg.hidden, cfg.hidden, cfg.hidden)
         self.pre_output = nn.Linear(2 * cfg.hidden + cfg.emb_dim, cfg.emb_dim)
 
+    loops = True
+
     def forward(self, memory: RNNMemory, tokens: torch.Tensor, state: RNNState, need_attention: bool = False):
         y = self.dropout(self.embed(tokens))
         hidden, outputs, weights = state.hidden, [], []
         for t in range(tokens.size(1)):
-            c, alpha = self.attention(_top(hidden)[:, None, :], memory.keys, memory.states, memory.src_mask)
-            s, hidden = self.run_rnn(torch.cat([y[:, t : t + 1], c], -1), hidden)
-            outputs.append(torch.cat([s, c, y[:, t : t + 1]], -1))
+            out, alpha, hidden = self.loop_step(y[:, t], hidden, memory.keys, memory.states, memory.src_mask)
+            outputs.append(out)
             weights.append(alpha)
-        out = self.dropout(torch.tanh(self.pre_output(torch.cat(outputs, 1))))
+        out = self.dropout(torch.tanh(self.pre_output(torch.stack(outputs, 1))))
         return self.out_proj(out), torch.cat(weights, 1) if need_attention else None, RNNState(hidden)
+
+    def loop_step(self, y_t, hidden, keys, states, src_mask):
+        """One target position: attend with s_{t-1}, then s_t. Returns [s_t; c_t; E y_{t-1}], α_t, hidden."""
+        c, alpha = self.attention(_top(hidden)[:, None, :], keys, states, src_mask)
+        c = c[:, 0]
+        s, hidden = rnn_step(self.rnn, torch.cat([y_t, c], -1), hidden)
+        return torch.cat([s, c, y_t], -1), alpha, hidden
 
 
 class LuongDecoder(RNNDecoder):
@@ -189,24 +200,33 @@ class LuongDecoder(RNNDecoder):
             state.feed = memory.summary.new_zeros(memory.summary.size(0), self.cfg.hidden)
         return state
 
-    def attend(self, memory: RNNMemory, h: torch.Tensor):
-        c, alpha = self.attention(h, memory.keys, memory.states, memory.src_mask)
+    @property
+    def loops(self) -> bool:
+        return self.cfg.input_feeding
+
+    def attend(self, h: torch.Tensor, keys, states, src_mask):
+        """h̃ = tanh(W_c [c; h]) for queries h (B, T, H), with the weights α."""
+        c, alpha = self.attention(h, keys, states, src_mask)
         return self.dropout(torch.tanh(self.W_c(torch.cat([c, h], -1)))), alpha
 
     def forward(self, memory: RNNMemory, tokens: torch.Tensor, state: RNNState, need_attention: bool = False):
         y = self.dropout(self.embed(tokens))
-        if not self.cfg.input_feeding:  # all T steps in one RNN call and one batched attention
+        if not self.loops:  # all T steps in one RNN call and one batched attention
             h, hidden = self.run_rnn(y, state.hidden)
-            h_tilde, alpha = self.attend(memory, h)
+            h_tilde, alpha = self.attend(h, memory.keys, memory.states, memory.src_mask)
             return self.out_proj(h_tilde), alpha if need_attention else None, RNNState(hidden)
         hidden, feed, outputs, weights = state.hidden, state.feed, [], []
         for t in range(tokens.size(1)):
-            h, hidden = self.run_rnn(torch.cat([y[:, t : t + 1], feed[:, None, :]], -1), hidden)
-            h_tilde, alpha = self.attend(memory, h)
-            feed = h_tilde[:, 0]
-            outputs.append(h_tilde)
+            feed, alpha, hidden = self.loop_step(y[:, t], feed, hidden, memory.keys, memory.states, memory.src_mask)
+            outputs.append(feed)
             weights.append(alpha)
-        return self.out_proj(torch.cat(outputs, 1)), torch.cat(weights, 1) if need_attention else None, RNNState(hidden, feed)
+        return self.out_proj(torch.stack(outputs, 1)), torch.cat(weights, 1) if need_attention else None, RNNState(hidden, feed)
+
+    def loop_step(self, y_t, feed, hidden, keys, states, src_mask):
+        """One target position with input feeding: h_t from [E y_{t-1}; h̃_{t-1}], then h̃_t (the next feed)."""
+        h, hidden = rnn_step(self.rnn, torch.cat([y_t, feed], -1), hidden)
+        h_tilde, alpha = self.attend(h[:, None], keys, states, src_mask)
+        return h_tilde[:, 0], alpha, hidden
 
 
 DECODERS = {"none": PlainDecoder, "bahdanau": BahdanauDecoder, "luong": LuongDecoder}
