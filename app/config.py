@@ -118,7 +118,7 @@ class TrainConfig:
     keep_best: int = 0  # also keep the snapshots of the N best validations (best.pt is always written)
     max_bad_steps: int = 20  # abort after this many updates in a row with a non-finite loss (each is skipped)
     oom_retry: bool = False  # out of memory on a batch: halve train.batch_tokens and go on instead of stopping
-    compile: bool = False  # torch.compile the Transformer's training step (one graph for all batch shapes)
+    compile: bool = False  # torch.compile the Transformer's training step, or an RNN decoder's loop step
 
 
 @dataclass
