@@ -20,12 +20,17 @@ longer than sources.
 """
 from __future__ import annotations
 
+import contextlib
+import copy
+import itertools
 import json
 import os
 import time
+from typing import Callable
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from app.checkpoint import check_compatible, load_checkpoint
 from app.config import Config
@@ -103,6 +108,107 @@ def time_decoding(model, src, device, cfg: Config, dtype, beam_size: int) -> dic
             "tokens_per_s": round(sum(len(h) + 1 for h in hyps.tokens) / seconds)}
 
 
+def time_training(model: nn.Module, cfg: Config, data, device: torch.device, dtype, steps: int, warmup: int,
+                  read_loss_every_step: bool = False) -> tuple[dict, Callable[[], None]]:
+    """Trains ``model`` for ``warmup`` untimed and ``steps`` timed steps on length-bucketed batches of
+    ``data``; returns the throughput figures and a function that runs one more step (for the profiler).
+    ``read_loss_every_step`` reads the loss back after every step, as a naive loop would."""
+    optimizer, scheduler = make_optimizer(model, cfg)
+    trained = compiled_for_training(model, cfg)
+    batcher = Batcher(data.src, data.tgt)
+    batches = itertools.cycle(make_batches(data.src_lens, data.tgt_lens, cfg.train.batch_tokens, True, cfg.train.seed))
+
+    def step(indices) -> tuple[int, int]:
+        batch = batcher(indices)
+        n_tokens = int((batch.tgt_out != PAD).sum())  # counted on the host copy: no device sync
+        loss, _, _ = train_step(trained, [batch.to(device)], n_tokens, optimizer, scheduler, cfg, dtype)
+        if read_loss_every_step:
+            loss.item()
+        return n_tokens, batch.src.numel() + batch.tgt_in.numel()
+
+    for _ in range(warmup):
+        step(next(batches))
+    sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    tgt_tokens = src_tokens = padded_tokens = 0
+    flops = 0.0
+    start = time.time()
+    for _ in range(steps):
+        indices = next(batches)
+        n_tokens, padded = step(indices)
+        src_lens = [data.src_lens[j] + 1 for j in indices]  # + EOS
+        tgt_lens = [data.tgt_lens[j] + 1 for j in indices]  # + BOS / EOS
+        tgt_tokens += n_tokens
+        src_tokens += sum(src_lens)
+        padded_tokens += padded
+        flops += training_flops(model, src_lens, tgt_lens)
+    sync(device)
+    seconds = time.time() - start
+    peak = peak_flops(device)
+    figures = {
+        "steps_per_s": round(steps / seconds, 2),
+        "train_tgt_tokens_per_s": round(tgt_tokens / seconds),
+        "train_src_tgt_tokens_per_s": round((src_tokens + tgt_tokens) / seconds),
+        "padding_ratio": round(1 - (src_tokens + tgt_tokens) / padded_tokens, 3),
+        "model_tflops_per_s": round(flops / seconds / 1e12, 2),
+        "mfu": round(flops / seconds / peak, 4) if peak else None,
+    }
+    if device.type == "cuda":
+        figures["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+
+    def one_more_step() -> None:
+        step(next(batches))
+
+    return figures, one_more_step
+
+
+def speed_features(cfg: Config, dtype) -> list[tuple[str, Config, contextlib.AbstractContextManager, bool]]:
+    """(label, settings, context, read loss every step) for each speed feature switched off in turn,
+    then train.compile switched on; features that cannot apply (bf16 on a CPU) are left out."""
+    def changed(**train) -> Config:
+        variant = copy.deepcopy(cfg)
+        for key, value in train.items():
+            setattr(variant.train, key, value)
+        return variant
+
+    plain = contextlib.nullcontext
+    rows = []
+    if dtype is not None:
+        rows.append(("without bf16 autocast (fp32)", changed(amp="fp32"), plain(), False))
+    rows.append(("without fused AdamW (its non-finite check then syncs)", changed(fused_optimizer=False), plain(), False))
+    if cfg.model.arch == "transformer":
+        rows.append(("without fused SDPA kernels (math attention)", cfg, sdpa_kernel(SDPBackend.MATH), False))
+    rows.append(("reading the loss every step (host sync)", cfg, plain(), True))
+    if not cfg.train.compile:
+        rows.append(("with train.compile=true", changed(compile=True), plain(), False))
+    return rows
+
+
+def ablation(cfg: Config, build: Callable[[], nn.Module], data, device, dtype, steps: int, warmup: int,
+             baseline: dict) -> list[dict]:
+    rows = [{"setting": "all speed features on (the defaults)", **baseline, "vs_defaults": 1.0}]
+    for label, variant, context, read_loss in speed_features(cfg, dtype):
+        torch._dynamo.reset()
+        with context:
+            figures, _ = time_training(build(), variant, data, device, amp_dtype(variant.train.amp, device),
+                                       steps, warmup, read_loss)
+        ratio = figures["train_tgt_tokens_per_s"] / max(baseline["train_tgt_tokens_per_s"], 1)
+        rows.append({"setting": label, **figures, "vs_defaults": round(ratio, 2)})
+        print(f"{label}: {figures['train_tgt_tokens_per_s']:,} target tokens/s ({ratio:.2f}x the defaults)")
+    return rows
+
+
+def ablation_markdown(rows: list[dict], header: str) -> str:
+    lines = [header, "", "| setting | steps/s | target tokens/s | MFU | peak memory GiB | vs defaults |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %"
+        lines.append(f"| {r['setting']} | {r['steps_per_s']} | {r['train_tgt_tokens_per_s']:,} | {mfu} | "
+                     f"{r.get('peak_memory_gib', '-')} | {r['vs_defaults']:.2f}× |")
+    return "\n".join(lines) + "\n"
+
+
 def bench(cfg: Config, steps: int = 50, warmup: int = 10) -> dict:
     device = resolve_device(cfg.device)
     dtype = amp_dtype(cfg.train.amp, device)
@@ -115,55 +221,24 @@ def bench(cfg: Config, steps: int = 50, warmup: int = 10) -> dict:
         state = load_checkpoint(cfg.bench.checkpoint, device)
         check_compatible(state, cfg.bench.checkpoint, vocab_fingerprint(tokenizer), to_plain(cfg.model))
         model.load_state_dict(state["model"])
-    optimizer, scheduler = make_optimizer(model, cfg)
-    trained = compiled_for_training(model, cfg)
-    batcher = Batcher(data.src, data.tgt)
-    batches = make_batches(data.src_lens, data.tgt_lens, cfg.train.batch_tokens, True, cfg.train.seed)
-    profiled = cfg.bench.profile_steps
-    batches = (batches * (1 + (steps + warmup + profiled) // len(batches)))[: steps + warmup + profiled]
-    tgt_tokens = src_tokens = padded_tokens = 0
-    flops = 0.0
-    for i, indices in enumerate(batches[: steps + warmup]):
-        if i == warmup:
-            sync(device)
-            start = time.time()
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-        batch = batcher(indices)
-        n_tokens = int((batch.tgt_out != PAD).sum())
-        if i >= warmup:
-            src_lens = [data.src_lens[j] + 1 for j in indices]  # + EOS
-            tgt_lens = [data.tgt_lens[j] + 1 for j in indices]  # + BOS / EOS
-            tgt_tokens += n_tokens
-            src_tokens += sum(src_lens)
-            padded_tokens += batch.src.numel() + batch.tgt_in.numel()
-            flops += training_flops(model, src_lens, tgt_lens)
-        train_step(trained, [batch.to(device)], n_tokens, optimizer, scheduler, cfg, dtype)
-    sync(device)
-    seconds = time.time() - start
-    peak = peak_flops(device)
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def build() -> nn.Module:  # the same starting weights for every ablation row
+        fresh = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.joint).to(device)
+        fresh.load_state_dict(initial)
+        return fresh
+
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "model": cfg.model.arch if cfg.model.arch == "transformer" else f"rnn/{cfg.model.attention}",
         "parameters_m": round(count_parameters(model) / 1e6, 1), "amp": str(dtype or "fp32"),
-        "batch_tokens": cfg.train.batch_tokens, "compiled": cfg.train.compile, "timed_steps": steps, "steps_per_s": round(steps / seconds, 2),
-        "train_tgt_tokens_per_s": round(tgt_tokens / seconds),
-        "train_src_tgt_tokens_per_s": round((src_tokens + tgt_tokens) / seconds),
-        "padding_ratio": round(1 - (src_tokens + tgt_tokens) / padded_tokens, 3),
-        "model_tflops_per_s": round(flops / seconds / 1e12, 2),
-        "mfu": round(flops / seconds / peak, 4) if peak else None,
+        "batch_tokens": cfg.train.batch_tokens, "compiled": cfg.train.compile, "timed_steps": steps,
     }
-    if device.type == "cuda":
-        result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+    figures, one_more_step = time_training(model, cfg, data, device, dtype, steps, warmup)
+    result.update(figures)
     os.makedirs(os.path.join("checkpoints", "bench"), exist_ok=True)
-    if profiled:
-        to_profile = iter(batches[steps + warmup :])
-
-        def one_step():
-            batch = batcher(next(to_profile))
-            train_step(trained, [batch.to(device)], int((batch.tgt_out != PAD).sum()), optimizer, scheduler, cfg, dtype)
-
-        result["profile"], table = profile_steps(one_step, profiled, device,
+    if cfg.bench.profile_steps:
+        result["profile"], table = profile_steps(one_more_step, cfg.bench.profile_steps, device,
                                                  os.path.join("checkpoints", "bench", f"{cfg.name}_trace.json"))
         atomic_write_text(os.path.join("checkpoints", "bench", f"{cfg.name}_profile.txt"), table)
         print(table)
@@ -171,6 +246,14 @@ def bench(cfg: Config, steps: int = 50, warmup: int = 10) -> dict:
     for beam in sorted({1, cfg.bench.beam_size}):
         result[f"decode_beam{beam}"] = time_decoding(model, test.src, device, cfg, dtype, beam)
     print_table(result)
+    if cfg.bench.ablate:
+        rows = ablation(cfg, build, data, device, dtype, steps, warmup, figures)
+        result["ablation"] = rows
+        header = (f"Training speed, each feature off in turn: {result['model']}, {result['parameters_m']} M parameters, "
+                  f"{cfg.train.batch_tokens}-token batches, {steps} timed steps after {warmup}, {result['device']}")
+        markdown = ablation_markdown(rows, header)
+        atomic_write_text(os.path.join("checkpoints", "bench", f"{cfg.name}_ablation.md"), markdown)
+        print(markdown)
     path = os.path.join("checkpoints", "bench", f"{cfg.name}.json")
     atomic_write_text(path, json.dumps(result, indent=2))
     print(f"wrote {path}")

@@ -119,6 +119,7 @@ class TrainConfig:
     max_bad_steps: int = 20  # abort after this many updates in a row with a non-finite loss (each is skipped)
     oom_retry: bool = False  # out of memory on a batch: halve train.batch_tokens and go on instead of stopping
     compile: bool = False  # torch.compile the Transformer's training step, or an RNN decoder's loop step
+    fused_optimizer: bool = True  # AdamW as one fused kernel that skips non-finite updates on the device (false: for comparison)
 
 
 @dataclass
@@ -154,6 +155,7 @@ class BenchConfig:
     beam_size: int = 5  # decoding is timed greedy and with this beam
     checkpoint: Optional[str] = None  # a trained run's .pt (same model= settings): decode timings of real output
     profile_steps: int = 0  # then profile this many more steps: time per kind of work, top ops, a Chrome trace
+    ablate: bool = False  # also time training with each speed feature off in turn (and with train.compile)
 
 
 @dataclass

@@ -86,7 +86,7 @@ def sequence_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: f
 def make_optimizer(model: torch.nn.Module, cfg: Config) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     # fused: one kernel for all parameters, and it can skip an update on the device (found_inf below)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, betas=tuple(cfg.train.adam_betas),
-                                  weight_decay=cfg.train.weight_decay, fused=True)
+                                  weight_decay=cfg.train.weight_decay, fused=cfg.train.fused_optimizer)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt(cfg.train.warmup_steps))
 
 
@@ -124,7 +124,7 @@ def train_step(model, batches: list, n_tokens: int, optimizer, scheduler, cfg: C
     """One update over ``batches`` (gradient accumulation), the loss normalized by ``n_tokens``, the
     target tokens of the whole update over all ``ranks``. Returns the summed loss, the gradient norm and
     whether both were finite, as device tensors (no host sync). A non-finite update is skipped inside
-    the fused optimizer kernel."""
+    the fused optimizer kernel (with ``train.fused_optimizer=false``, by a host-side check)."""
     loss_sum = torch.zeros((), device=batches[0].src.device)
     for i, batch in enumerate(batches):
         # DDP all-reduces gradients on the last micro-batch only; it averages them over the ranks,
@@ -137,8 +137,11 @@ def train_step(model, batches: list, n_tokens: int, optimizer, scheduler, cfg: C
         loss_sum += loss.detach().float()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
     finite = torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
-    optimizer.found_inf = (~finite).float()  # what GradScaler hands fused Adam: skip params and step count
-    optimizer.step()
+    if optimizer.defaults.get("fused"):
+        optimizer.found_inf = (~finite).float()  # what GradScaler hands fused Adam: skip params and step count
+        optimizer.step()
+    elif finite:  # the unfused optimizer cannot skip on the device: this asks the host (a sync)
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
     return loss_sum, grad_norm, finite

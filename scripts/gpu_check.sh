@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU figures the issues ask for, each part one call to a lent GPU machine (10-minute limit):
 #   bash scripts/gpu_check.sh transformer  # 1-GPU torchrun (DDP over NCCL) training, greedy and beam-5
-#                                          # eval of the test set, make bench with the trained weights
+#                                          # eval of the test set, make bench with the trained weights,
+#                                          # its profile and each speed feature off in turn (bench.ablate)
 #   bash scripts/gpu_check.sh rnn          # the same for rnn_bahdanau (one process)
 #   bash scripts/gpu_check.sh bench        # make bench: compiled Transformer and Bahdanau, rnn_luong, rnn_plain
 # The machine has no internet: first, where there is, `make gpu-wheels` (the packages its image lacks,
@@ -19,7 +20,7 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 PY=${PY:-python3}
 EXTRA=${GPU_CHECK_ARGS:-}
-TRAIN_MINUTES=${TRAIN_MINUTES:-4}
+TRAIN_MINUTES=${TRAIN_MINUTES:-3}
 BENCH_STEPS=${BENCH_STEPS:-50}
 PROFILE_STEPS=${PROFILE_STEPS:-5}  # profiled after the timed steps: where the time goes (app/profiling.py)
 status=0
@@ -43,9 +44,9 @@ train_eval_bench() {  # NAME LAUNCHER OVERRIDES...: train, eval greedy and beam 
         cp "checkpoints/$name/eval/test/metrics.json" "$OUT/${name}_beam${beam}_metrics.json" || status=1
     done
     run $PY -m app bench name=$name "$@" bench.steps=$BENCH_STEPS bench.profile_steps=$PROFILE_STEPS \
-        bench.checkpoint=checkpoints/$name/best.pt $EXTRA
+        bench.ablate=true bench.checkpoint=checkpoints/$name/best.pt $EXTRA
     cp "checkpoints/bench/$name.json" "$OUT/${name}_bench.json" || status=1
-    cp "checkpoints/bench/${name}_profile.txt" "$OUT/" || status=1
+    cp "checkpoints/bench/${name}_profile.txt" "checkpoints/bench/${name}_ablation.md" "$OUT/" || status=1
 }
 
 nvidia-smi -L 2>/dev/null || echo "no nvidia-smi: running on the CPU"

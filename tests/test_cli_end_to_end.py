@@ -206,7 +206,8 @@ def test_eval_reports_alignment_error_rate_against_a_gold_file(workdir):
 
 def test_bench_prints_and_writes_the_table(workdir):
     result = run_cli(workdir, "bench", *TINY, "bench.steps=3", "bench.warmup=1", "bench.decode_sentences=4",
-                     "bench.beam_size=2", "bench.checkpoint=checkpoints/tiny/best.pt", "bench.profile_steps=2")
+                     "bench.beam_size=2", "bench.checkpoint=checkpoints/tiny/best.pt", "bench.profile_steps=2",
+                     "bench.ablate=true")
     assert result.returncode == 0, result.stderr[-3000:]
     table = json.loads((workdir / "checkpoints" / "bench" / "tiny.json").read_text())
     assert table["device"] == "cpu" and table["timed_steps"] == 3 and table["mfu"] is None  # no peak known for CPUs
@@ -220,6 +221,13 @@ def test_bench_prints_and_writes_the_table(workdir):
     assert "aten::" in (workdir / "checkpoints" / "bench" / "tiny_profile.txt").read_text()
     trace = json.loads((workdir / "checkpoints" / "bench" / "tiny_trace.json").read_text())
     assert any(event.get("name") == "aten::mm" for event in trace["traceEvents"])
+    settings = [row["setting"] for row in table["ablation"]]  # no bf16 row: the CPU trains in fp32
+    assert settings == ["all speed features on (the defaults)", "without fused AdamW (its non-finite check then syncs)",
+                        "without fused SDPA kernels (math attention)", "reading the loss every step (host sync)",
+                        "with train.compile=true"]
+    assert all(row["train_tgt_tokens_per_s"] > 0 and row["vs_defaults"] > 0 for row in table["ablation"])
+    markdown = (workdir / "checkpoints" / "bench" / "tiny_ablation.md").read_text()
+    assert markdown.count("\n| ") == 7 and "| with train.compile=true |" in result.stdout  # header, rule, 5 rows
 
 
 def test_profile_kinds_of_work():

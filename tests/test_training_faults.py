@@ -53,12 +53,13 @@ def test_non_finite_updates_are_skipped_and_counted(workdir, monkeypatch):
     assert state["optimizer"]["state"][0]["step"] == 9  # skipped updates leave Adam's step count alone
 
 
-def test_a_skipped_update_changes_no_parameter():
+@pytest.mark.parametrize("fused", ["true", "false"])
+def test_a_skipped_update_changes_no_parameter(fused):
     from app.data.batching import Batcher
     from app.models import build_model
 
     cfg = compose_config("model=transformer_small", "model.d_model=16", "model.heads=2", "model.enc_layers=1",
-                         "model.dec_layers=1", "model.ff_dim=32")
+                         "model.dec_layers=1", "model.ff_dim=32", f"train.fused_optimizer={fused}")
     model = build_model(cfg.model, 20, 20, True)
     optimizer, scheduler = training.make_optimizer(model, cfg)
     batch = Batcher([[5, 6, 7], [8, 9]], [[10, 11], [12, 13, 14]])([0, 1])
