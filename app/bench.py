@@ -6,7 +6,9 @@ train.amp=, device=):
 Times ``bench.steps`` training steps after ``bench.warmup`` untimed ones, then greedy and beam search
 decoding of the test split; prints one table and writes it as JSON (``checkpoints/bench/<name>.json``).
 Decoding uses the weights of ``bench.checkpoint`` when given (an untrained model runs every sentence to
-the length limit, so its timings are an upper bound).
+the length limit, so its timings are an upper bound). ``bench.profile_steps=N`` profiles N more steps
+(app/profiling.py); ``bench.ablate=true`` times training again with each speed feature off in turn, from
+the same starting weights: the before/after table of every speed change (``<name>_ablation.md``).
 
 Model FLOPs utilisation (MFU) counts the useful (non-padding) work of a training step as
     6 × (P_enc · source tokens + P_dec · target tokens) + attention
