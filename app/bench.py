@@ -211,8 +211,48 @@ def ablation_markdown(rows: list[dict], header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def bench(cfg: Config, steps: int = 50, warmup: int = 10) -> dict:
+def small_for_cpu(cfg: Config) -> tuple[Config, list[str]]:
+    """A copy of ``cfg`` capped at what a 2-core CPU benches in a few minutes, and the changes made.
+    Widths shrink by one factor (so tied or matching sizes stay so) to those of transformer_small, or
+    an RNN with 512 hidden units; the model stays as given when a checkpoint's weights are to be timed."""
+    small, changes = copy.deepcopy(cfg), []
+
+    def cap(section, key: str, value: int) -> None:
+        old = getattr(section, key)
+        if value != old:
+            setattr(section, key, value)
+            changes.append(f"{key} {old}→{value}")
+
+    m = small.model
+    if not cfg.bench.checkpoint:
+        if m.arch == "transformer" and m.d_model > 256:
+            factor = 256 / m.d_model
+            cap(m, "d_model", 256)
+            cap(m, "ff_dim", max(1, round(m.ff_dim * factor)))
+            cap(m, "heads", min(m.heads, 4))
+            if m.kv_heads:
+                cap(m, "kv_heads", min(m.kv_heads, m.heads) if m.heads % min(m.kv_heads, m.heads) == 0 else 1)
+        if m.arch == "transformer":
+            cap(m, "enc_layers", min(m.enc_layers, 3))
+            cap(m, "dec_layers", min(m.dec_layers, 3))
+        if m.arch == "rnn" and m.hidden > 512:
+            cap(m, "emb_dim", max(2, round(m.emb_dim * 512 / m.hidden)))
+            cap(m, "hidden", 512)
+    cap(small.train, "batch_tokens", min(cfg.train.batch_tokens, 4000))
+    cap(small.bench, "steps", min(cfg.bench.steps, 10))
+    cap(small.bench, "warmup", min(cfg.bench.warmup, 2))
+    cap(small.bench, "decode_sentences", min(cfg.bench.decode_sentences or 100, 100))
+    return small, changes
+
+
+def bench(cfg: Config) -> dict:
     device = resolve_device(cfg.device)
+    if device.type == "cpu" and cfg.bench.cpu_small:
+        cfg, changes = small_for_cpu(cfg)
+        if changes:
+            print(f"bench on the CPU, a small configuration ({', '.join(changes)}); "
+                  "bench.cpu_small=false benches the one given")
+    steps, warmup = cfg.bench.steps, cfg.bench.warmup
     dtype = amp_dtype(cfg.train.amp, device)
     seed_everything(cfg.train.seed)
     tokenizer = prepare_data(cfg)

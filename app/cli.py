@@ -92,7 +92,7 @@ def average_command(cfg: DictConfig) -> None:
 def bench_command(cfg: DictConfig) -> None:
     from app.bench import bench
 
-    bench(cfg, steps=cfg.bench.steps, warmup=cfg.bench.warmup)
+    bench(cfg)
 
 
 def compare_command(cfg: DictConfig) -> None:

@@ -156,6 +156,7 @@ class BenchConfig:
     checkpoint: Optional[str] = None  # a trained run's .pt (same model= settings): decode timings of real output
     profile_steps: int = 0  # then profile this many more steps: time per kind of work, top ops, a Chrome trace
     ablate: bool = False  # also time training with each speed feature off in turn (and with train.compile)
+    cpu_small: bool = True  # on a CPU, cap model, batch, steps and test sentences at a size benched in minutes
 
 
 @dataclass

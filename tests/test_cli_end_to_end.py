@@ -230,6 +230,28 @@ def test_bench_prints_and_writes_the_table(workdir):
     assert markdown.count("\n| ") == 7 and "| with train.compile=true |" in result.stdout  # header, rule, 5 rows
 
 
+@pytest.mark.parametrize("preset", ["transformer", "rnn_bahdanau", "rnn_luong", "rnn_plain"])
+def test_cpu_bench_caps_the_configuration_at_a_small_one(preset):
+    from app.bench import small_for_cpu
+    from app.models import build_model, count_parameters
+
+    cfg = compose_config(f"model={preset}")
+    small, changes = small_for_cpu(cfg)
+    assert small.train.batch_tokens == 4000 and small.bench.steps == 10 and small.bench.decode_sentences == 100
+    assert cfg.train.batch_tokens == 32000 and cfg.bench.steps == 50  # the original is left alone
+    if preset == "transformer":
+        assert (small.model.d_model, small.model.ff_dim, small.model.heads, small.model.enc_layers) == (256, 1024, 4, 3)
+    else:
+        assert (small.model.emb_dim, small.model.hidden) == (256, 512) and small.model.tie_embeddings == cfg.model.tie_embeddings
+    assert "train.batch_tokens" not in changes and "batch_tokens 32000→4000" in changes
+    assert count_parameters(build_model(small.model, 4000, 4000, True)) < 12e6  # it builds, and small
+
+    tiny = compose_config(*TINY, "bench.steps=3", "bench.warmup=1", "bench.decode_sentences=4")
+    assert small_for_cpu(tiny) == (tiny, [])  # already small: nothing to change
+    trained = compose_config(f"model={preset}", "bench.checkpoint=best.pt")
+    assert small_for_cpu(trained)[0].model == trained.model  # a checkpoint's model is timed as it is
+
+
 def test_profile_kinds_of_work():
     from app.profiling import kind_of
 
