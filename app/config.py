@@ -119,6 +119,7 @@ class TrainConfig:
     max_bad_steps: int = 20  # abort after this many updates in a row with a non-finite loss (each is skipped)
     oom_retry: bool = False  # out of memory on a batch: halve train.batch_tokens and go on instead of stopping
     compile: bool = False  # torch.compile the Transformer's training step, or an RNN decoder's loop step
+    compile_mode: str = "default"  # torch.compile mode: default | reduce-overhead (CUDA graphs) | max-autotune | max-autotune-no-cudagraphs
     fused_optimizer: bool = True  # AdamW as one fused kernel that skips non-finite updates on the device (false: for comparison)
 
 

@@ -90,6 +90,9 @@ def make_optimizer(model: torch.nn.Module, cfg: Config) -> tuple[torch.optim.Opt
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt(cfg.train.warmup_steps))
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 def compiled_for_training(module: torch.nn.Module, cfg: Config) -> torch.nn.Module:
     """``module`` itself, or with ``train.compile=true`` its torch.compile'd wrapper (parameters shared,
     so checkpoints and decoding use the plain model). Batch shapes vary with every length bucket:
@@ -105,14 +108,17 @@ def compiled_for_training(module: torch.nn.Module, cfg: Config) -> torch.nn.Modu
     general score: "Exponent must be non-negative")."""
     if not cfg.train.compile:
         return module
+    mode = cfg.train.compile_mode
+    if mode not in COMPILE_MODES:
+        raise UserError(f"train.compile_mode={mode!r}: choose one of {', '.join(COMPILE_MODES)}")
     # Without this, sizes that happen to be equal in the first batch (source length = target length)
     # get one symbol, and the first batch where they differ compiles again.
     torch.fx.experimental._config.use_duck_shape = False
     if cfg.model.arch == "transformer":
-        return torch.compile(module, dynamic=True)
+        return torch.compile(module, dynamic=True, mode=mode)
     decoder = getattr(module, "module", module).decoder  # under DDP: the wrapped model
     if decoder.loops:
-        decoder.loop_step = torch.compile(decoder.loop_step)
+        decoder.loop_step = torch.compile(decoder.loop_step, mode=mode)
     else:
         log.warning("train.compile=true: this RNN decoder runs in one cuDNN call and has no loop to compile; "
                     "training eagerly")

@@ -252,6 +252,36 @@ def test_cpu_bench_caps_the_configuration_at_a_small_one(preset):
     assert small_for_cpu(trained)[0].model == trained.model  # a checkpoint's model is timed as it is
 
 
+def test_ablation_table_keeps_a_failed_row():
+    from app.bench import ablation_markdown
+
+    ok = {"setting": "all speed features on (the defaults)", "steps_per_s": 2.0, "train_tgt_tokens_per_s": 12345,
+          "mfu": 0.3123, "peak_memory_gib": 7.5, "vs_defaults": 1.0}
+    table = ablation_markdown([ok, {"setting": "without fused AdamW", "error": "OutOfMemoryError: CUDA out of memory"}], "T")
+    assert "| all speed features on (the defaults) | 2.0 | 12,345 | 31.2 % | 7.5 | 1.00× |" in table
+    assert "| without fused AdamW | failed: OutOfMemoryError: CUDA out of memory | | | | |" in table
+
+
+def test_a_failing_ablation_row_does_not_lose_the_others(monkeypatch):
+    import torch
+
+    import app.bench
+
+    def fake_training(model, cfg, data, device, dtype, steps, warmup, read_loss=False):
+        if not cfg.train.fused_optimizer:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+        return {"steps_per_s": 1.0, "train_tgt_tokens_per_s": 900, "mfu": None}, None
+
+    monkeypatch.setattr(app.bench, "time_training", fake_training)
+    cfg = compose_config("model=transformer_small")
+    baseline = {"steps_per_s": 1.0, "train_tgt_tokens_per_s": 1000, "mfu": None}
+    rows = app.bench.ablation(cfg, lambda: None, None, torch.device("cpu"), None, 1, 0, baseline)
+    failed = [r for r in rows if "error" in r]
+    assert [r["setting"] for r in failed] == ["without fused AdamW (its non-finite check then syncs)"]
+    assert failed[0]["error"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert len(rows) == 5 and all(r["vs_defaults"] == 0.9 for r in rows[1:] if "error" not in r)
+
+
 def test_profile_kinds_of_work():
     from app.profiling import kind_of
 

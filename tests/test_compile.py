@@ -6,6 +6,7 @@ from omegaconf import OmegaConf
 
 from app.config import Config, ModelConfig
 from app.data.batching import Batch
+from app.errors import UserError
 from app.models import build_model
 from app.training import compiled_for_training, make_optimizer, train_step
 
@@ -82,3 +83,10 @@ def test_compile_leaves_an_rnn_decoder_without_a_loop_eager(caplog):
     assert compiled_for_training(model, cfg) is model
     assert "no loop to compile" in caplog.text
     assert type(model.decoder.loop_step).__name__ == "method"
+
+
+def test_an_unknown_compile_mode_gets_a_one_line_error():
+    cfg = config(True, **TRANSFORMER)
+    cfg.train.compile_mode = "fast"
+    with pytest.raises(UserError, match="train.compile_mode='fast': choose one of default, reduce-overhead"):
+        compiled_for_training(build_model(cfg.model, 30, 30, True), cfg)
