@@ -138,7 +138,8 @@ def train_step(model, batches: list, n_tokens: int, optimizer, scheduler, cfg: C
         sync = i == len(batches) - 1 or not hasattr(model, "no_sync")
         with contextlib.nullcontext() if sync else model.no_sync():
             with autocast(batch.src.device, dtype):
-                loss = sequence_loss(model(batch.src, batch.tgt_in), batch.tgt_out, cfg.train.label_smoothing)
+                logits = model(batch.src, batch.tgt_in, src_lengths=batch.src_lengths)
+                loss = sequence_loss(logits, batch.tgt_out, cfg.train.label_smoothing)
             (loss / (n_tokens / ranks)).backward()
         loss_sum += loss.detach().float()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
@@ -161,7 +162,7 @@ def validate(model, dev: ParallelData, tokenizer: Tokenizer, cfg: Config, device
     for batch in sorted_batches(dev.src, dev.tgt, cfg.decode.batch_tokens):
         batch = batch.to(device)
         with autocast(device, dtype):
-            logits = model(batch.src, batch.tgt_in)
+            logits = model(batch.src, batch.tgt_in, src_lengths=batch.src_lengths)
         loss_sum += sequence_loss(logits.float(), batch.tgt_out).item()
         tokens += int((batch.tgt_out != PAD).sum())
     hyps = decode_corpus(

@@ -93,6 +93,8 @@ def test_batcher_shapes_bos_eos_and_padding():
     assert batch.src.tolist() == [[10, 11, 12, EOS], [20, EOS, PAD, PAD]]
     assert batch.tgt_in.tolist() == [[BOS, 40, PAD, PAD, PAD], [BOS, 50, 51, 52, 53]]
     assert batch.tgt_out.tolist() == [[40, EOS, PAD, PAD, PAD], [50, 51, 52, 53, EOS]]
+    assert batch.src_lengths.tolist() == [4, 2] and batch.src_lengths.device.type == "cpu"  # with EOS
+    assert batch.to(torch.device("cpu")).src_lengths is batch.src_lengths  # stays on the host
     # tgt_out is tgt_in shifted left by one wherever tgt_in is not padding
     assert torch.equal(batch.tgt_in[:, 1:][batch.tgt_in[:, 1:] != PAD], batch.tgt_out[:, :-1][batch.tgt_in[:, 1:] != PAD])
 

@@ -31,7 +31,7 @@ def batches(shapes):
     for n, s, t in shapes:
         src, tgt = torch.randint(4, 30, (n, s), generator=gen), torch.randint(4, 30, (n, t + 1), generator=gen)
         src[0, -2:] = 0  # padding: the key mask is part of the graph
-        yield Batch(src, torch.arange(n), tgt[:, :-1], tgt[:, 1:])
+        yield Batch(src, torch.arange(n), tgt[:, :-1], tgt[:, 1:], (src != 0).sum(-1))
 
 
 def train(compile: bool, **model):

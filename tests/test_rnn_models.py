@@ -139,3 +139,15 @@ def test_rnn_step_applies_dropout_between_layers_only_in_training():
     assert not torch.allclose(dropped, reference, atol=1e-3)
     _, first_layer_only = rnn_step(rnn, x, h)
     assert torch.allclose(first_layer_only[0], torch.gru_cell(x, h[0], *rnn.all_weights[0]), atol=1e-6)
+
+
+def test_the_encoder_packs_by_the_host_lengths_it_is_given():
+    m = model("bahdanau")
+    mask = SRC != PAD
+    memory = m.encode(SRC)
+    assert torch.equal(m.encode(SRC, src_lengths=mask.sum(-1)).states, memory.states)
+    # lengths it is told are taken as they are (one token shorter here): no reading back from the mask
+    shorter = m.encode(SRC, src_lengths=mask.sum(-1) - 1).states
+    assert shorter[0, 4].abs().sum() == 0 and memory.states[0, 4].abs().sum() > 0
+    logits = m(SRC, TGT_IN, src_lengths=mask.sum(-1))
+    assert torch.equal(logits, m(SRC, TGT_IN))

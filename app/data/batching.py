@@ -12,6 +12,7 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from app.data.tokenizer import BOS, EOS, PAD
@@ -23,6 +24,9 @@ class Batch:
     index: torch.Tensor  # (batch,) positions of these sentences in the dataset
     tgt_in: Optional[torch.Tensor] = None  # (batch, tgt_len) BOS y_1 .. y_n
     tgt_out: Optional[torch.Tensor] = None  # (batch, tgt_len) y_1 .. y_n EOS
+    # (batch,) source lengths with EOS, kept on the host: RNN encoders pack by them, and reading them
+    # back from the device would make every training step wait for the GPU
+    src_lengths: Optional[torch.Tensor] = None
 
     def to(self, device: torch.device) -> "Batch":
         """Copies to ``device``. To a GPU they go through pinned host memory, so the copy is a DMA the
@@ -30,7 +34,7 @@ class Batch:
         next batch."""
         pin = device.type == "cuda"
         move = lambda t: None if t is None else (t.pin_memory() if pin else t).to(device, non_blocking=True)  # noqa: E731
-        return Batch(move(self.src), self.index, move(self.tgt_in), move(self.tgt_out))
+        return Batch(move(self.src), self.index, move(self.tgt_in), move(self.tgt_out), self.src_lengths)
 
 
 def make_batches(
@@ -85,8 +89,9 @@ class Batcher:
 
     def __call__(self, indices: list[int]) -> Batch:
         take = pa.array(indices, type=pa.int64())
-        src = _pad(self.src.take(take), bos=False)
-        batch = Batch(src, torch.tensor(indices, dtype=torch.long))
+        src_rows = self.src.take(take)
+        lengths = torch.from_numpy(pc.list_value_length(src_rows).to_numpy(zero_copy_only=False).astype(np.int64)) + 1
+        batch = Batch(_pad(src_rows, bos=False), torch.tensor(indices, dtype=torch.long), src_lengths=lengths)
         if self.tgt is not None:
             rows = self.tgt.take(take)
             batch.tgt_in, batch.tgt_out = _pad(rows, bos=True), _pad(rows, bos=False)

@@ -98,8 +98,11 @@ class RNNEncoder(nn.Module):
         self.rnn = _rnn(cfg.cell, cfg.emb_dim, cfg.hidden // directions, cfg.enc_layers,
                         bidirectional=cfg.bidirectional, dropout=cfg.dropout if cfg.enc_layers > 1 else 0.0)
 
-    def forward(self, src: torch.Tensor, src_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        lengths = src_mask.sum(-1).cpu()  # packing needs host-side lengths
+    def forward(self, src: torch.Tensor, src_mask: torch.Tensor, lengths: Optional[torch.Tensor] = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``lengths``: the host-side source lengths when known (training batches carry them); else read
+        from the mask on the device, which makes the host wait for it."""
+        lengths = src_mask.sum(-1).cpu() if lengths is None else lengths
         packed = pack_padded_sequence(self.dropout(self.embed(src)), lengths, batch_first=True, enforce_sorted=False)
         out, final = self.rnn(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))
@@ -254,9 +257,10 @@ class RNNSeq2Seq(nn.Module):
             src_embed.weight[PAD].zero_()
             tgt_embed.weight[PAD].zero_()
 
-    def encode(self, src: torch.Tensor, src_mask: Optional[torch.Tensor] = None) -> RNNMemory:
+    def encode(self, src: torch.Tensor, src_mask: Optional[torch.Tensor] = None,
+               src_lengths: Optional[torch.Tensor] = None) -> RNNMemory:
         src_mask = src != PAD if src_mask is None else src_mask
-        states, summary = self.encoder(src, src_mask)
+        states, summary = self.encoder(src, src_mask, src_lengths)
         attention = getattr(self.decoder, "attention", None)
         return RNNMemory(states, src_mask, summary, attention.prepare(states) if attention is not None else None)
 
@@ -269,5 +273,5 @@ class RNNSeq2Seq(nn.Module):
         logits, attention, state = self.decoder(memory, prev_tokens[:, None], state, need_attention)
         return logits[:, 0], attention, state
 
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        return self.decode(self.encode(src), tgt_in)[0]
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, src_lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.decode(self.encode(src, src_lengths=src_lengths), tgt_in)[0]

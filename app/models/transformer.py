@@ -236,6 +236,7 @@ class Transformer(nn.Module):
         logits = self.out_proj(self.dec_norm(x))[:, 0]
         return logits, torch.stack(attention, dim=1) if need_attention else None, state
 
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced logits (the training path: no attention weights materialized)."""
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, src_lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Teacher-forced logits (the training path: no attention weights materialized). ``src_lengths``
+        is part of the common API (RNN encoders pack by it); padding masks serve here."""
         return self.decode(self.encode(src), tgt_in)[0]
