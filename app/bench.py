@@ -111,20 +111,23 @@ def time_decoding(model, src, device, cfg: Config, dtype, beam_size: int) -> dic
 
 
 def time_training(model: nn.Module, cfg: Config, data, device: torch.device, dtype, steps: int, warmup: int,
-                  read_loss_every_step: bool = False) -> tuple[dict, Callable[[], None]]:
+                  naive: frozenset = frozenset()) -> tuple[dict, Callable[[], None]]:
     """Trains ``model`` for ``warmup`` untimed and ``steps`` timed steps on length-bucketed batches of
     ``data``; returns the throughput figures and a function that runs one more step (for the profiler).
-    ``read_loss_every_step`` reads the loss back after every step, as a naive loop would."""
+    ``naive`` turns loop-level speed features off, for comparison: "sync" reads the loss back after
+    every step, "unbucketed" cuts batches from a random order, "pageable" copies without pinned memory."""
     optimizer, scheduler = make_optimizer(model, cfg)
     trained = compiled_for_training(model, cfg)
     batcher = Batcher(data.src, data.tgt)
-    batches = itertools.cycle(make_batches(data.src_lens, data.tgt_lens, cfg.train.batch_tokens, True, cfg.train.seed))
+    batches = itertools.cycle(make_batches(data.src_lens, data.tgt_lens, cfg.train.batch_tokens, True, cfg.train.seed,
+                                           by_length="unbucketed" not in naive))
 
     def step(indices) -> tuple[int, int]:
         batch = batcher(indices)
         n_tokens = int((batch.tgt_out != PAD).sum())  # counted on the host copy: no device sync
-        loss, _, _ = train_step(trained, [batch.to(device)], n_tokens, optimizer, scheduler, cfg, dtype)
-        if read_loss_every_step:
+        on_device = batch.to(device, pin="pageable" not in naive)
+        loss, _, _ = train_step(trained, [on_device], n_tokens, optimizer, scheduler, cfg, dtype)
+        if "sync" in naive:
             loss.item()
         return n_tokens, batch.src.numel() + batch.tgt_in.numel()
 
@@ -165,8 +168,8 @@ def time_training(model: nn.Module, cfg: Config, data, device: torch.device, dty
     return figures, one_more_step
 
 
-def speed_features(cfg: Config, dtype) -> list[tuple[str, Config, contextlib.AbstractContextManager, bool]]:
-    """(label, settings, context, read loss every step) for each speed feature switched off in turn,
+def speed_features(cfg: Config, dtype) -> list[tuple[str, Config, contextlib.AbstractContextManager, frozenset]]:
+    """(label, settings, context, naive loop features) for each speed feature switched off in turn,
     then train.compile switched on; features that cannot apply (bf16 on a CPU) are left out."""
     def changed(**train) -> Config:
         variant = copy.deepcopy(cfg)
@@ -174,31 +177,35 @@ def speed_features(cfg: Config, dtype) -> list[tuple[str, Config, contextlib.Abs
             setattr(variant.train, key, value)
         return variant
 
-    plain = contextlib.nullcontext
+    plain, loop = contextlib.nullcontext, frozenset
+    cuda = dtype is not None
     rows = []
-    if dtype is not None:
-        rows.append(("without bf16 autocast (fp32)", changed(amp="fp32"), plain(), False))
-    rows.append(("without fused AdamW (its non-finite check then syncs)", changed(fused_optimizer=False), plain(), False))
+    if cuda:
+        rows.append(("without bf16 autocast (fp32)", changed(amp="fp32"), plain(), loop()))
+    rows.append(("without fused AdamW (its non-finite check then syncs)", changed(fused_optimizer=False), plain(), loop()))
     if cfg.model.arch == "transformer":
-        rows.append(("without fused SDPA kernels (math attention)", cfg, sdpa_kernel(SDPBackend.MATH), False))
-    rows.append(("reading the loss every step (host sync)", cfg, plain(), True))
+        rows.append(("without fused SDPA kernels (math attention)", cfg, sdpa_kernel(SDPBackend.MATH), loop()))
+    rows.append(("reading the loss every step (host sync)", cfg, plain(), loop({"sync"})))
+    rows.append(("without length bucketing (random batches)", cfg, plain(), loop({"unbucketed"})))
+    if cuda:
+        rows.append(("without pinned memory (pageable copies)", cfg, plain(), loop({"pageable"})))
     if not cfg.train.compile:
-        rows.append(("with train.compile=true", changed(compile=True), plain(), False))
-        if dtype is not None:  # CUDA
+        rows.append(("with train.compile=true", changed(compile=True), plain(), loop()))
+        if cuda:
             rows.append(("with train.compile=true, compile_mode=reduce-overhead (CUDA graphs)",
-                         changed(compile=True, compile_mode="reduce-overhead"), plain(), False))
+                         changed(compile=True, compile_mode="reduce-overhead"), plain(), loop()))
     return rows
 
 
 def ablation(cfg: Config, build: Callable[[], nn.Module], data, device, dtype, steps: int, warmup: int,
              baseline: dict) -> list[dict]:
     rows = [{"setting": "all speed features on (the defaults)", **baseline, "vs_defaults": 1.0}]
-    for label, variant, context, read_loss in speed_features(cfg, dtype):
+    for label, variant, context, naive in speed_features(cfg, dtype):
         torch._dynamo.reset()
         try:
             with context:
                 figures, _ = time_training(build(), variant, data, device, amp_dtype(variant.train.amp, device),
-                                           steps, warmup, read_loss)
+                                           steps, warmup, naive)
         except Exception as error:  # e.g. out of memory without a fused kernel: keep the other rows
             message = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
             rows.append({"setting": label, "error": message})
@@ -211,14 +218,15 @@ def ablation(cfg: Config, build: Callable[[], nn.Module], data, device, dtype, s
 
 
 def ablation_markdown(rows: list[dict], header: str) -> str:
-    lines = [header, "", "| setting | steps/s | target tokens/s | MFU | peak memory GiB | vs defaults |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [header, "", "| setting | steps/s | target tokens/s | padding | MFU | peak memory GiB | vs defaults |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['setting']} | failed: {r['error']} | | | | |")
+            lines.append(f"| {r['setting']} | failed: {r['error']} | | | | | |")
             continue
         mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %"
-        lines.append(f"| {r['setting']} | {r['steps_per_s']} | {r['train_tgt_tokens_per_s']:,} | {mfu} | "
+        lines.append(f"| {r['setting']} | {r['steps_per_s']} | {r['train_tgt_tokens_per_s']:,} | "
+                     f"{100 * r['padding_ratio']:.1f} % | {mfu} | "
                      f"{r.get('peak_memory_gib', '-')} | {r['vs_defaults']:.2f}× |")
     return "\n".join(lines) + "\n"
 

@@ -135,3 +135,20 @@ def test_make_batches_feed_batcher_end_to_end():
             assert batch.tgt_out[row, : len(tgt[i])].tolist() == tgt[i]
         seen += batch.index.tolist()
     assert sorted(seen) == list(range(300))
+
+
+def test_unbucketed_batches_keep_the_budget_but_pad_more():
+    rng = random.Random(0)
+    src = [rng.randint(1, 60) for _ in range(2000)]
+    tgt = [max(1, s + rng.randint(-5, 5)) for s in src]
+
+    def padding(batches):
+        real = sum(src[i] + tgt[i] + 2 for b in batches for i in b)
+        padded = sum(len(b) * (max(src[i] for i in b) + max(tgt[i] for i in b) + 2) for b in batches)
+        return 1 - real / padded
+
+    bucketed = make_batches(src, tgt, 2000, shuffle=True, seed=1)
+    unbucketed = make_batches(src, tgt, 2000, shuffle=True, seed=1, by_length=False)
+    assert sorted(i for b in unbucketed for i in b) == list(range(2000))
+    assert all(len(b) * (max(src[i] for i in b) + max(tgt[i] for i in b) + 2) <= 2000 for b in unbucketed if len(b) > 1)
+    assert padding(bucketed) < 0.1 < 0.3 < padding(unbucketed)

@@ -224,10 +224,12 @@ def test_bench_prints_and_writes_the_table(workdir):
     settings = [row["setting"] for row in table["ablation"]]  # no bf16 row: the CPU trains in fp32
     assert settings == ["all speed features on (the defaults)", "without fused AdamW (its non-finite check then syncs)",
                         "without fused SDPA kernels (math attention)", "reading the loss every step (host sync)",
-                        "with train.compile=true"]
+                        "without length bucketing (random batches)", "with train.compile=true"]
     assert all(row["train_tgt_tokens_per_s"] > 0 and row["vs_defaults"] > 0 for row in table["ablation"])
+    padding = {row["setting"]: row["padding_ratio"] for row in table["ablation"]}
+    assert padding["without length bucketing (random batches)"] > padding["all speed features on (the defaults)"]
     markdown = (workdir / "checkpoints" / "bench" / "tiny_ablation.md").read_text()
-    assert markdown.count("\n| ") == 7 and "| with train.compile=true |" in result.stdout  # header, rule, 5 rows
+    assert markdown.count("\n| ") == 8 and "| with train.compile=true |" in result.stdout  # header, rule, 6 rows
 
 
 @pytest.mark.parametrize("preset", ["transformer", "rnn_bahdanau", "rnn_luong", "rnn_plain"])
@@ -256,10 +258,10 @@ def test_ablation_table_keeps_a_failed_row():
     from app.bench import ablation_markdown
 
     ok = {"setting": "all speed features on (the defaults)", "steps_per_s": 2.0, "train_tgt_tokens_per_s": 12345,
-          "mfu": 0.3123, "peak_memory_gib": 7.5, "vs_defaults": 1.0}
+          "padding_ratio": 0.043, "mfu": 0.3123, "peak_memory_gib": 7.5, "vs_defaults": 1.0}
     table = ablation_markdown([ok, {"setting": "without fused AdamW", "error": "OutOfMemoryError: CUDA out of memory"}], "T")
-    assert "| all speed features on (the defaults) | 2.0 | 12,345 | 31.2 % | 7.5 | 1.00× |" in table
-    assert "| without fused AdamW | failed: OutOfMemoryError: CUDA out of memory | | | | |" in table
+    assert "| all speed features on (the defaults) | 2.0 | 12,345 | 4.3 % | 31.2 % | 7.5 | 1.00× |" in table
+    assert "| without fused AdamW | failed: OutOfMemoryError: CUDA out of memory | | | | | |" in table
 
 
 def test_a_failing_ablation_row_does_not_lose_the_others(monkeypatch):
@@ -267,10 +269,10 @@ def test_a_failing_ablation_row_does_not_lose_the_others(monkeypatch):
 
     import app.bench
 
-    def fake_training(model, cfg, data, device, dtype, steps, warmup, read_loss=False):
+    def fake_training(model, cfg, data, device, dtype, steps, warmup, naive=frozenset()):
         if not cfg.train.fused_optimizer:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
-        return {"steps_per_s": 1.0, "train_tgt_tokens_per_s": 900, "mfu": None}, None
+        return {"steps_per_s": 1.0, "train_tgt_tokens_per_s": 900, "padding_ratio": 0.05, "mfu": None}, None
 
     monkeypatch.setattr(app.bench, "time_training", fake_training)
     cfg = compose_config("model=transformer_small")
@@ -279,7 +281,7 @@ def test_a_failing_ablation_row_does_not_lose_the_others(monkeypatch):
     failed = [r for r in rows if "error" in r]
     assert [r["setting"] for r in failed] == ["without fused AdamW (its non-finite check then syncs)"]
     assert failed[0]["error"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
-    assert len(rows) == 5 and all(r["vs_defaults"] == 0.9 for r in rows[1:] if "error" not in r)
+    assert len(rows) == 6 and all(r["vs_defaults"] == 0.9 for r in rows[1:] if "error" not in r)
 
 
 def test_profile_kinds_of_work():

@@ -28,11 +28,11 @@ class Batch:
     # back from the device would make every training step wait for the GPU
     src_lengths: Optional[torch.Tensor] = None
 
-    def to(self, device: torch.device) -> "Batch":
+    def to(self, device: torch.device, pin: bool = True) -> "Batch":
         """Copies to ``device``. To a GPU they go through pinned host memory, so the copy is a DMA the
         host does not wait for: it queues behind the previous step's kernels while the host pads the
-        next batch."""
-        pin = device.type == "cuda"
+        next batch (``pin=False``: plain pageable copies, for comparison)."""
+        pin = pin and device.type == "cuda"
         move = lambda t: None if t is None else (t.pin_memory() if pin else t).to(device, non_blocking=True)  # noqa: E731
         return Batch(move(self.src), self.index, move(self.tgt_in), move(self.tgt_out), self.src_lengths)
 
@@ -44,10 +44,12 @@ def make_batches(
     shuffle: bool = False,
     seed: int = 0,
     epoch: int = 0,
+    by_length: bool = True,
 ) -> list[list[int]]:
     """Group sentence indices so that padded (src + tgt) tokens per batch stay within ``batch_tokens``.
 
-    A sentence pair longer than the budget on its own still gets a batch of one.
+    A sentence pair longer than the budget on its own still gets a batch of one. ``by_length=False``
+    cuts the (shuffled) order as it is: what batches cost without length bucketing (make bench).
     """
     has_tgt = tgt_lens is not None
     order = list(range(len(src_lens)))
@@ -57,7 +59,8 @@ def make_batches(
     # Sorting by the longer side first bounds both sides of a batch: sorted by target length alone,
     # a large batch spans every source length that goes with its targets (Bible, 64 k-token
     # batches: 27 % padding, against 8.5 % this way).
-    order.sort(key=lambda i: (max(src_lens[i], tgt_lens[i]), src_lens[i] + tgt_lens[i]) if has_tgt else src_lens[i])
+    if by_length:
+        order.sort(key=lambda i: (max(src_lens[i], tgt_lens[i]), src_lens[i] + tgt_lens[i]) if has_tgt else src_lens[i])
 
     batches, current, max_src, max_tgt = [], [], 0, 0
     for i in order:
