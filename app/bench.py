@@ -156,7 +156,7 @@ def time_training(model: nn.Module, cfg: Config, data, device: torch.device, dty
         "train_tgt_tokens_per_s": round(tgt_tokens / seconds),
         "train_src_tgt_tokens_per_s": round((src_tokens + tgt_tokens) / seconds),
         "padding_ratio": round(1 - (src_tokens + tgt_tokens) / padded_tokens, 3),
-        "model_tflops_per_s": round(flops / seconds / 1e12, 2),
+        "model_tflops_per_s": float(f"{flops / seconds / 1e12:.3g}"),  # 3 significant digits: tiny CPU runs too
         "mfu": round(flops / seconds / peak, 4) if peak else None,
     }
     if device.type == "cuda":

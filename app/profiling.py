@@ -13,6 +13,7 @@ from collections import defaultdict
 from typing import Callable
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 # first match wins; names are ATen ops (aten::mm), autograd nodes and compiled regions
@@ -51,7 +52,10 @@ def profile_steps(run_step: Callable[[], None], steps: int, device: torch.device
     self_time = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
     per_kind: dict[str, float] = defaultdict(float)
     for event in averages:
-        per_kind[kind_of(event.key)] += self_time(event)
+        # on a GPU each kernel is listed as an event of its own, and counted again in the self time of
+        # the op (or compiled region) that launched it: count the ops only
+        if event.device_type == DeviceType.CPU:
+            per_kind[kind_of(event.key)] += self_time(event)
     total = sum(per_kind.values()) or 1.0
     summary = {"profiled_steps": steps, "measured_on": "GPU kernel time" if cuda else "CPU time of each op",
                "shares": {k: round(v / total, 3) for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1])}}

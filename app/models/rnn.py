@@ -162,12 +162,12 @@ class BahdanauDecoder(RNNDecoder):
     s_t = RNN([E y_{t-1}; c_t], s_{t-1}); output from [s_t; c_t; E y_{t-1}]. The query is the
     *previous* state, so steps run one after another."""
 
+    loops = True
+
     def __init__(self, cfg: ModelConfig, embed: nn.Embedding, vocab: int):
         super().__init__(cfg, embed, cfg.emb_dim + cfg.hidden, cfg.emb_dim, vocab)
         self.attention = rnn_attention("bahdanau", cfg.hidden, cfg.hidden, cfg.hidden)
         self.pre_output = nn.Linear(2 * cfg.hidden + cfg.emb_dim, cfg.emb_dim)
-
-    loops = True
 
     def forward(self, memory: RNNMemory, tokens: torch.Tensor, state: RNNState, need_attention: bool = False):
         y = self.dropout(self.embed(tokens))
