@@ -136,20 +136,20 @@ def time_training(model: nn.Module, cfg: Config, data, device: torch.device, dty
     sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    tgt_tokens = src_tokens = padded_tokens = 0
-    flops = 0.0
+    timed, tgt_tokens, padded_tokens = [], 0, 0
     start = time.time()
     for _ in range(steps):
-        indices = next(batches)
-        n_tokens, padded = step(indices)
-        src_lens = [data.src_lens[j] + 1 for j in indices]  # + EOS
-        tgt_lens = [data.tgt_lens[j] + 1 for j in indices]  # + BOS / EOS
+        timed.append(next(batches))
+        n_tokens, padded = step(timed[-1])
         tgt_tokens += n_tokens
-        src_tokens += sum(src_lens)
         padded_tokens += padded
-        flops += training_flops(model, src_lens, tgt_lens)
     sync(device)
     seconds = time.time() - start
+    # counted after the clock stops: host work in the loop would slow a launch-bound model down
+    src_lens = [[data.src_lens[j] + 1 for j in indices] for indices in timed]  # + EOS
+    tgt_lens = [[data.tgt_lens[j] + 1 for j in indices] for indices in timed]  # + BOS / EOS
+    src_tokens = sum(map(sum, src_lens))
+    flops = training_flops(model, [n for lens in src_lens for n in lens], [n for lens in tgt_lens for n in lens])
     peak = peak_flops(device)
     figures = {
         "steps_per_s": round(steps / seconds, 2),
