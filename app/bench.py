@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import itertools
 import json
 import os
@@ -250,8 +251,9 @@ def small_for_cpu(cfg: Config) -> tuple[Config, list[str]]:
             cap(m, "d_model", 256)
             cap(m, "ff_dim", max(1, round(m.ff_dim * factor)))
             cap(m, "heads", min(m.heads, 4))
-            if m.kv_heads:
-                cap(m, "kv_heads", min(m.kv_heads, m.heads) if m.heads % min(m.kv_heads, m.heads) == 0 else 1)
+            if m.kv_heads:  # grouped queries: as many key/value heads as still divide the heads, else one
+                kv_heads = min(m.kv_heads, m.heads)
+                cap(m, "kv_heads", kv_heads if m.heads % kv_heads == 0 else 1)
         if m.arch == "transformer":
             cap(m, "enc_layers", min(m.enc_layers, 3))
             cap(m, "dec_layers", min(m.dec_layers, 3))
@@ -283,9 +285,11 @@ def bench(cfg: Config) -> dict:
         state = load_checkpoint(cfg.bench.checkpoint, device)
         check_compatible(state, cfg.bench.checkpoint, vocab_fingerprint(tokenizer), to_plain(cfg.model))
         model.load_state_dict(state["model"])
-    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    # the starting weights of every ablation row, kept on the host: a device copy would count in the
+    # peak memory measured
+    initial = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()} if cfg.bench.ablate else None
 
-    def build() -> nn.Module:  # the same starting weights for every ablation row
+    def build() -> nn.Module:
         fresh = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.joint).to(device)
         fresh.load_state_dict(initial)
         return fresh
@@ -309,6 +313,10 @@ def bench(cfg: Config) -> dict:
         result[f"decode_beam{beam}"] = time_decoding(model, test.src, device, cfg, dtype, beam)
     print_table(result)
     if cfg.bench.ablate:
+        del model, one_more_step  # free the first run's weights and optimizer state before the others
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         rows = ablation(cfg, build, data, device, dtype, steps, warmup, figures)
         result["ablation"] = rows
         header = (f"Training speed, each feature off in turn: {result['model']}, {result['parameters_m']} M parameters, "

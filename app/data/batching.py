@@ -12,7 +12,6 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
 from app.data.tokenizer import BOS, EOS, PAD
@@ -92,9 +91,8 @@ class Batcher:
 
     def __call__(self, indices: list[int]) -> Batch:
         take = pa.array(indices, type=pa.int64())
-        src_rows = self.src.take(take)
-        lengths = torch.from_numpy(pc.list_value_length(src_rows).to_numpy(zero_copy_only=False).astype(np.int64)) + 1
-        batch = Batch(_pad(src_rows, bos=False), torch.tensor(indices, dtype=torch.long), src_lengths=lengths)
+        src = _pad(self.src.take(take), bos=False)
+        batch = Batch(src, torch.tensor(indices, dtype=torch.long), src_lengths=(src != PAD).sum(-1))
         if self.tgt is not None:
             rows = self.tgt.take(take)
             batch.tgt_in, batch.tgt_out = _pad(rows, bos=True), _pad(rows, bos=False)
