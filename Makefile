@@ -10,7 +10,7 @@ SWORD_PACKAGES := sword-text-sparv sword-text-web
 TORCH_CPU ?= torch==2.13.0
 TORCH_GPU ?= torch
 
-.PHONY: setup data train eval translate tensorboard test bench compare average clean gpu-wheels gpu-check
+.PHONY: setup data train eval translate tensorboard lint test test-fast bench compare average clean gpu-wheels gpu-check
 COMPARE_MODELS ?= rnn_plain,rnn_bahdanau,rnn_luong,transformer
 COMPARE_EXPERIMENT ?= compare
 
@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 data: setup
-	$(PY) -m app prepare $(ARGS)
+	$(PY) -m app command=prepare $(ARGS)
 
 # NPROC=N trains on N processes (GPUs) with torchrun and DDP; TORCHRUN_ARGS replaces --standalone for
 # several machines, e.g. TORCHRUN_ARGS="--nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=host0:29500 --rdzv_id=run1"
@@ -40,37 +40,45 @@ NPROC ?=
 TORCHRUN_ARGS ?= --standalone
 train: setup
 ifeq ($(NPROC),)
-	$(PY) -m app train $(ARGS)
+	$(PY) -m app command=train $(ARGS)
 else
-	$(VENV)/bin/torchrun $(TORCHRUN_ARGS) --nproc_per_node=$(NPROC) -m app train $(ARGS)
+	$(VENV)/bin/torchrun $(TORCHRUN_ARGS) --nproc_per_node=$(NPROC) -m app command=train $(ARGS)
 endif
 
 eval: setup
-	$(PY) -m app eval $(ARGS)
+	$(PY) -m app command=eval $(ARGS)
 
 translate: setup
-	$(PY) -m app translate $(ARGS)
+	$(PY) -m app command=translate $(ARGS)
 
 tensorboard: setup
 	$(VENV)/bin/tensorboard --logdir checkpoints $(ARGS)
 
+lint: setup
+	$(PY) -m ruff check app tests
+	$(PY) -m ruff format --check app tests
+
 # pytest exits 5 when it collected no test: that is a failure here, like any non-zero code.
-test: setup
+test: lint
 	$(PY) -m pytest tests $(ARGS)
+
+# The tests not marked slow (no CLI subprocesses, compiles, toy trainings or browsers): about a minute.
+test-fast: lint
+	$(PY) -m pytest tests -m "not slow" $(ARGS)
 
 # One Hydra multirun trains and evaluates every model of COMPARE_MODELS on the same data and budget,
 # then one report: checkpoints/compare/<stamp>/compare.md and bleu_by_length.png.
 compare: setup
 	@dir=checkpoints/compare/$$(date +%Y-%m-%d_%H-%M-%S); \
-	$(PY) -m app train -m model=$(COMPARE_MODELS) experiment=$(COMPARE_EXPERIMENT) hydra.sweep.dir=$$dir $(ARGS) && \
-	$(PY) -m app compare compare.dir=$$dir $(filter eval.% decode.%,$(ARGS))
+	$(PY) -m app --multirun command=train model=$(COMPARE_MODELS) experiment=$(COMPARE_EXPERIMENT) hydra.sweep.dir=$$dir $(ARGS) && \
+	$(PY) -m app command=compare compare.dir=$$dir $(filter eval.% decode.%,$(ARGS))
 
 # Average the newest snapshots of a run: make average ARGS="name=<run> average.last=5" -> averaged.pt
 average: setup
-	$(PY) -m app average $(ARGS)
+	$(PY) -m app command=average $(ARGS)
 
 bench: setup
-	$(PY) -m app bench $(ARGS)
+	$(PY) -m app command=bench $(ARGS)
 
 # A lent GPU machine (no internet, PyTorch but none of the packages below): `make gpu-wheels` here puts
 # them in .whl/ as Python 3.12 wheels; carry .whl and data/ there and run `make gpu-check PART=transformer`

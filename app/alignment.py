@@ -1,13 +1,55 @@
-"""Hard word alignments from attention, scored against gold alignments with AER (Och & Ney 2003).
+"""What attention says about alignment: the views of a sentence's attention that plots and files
+use, its entropy and monotonicity, and hard word alignments scored against gold alignments with AER
+(Och & Ney 2003).
 
 Gold files use the Pharaoh format: one line per sentence pair, ``i-j`` for a sure link between
 source word i and target word j (0-based, whitespace words), ``i?j`` for a possible one.
 """
+
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from app.errors import UserError
+
+
+def layer_views(attention: torch.Tensor, layer: int = -1) -> dict:
+    """The views of one sentence's attention that plots and alignment files use.
+
+    RNN (tgt, src): ``weights`` is the map itself. Transformer (layers, heads, tgt, src): ``weights``
+    is the head average of ``layer``, ``head_weights`` its heads, ``layer_means`` every layer's head average.
+    """
+    attention = attention.float()
+    if attention.dim() == 2:
+        return {"weights": attention}
+    if attention.dim() != 4:
+        raise ValueError(
+            f"attention of shape {tuple(attention.shape)}: expected (tgt, src) or (layers, heads, tgt, src)"
+        )
+    layer = layer % attention.size(0)
+    return {
+        "weights": attention[layer].mean(0),
+        "head_weights": attention[layer],
+        "layer": layer,
+        "layer_means": attention.mean(1),
+    }
+
+
+def attention_entropy(weights: torch.Tensor) -> float:
+    """Mean entropy (nats) of the attention rows: low when each target token looks at few source tokens."""
+    w = weights.float().clamp_min(1e-12)
+    return float(-(w * w.log()).sum(-1).mean())
+
+
+def monotonicity(weights: torch.Tensor) -> float:
+    """Share of target tokens whose most-attended source position does not move backwards: a
+    diagonality score of an alignment (1.0 for a monotone one)."""
+    argmax = weights.argmax(-1)
+    if argmax.numel() < 2:
+        return 1.0
+    return float((argmax[1:] >= argmax[:-1]).float().mean())
+
 
 WORD_START = "▁"  # SentencePiece marks the first piece of each whitespace word
 

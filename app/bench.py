@@ -4,22 +4,16 @@ train.amp=, device=):
     make bench ARGS="model=rnn_bahdanau bench.steps=50 train.batch_tokens=64000"
 
 Times ``bench.steps`` training steps after ``bench.warmup`` untimed ones, then greedy and beam search
-decoding of the test split; prints one table and writes it as JSON (``checkpoints/bench/<name>.json``).
-Decoding uses the weights of ``bench.checkpoint`` when given (an untrained model runs every sentence to
+(``decode.beam_size``) decoding of the test split; prints one table and writes it as JSON
+(``checkpoints/bench/<name>.json``).
+Decoding uses the weights of ``bench.checkpoint_path`` when given (an untrained model runs every sentence to
 the length limit, so its timings are an upper bound). ``bench.profile_steps=N`` profiles N more steps
 (app/profiling.py); ``bench.ablate=true`` times training again with each speed feature off in turn, from
 the same starting weights: the before/after table of every speed change (``<name>_ablation.md``).
 
-Model FLOPs utilisation (MFU) counts the useful (non-padding) work of a training step as
-    6 × (P_enc · source tokens + P_dec · target tokens) + attention
-where P_enc, P_dec are the matrix-multiply parameters applied once per source / target token (the output
-projection included, embedding lookups not) and the factor 6 is 2 FLOPs per multiply-add times forward
-plus a backward twice as costly (Kaplan et al. 2020). Attention adds 12 · width FLOPs per (query, key)
-pair and layer: QKᵀ and the weighted sum of values, forward and backward. MFU is that count per second
-over the device's peak dense bf16 rate. For RNN attention the key projection (Bahdanau U, Luong general
-W_a) runs once per source token but is counted per target token: a small overcount when targets are
-longer than sources.
+MFU is computed with the one FLOP count of app/flops.py.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,25 +23,23 @@ import itertools
 import json
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from app.checkpoint import check_compatible, load_checkpoint
-from app.config import Config
+from app.config import Config, DecodeConfig
 from app.data.batching import Batcher, make_batches
 from app.data.corpus import load_split, load_tokenized, prepare_data
 from app.data.tokenizer import PAD
 from app.decoding import decode_corpus
+from app.flops import peak_flops, training_flops
 from app.models import build_model, count_parameters
 from app.profiling import profile_steps
-from app.training import amp_dtype, compiled_for_training, make_optimizer, train_step, vocab_fingerprint
-from app.utils import atomic_write_text, resolve_device, seed_everything, to_plain
-
-# dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched on the device name
-PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "RTX 4090": 165e12}
+from app.step import amp_dtype, compiled_for_training, make_optimizer, train_step
+from app.utils import atomic_write_text, resolve_device, seed_everything
 
 
 def sync(device: torch.device) -> None:
@@ -55,64 +47,29 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def matmul_parameters(module: nn.Module) -> int:
-    """Weights used in a matrix multiply (Linear layers, RNN input/recurrent matrices), each once."""
-    seen, total = set(), 0
-    for m in module.modules():
-        if isinstance(m, (nn.Linear, nn.RNNBase)):
-            for p in m.parameters(recurse=False):
-                if p.dim() == 2 and id(p) not in seen:
-                    seen.add(id(p))
-                    total += p.numel()
-    return total
-
-
-def training_flops(model: nn.Module, src_lens: list[int], tgt_lens: list[int]) -> float:
-    """Useful FLOPs of one training step over sentences of these lengths (EOS/BOS included)."""
-    cfg = model.cfg
-    p_enc = matmul_parameters(model.encoder)
-    p_dec = matmul_parameters(model) - p_enc
-    flops = 6.0 * (p_enc * sum(src_lens) + p_dec * sum(tgt_lens))
-    pairs_src_src = sum(s * s for s in src_lens)
-    if cfg.arch == "transformer" and cfg.window:  # sliding window: keys within `window` on either side
-        pairs_src_src = sum(windowed_pairs(s, cfg.window) for s in src_lens)
-    pairs_tgt_src = sum(s * t for s, t in zip(src_lens, tgt_lens))
-    pairs_tgt_tgt = sum(t * (t + 1) / 2 for t in tgt_lens)  # causal: each query sees itself and earlier keys
-    if cfg.arch == "transformer":
-        width = cfg.d_model
-        flops += 12.0 * width * (cfg.enc_layers * pairs_src_src + cfg.dec_layers * (pairs_tgt_tgt + pairs_tgt_src))
-    elif cfg.attention != "none":
-        flops += 12.0 * cfg.hidden * pairs_tgt_src
-    return flops
-
-
-def windowed_pairs(length: int, window: int) -> int:
-    """Query-key pairs (i, j) with |i - j| <= window in a sentence of ``length`` tokens."""
-    w = min(window, length - 1)
-    return length * (2 * w + 1) - w * (w + 1)
-
-
-def peak_flops(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in PEAK_BF16.items() if key in name), None)
-
-
-def time_decoding(model, src, device, cfg: Config, dtype, beam_size: int) -> dict:
+def time_decoding(model, src, device, decode: DecodeConfig, dtype) -> dict:
     sync(device)
     start = time.time()
-    hyps = decode_corpus(model, src, device, cfg.decode.batch_tokens, cfg.decode.max_len_ratio,
-                         cfg.decode.max_len_extra, amp_dtype=dtype, beam_size=beam_size,
-                         alpha=cfg.decode.length_penalty)
+    hyps = decode_corpus(model, src, device, decode, amp_dtype=dtype)
     sync(device)
     seconds = time.time() - start
-    return {"seconds": round(seconds, 2), "sentences_per_s": round(len(src) / seconds, 1),
-            "tokens_per_s": round(sum(len(h) + 1 for h in hyps.tokens) / seconds)}
+    return {
+        "seconds": round(seconds, 2),
+        "sentences_per_s": round(len(src) / seconds, 1),
+        "tokens_per_s": round(sum(len(h) + 1 for h in hyps.tokens) / seconds),
+    }
 
 
-def time_training(model: nn.Module, cfg: Config, data, device: torch.device, dtype, steps: int, warmup: int,
-                  naive: frozenset = frozenset()) -> tuple[dict, Callable[[], None]]:
+def time_training(
+    model: nn.Module,
+    cfg: Config,
+    data,
+    device: torch.device,
+    dtype,
+    steps: int,
+    warmup: int,
+    naive: frozenset = frozenset(),
+) -> tuple[dict, Callable[[], None]]:
     """Trains ``model`` for ``warmup`` untimed and ``steps`` timed steps on length-bucketed batches of
     ``data``; returns the throughput figures and a function that runs one more step (for the profiler).
     ``naive`` turns loop-level speed features off, for comparison: "sync" reads the loss back after
@@ -120,8 +77,16 @@ def time_training(model: nn.Module, cfg: Config, data, device: torch.device, dty
     optimizer, scheduler = make_optimizer(model, cfg)
     trained = compiled_for_training(model, cfg)
     batcher = Batcher(data.src, data.tgt)
-    batches = itertools.cycle(make_batches(data.src_lens, data.tgt_lens, cfg.train.batch_tokens, True, cfg.train.seed,
-                                           by_length="unbucketed" not in naive))
+    batches = itertools.cycle(
+        make_batches(
+            data.src_lens,
+            data.tgt_lens,
+            cfg.train.batch_tokens,
+            True,
+            cfg.train.seed,
+            by_length="unbucketed" not in naive,
+        )
+    )
 
     def step(indices) -> tuple[int, int]:
         batch = batcher(indices)
@@ -172,6 +137,7 @@ def time_training(model: nn.Module, cfg: Config, data, device: torch.device, dty
 def speed_features(cfg: Config, dtype) -> list[tuple[str, Config, contextlib.AbstractContextManager, frozenset]]:
     """(label, settings, context, naive loop features) for each speed feature switched off in turn,
     then train.compile switched on; features that cannot apply (bf16 on a CPU) are left out."""
+
     def changed(**train) -> Config:
         variant = copy.deepcopy(cfg)
         for key, value in train.items():
@@ -183,7 +149,9 @@ def speed_features(cfg: Config, dtype) -> list[tuple[str, Config, contextlib.Abs
     rows = []
     if cuda:
         rows.append(("without bf16 autocast (fp32)", changed(amp="fp32"), plain(), loop()))
-    rows.append(("without fused AdamW (its non-finite check then syncs)", changed(fused_optimizer=False), plain(), loop()))
+    rows.append(
+        ("without fused AdamW (its non-finite check then syncs)", changed(fused_optimizer=False), plain(), loop())
+    )
     if cfg.model.arch == "transformer":
         rows.append(("without fused SDPA kernels (math attention)", cfg, sdpa_kernel(SDPBackend.MATH), loop()))
     rows.append(("reading the loss every step (host sync)", cfg, plain(), loop({"sync"})))
@@ -193,20 +161,28 @@ def speed_features(cfg: Config, dtype) -> list[tuple[str, Config, contextlib.Abs
     if not cfg.train.compile:
         rows.append(("with train.compile=true", changed(compile=True), plain(), loop()))
         if cuda:
-            rows.append(("with train.compile=true, compile_mode=reduce-overhead (CUDA graphs)",
-                         changed(compile=True, compile_mode="reduce-overhead"), plain(), loop()))
+            rows.append(
+                (
+                    "with train.compile=true, compile_mode=reduce-overhead (CUDA graphs)",
+                    changed(compile=True, compile_mode="reduce-overhead"),
+                    plain(),
+                    loop(),
+                )
+            )
     return rows
 
 
-def ablation(cfg: Config, build: Callable[[], nn.Module], data, device, dtype, steps: int, warmup: int,
-             baseline: dict) -> list[dict]:
+def ablation(
+    cfg: Config, build: Callable[[], nn.Module], data, device, dtype, steps: int, warmup: int, baseline: dict
+) -> list[dict]:
     rows = [{"setting": "all speed features on (the defaults)", **baseline, "vs_defaults": 1.0}]
     for label, variant, context, naive in speed_features(cfg, dtype):
         torch._dynamo.reset()
         try:
             with context:
-                figures, _ = time_training(build(), variant, data, device, amp_dtype(variant.train.amp, device),
-                                           steps, warmup, naive)
+                figures, _ = time_training(
+                    build(), variant, data, device, amp_dtype(variant.train.amp, device), steps, warmup, naive
+                )
         except Exception as error:  # e.g. out of memory without a fused kernel: keep the other rows
             message = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
             rows.append({"setting": label, "error": message})
@@ -219,16 +195,22 @@ def ablation(cfg: Config, build: Callable[[], nn.Module], data, device, dtype, s
 
 
 def ablation_markdown(rows: list[dict], header: str) -> str:
-    lines = [header, "", "| setting | steps/s | target tokens/s | padding | MFU | peak memory GiB | vs defaults |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        header,
+        "",
+        "| setting | steps/s | target tokens/s | padding | MFU | peak memory GiB | vs defaults |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['setting']} | failed: {r['error']} | | | | | |")
             continue
         mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %"
-        lines.append(f"| {r['setting']} | {r['steps_per_s']} | {r['train_tgt_tokens_per_s']:,} | "
-                     f"{100 * r['padding_ratio']:.1f} % | {mfu} | "
-                     f"{r.get('peak_memory_gib', '-')} | {r['vs_defaults']:.2f}× |")
+        lines.append(
+            f"| {r['setting']} | {r['steps_per_s']} | {r['train_tgt_tokens_per_s']:,} | "
+            f"{100 * r['padding_ratio']:.1f} % | {mfu} | "
+            f"{r.get('peak_memory_gib', '-')} | {r['vs_defaults']:.2f}× |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -245,7 +227,7 @@ def small_for_cpu(cfg: Config) -> tuple[Config, list[str]]:
             changes.append(f"{key} {old}→{value}")
 
     m = small.model
-    if not cfg.bench.checkpoint:
+    if not cfg.bench.checkpoint_path:
         if m.arch == "transformer" and m.d_model > 256:
             factor = 256 / m.d_model
             cap(m, "d_model", 256)
@@ -272,45 +254,54 @@ def bench(cfg: Config) -> dict:
     if device.type == "cpu" and cfg.bench.cpu_small:
         cfg, changes = small_for_cpu(cfg)
         if changes:
-            print(f"bench on the CPU, a small configuration ({', '.join(changes)}); "
-                  "bench.cpu_small=false benches the one given")
+            print(
+                f"bench on the CPU, a small configuration ({', '.join(changes)}); "
+                "bench.cpu_small=false benches the one given"
+            )
     steps, warmup = cfg.bench.steps, cfg.bench.warmup
     dtype = amp_dtype(cfg.train.amp, device)
     seed_everything(cfg.train.seed)
     tokenizer = prepare_data(cfg)
     data = load_tokenized(cfg.data.dir, "train", tokenizer)
     test = load_split(cfg.data.dir, "test", tokenizer).head(cfg.bench.decode_sentences)
-    model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.joint).to(device)
-    if cfg.bench.checkpoint:  # an untrained model decodes to the length limit: time real translations
-        state = load_checkpoint(cfg.bench.checkpoint, device)
-        check_compatible(state, cfg.bench.checkpoint, vocab_fingerprint(tokenizer), to_plain(cfg.model))
+    model = build_model(cfg.model, tokenizer).to(device)
+    if cfg.bench.checkpoint_path:  # an untrained model decodes to the length limit: time real translations
+        state = load_checkpoint(cfg.bench.checkpoint_path, device)
+        check_compatible(state, cfg.bench.checkpoint_path, tokenizer.fingerprint(), cfg.model)
         model.load_state_dict(state["model"])
     # the starting weights of every ablation row, kept on the host: a device copy would count in the
     # peak memory measured
     initial = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()} if cfg.bench.ablate else None
 
     def build() -> nn.Module:
-        fresh = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.joint).to(device)
+        fresh = build_model(cfg.model, tokenizer).to(device)
         fresh.load_state_dict(initial)
         return fresh
 
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "model": cfg.model.arch if cfg.model.arch == "transformer" else f"rnn/{cfg.model.attention}",
-        "parameters_m": round(count_parameters(model) / 1e6, 1), "amp": str(dtype or "fp32"),
-        "batch_tokens": cfg.train.batch_tokens, "compiled": cfg.train.compile, "timed_steps": steps,
+        "parameters_m": round(count_parameters(model) / 1e6, 1),
+        "amp": str(dtype or "fp32"),
+        "batch_tokens": cfg.train.batch_tokens,
+        "compiled": cfg.train.compile,
+        "timed_steps": steps,
     }
     figures, one_more_step = time_training(model, cfg, data, device, dtype, steps, warmup)
     result.update(figures)
     os.makedirs(os.path.join("checkpoints", "bench"), exist_ok=True)
     if cfg.bench.profile_steps:
-        result["profile"], table = profile_steps(one_more_step, cfg.bench.profile_steps, device,
-                                                 os.path.join("checkpoints", "bench", f"{cfg.name}_trace.json"))
+        result["profile"], table = profile_steps(
+            one_more_step,
+            cfg.bench.profile_steps,
+            device,
+            os.path.join("checkpoints", "bench", f"{cfg.name}_trace.json"),
+        )
         atomic_write_text(os.path.join("checkpoints", "bench", f"{cfg.name}_profile.txt"), table)
         print(table)
     result["decode_sentences"] = len(test)
-    for beam in sorted({1, cfg.bench.beam_size}):
-        result[f"decode_beam{beam}"] = time_decoding(model, test.src, device, cfg, dtype, beam)
+    for decode in [cfg.decode.greedy()] + ([cfg.decode] if cfg.decode.beam_size > 1 else []):
+        result[f"decode_beam{decode.beam_size}"] = time_decoding(model, test.src, device, decode, dtype)
     print_table(result)
     if cfg.bench.ablate:
         del model, one_more_step  # free the first run's weights and optimizer state before the others
@@ -319,8 +310,10 @@ def bench(cfg: Config) -> dict:
             torch.cuda.empty_cache()
         rows = ablation(cfg, build, data, device, dtype, steps, warmup, figures)
         result["ablation"] = rows
-        header = (f"Training speed, each feature off in turn: {result['model']}, {result['parameters_m']} M parameters, "
-                  f"{cfg.train.batch_tokens}-token batches, {steps} timed steps after {warmup}, {result['device']}")
+        header = (
+            f"Training speed, each feature off in turn: {result['model']}, {result['parameters_m']} M parameters, "
+            f"{cfg.train.batch_tokens}-token batches, {steps} timed steps after {warmup}, {result['device']}"
+        )
         markdown = ablation_markdown(rows, header)
         atomic_write_text(os.path.join("checkpoints", "bench", f"{cfg.name}_ablation.md"), markdown)
         print(markdown)

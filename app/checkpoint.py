@@ -7,6 +7,7 @@ A run folder holds
   ``train.keep_best`` best validations are kept; ``make average`` averages them;
 - ``averaged.pt``: what ``make average`` wrote.
 """
+
 from __future__ import annotations
 
 import glob
@@ -15,6 +16,7 @@ import re
 
 import torch
 
+from app.config import ModelConfig, model_settings
 from app.errors import UserError
 from app.utils import atomic_write
 
@@ -41,14 +43,20 @@ def checkpoint_path(run_dir: str, which: str) -> str:
     return os.path.join(run_dir, f"{which}.pt")
 
 
-def check_compatible(state: dict, path: str, vocab: dict, model_cfg: dict) -> None:
-    """A checkpoint must match the run's vocabulary and model settings; the error names what differs."""
+def check_compatible(state: dict, path: str, vocab: dict, model_cfg: ModelConfig) -> None:
+    """A checkpoint must match the run's vocabulary and model settings (those of its family); the error
+    names what differs."""
     if state.get("vocab") != vocab:
-        raise UserError(f"{path}: trained with another vocabulary ({state.get('vocab')} vs this run's {vocab}); "
-                        "use the tokenizer settings of that run or another name=")
-    theirs = state["config"]["model"]
-    differ = [f"model.{k}={theirs.get(k)!r} there, {model_cfg.get(k)!r} here"
-              for k in sorted(set(theirs) | set(model_cfg)) if theirs.get(k) != model_cfg.get(k)]
+        raise UserError(
+            f"{path}: trained with another vocabulary ({state.get('vocab')} vs this run's {vocab}); "
+            "use the tokenizer settings of that run or another name="
+        )
+    theirs, model_cfg = model_settings(state["config"]["model"]), model_settings(model_cfg)
+    differ = [
+        f"model.{k}={theirs.get(k)!r} there, {model_cfg.get(k)!r} here"
+        for k in sorted(set(theirs) | set(model_cfg))
+        if theirs.get(k) != model_cfg.get(k)
+    ]
     if differ:
         raise UserError(f"{path}: model settings differ from this run's: {'; '.join(differ)}")
 
@@ -61,6 +69,16 @@ def snapshot_steps(run_dir: str) -> list[int]:
 
 def snapshot_name(step: int) -> str:
     return f"step_{step:07d}"
+
+
+def write_snapshot(
+    run_dir: str, step: int, payload: dict, keep_last: int, keep_best: int, validations: list[list[float]]
+) -> None:
+    """``step_NNNNNNN.pt`` (once per step), then the rotation below."""
+    path = os.path.join(run_dir, f"{snapshot_name(step)}.pt")
+    if not os.path.exists(path):
+        save_checkpoint(path, payload)
+    rotate_snapshots(run_dir, keep_last, keep_best, validations)
 
 
 def rotate_snapshots(run_dir: str, keep_last: int, keep_best: int, validations: list[list[float]]) -> None:
@@ -82,8 +100,10 @@ def average_snapshots(run_dir: str, last: int) -> tuple[dict, list[str]]:
     if last < 1:
         raise UserError(f"average.last={last}: give at least 1")
     if len(steps) < last:
-        raise UserError(f"{run_dir}: {len(steps)} snapshot(s) step_*.pt, fewer than average.last={last} "
-                        "(raise train.keep_last, or average fewer)")
+        raise UserError(
+            f"{run_dir}: {len(steps)} snapshot(s) step_*.pt, fewer than average.last={last} "
+            "(raise train.keep_last, or average fewer)"
+        )
     paths = [os.path.join(run_dir, f"{snapshot_name(s)}.pt") for s in steps[-last:]]
     states = [load_checkpoint(p) for p in paths]
     newest = states[-1]
@@ -97,5 +117,9 @@ def average_snapshots(run_dir: str, last: int) -> tuple[dict, list[str]]:
             averaged[key] = (total / len(states)).to(value.dtype)
         else:  # integer buffers (counters) are not averaged
             averaged[key] = value
-    return {"model": averaged, "config": newest["config"], "vocab": newest["vocab"],
-            "averaged": [os.path.basename(p) for p in paths]}, paths
+    return {
+        "model": averaged,
+        "config": newest["config"],
+        "vocab": newest["vocab"],
+        "averaged": [os.path.basename(p) for p in paths],
+    }, paths

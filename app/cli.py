@@ -1,30 +1,35 @@
-"""Command line: ``python -m app {prepare,train,eval,translate} [hydra overrides]``."""
+"""Command line: ``python -m app command=<command> [key=value ...]``, every argument a Hydra override.
+
+The command is a setting like any other: the dispatch table below is the one list of commands, and
+Hydra's own record of a run (``.hydra/<command>/``) says which command ran with which settings.
+"""
+
 from __future__ import annotations
 
-import logging
 import os
 import sys
+from collections.abc import Callable
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from app.config import register_configs
+from app import distributed
+from app.config import Config, config_error, load_config, register_configs
 from app.errors import UserError
 from app.interrupt import TrainingInterrupted
 
-log = logging.getLogger("app")
-COMMANDS = ("prepare", "train", "eval", "translate", "bench", "compare", "average")
-register_configs()
+CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+# commands that belong to no run keep their log here and write no record of settings
+NO_RUN_DIRS = {"prepare": "data", "bench": "checkpoints/bench", "compare": "checkpoints/compare"}
 
 
-def prepare_command(cfg: DictConfig) -> None:
+def prepare_command(cfg: Config) -> None:
     from app.data.corpus import prepare_data
 
     prepare_data(cfg)
 
 
-def train_command(cfg: DictConfig) -> None:
-    from app import distributed
+def train_command(cfg: Config) -> None:
     from app.inference import evaluate_run
     from app.training import train
 
@@ -33,93 +38,88 @@ def train_command(cfg: DictConfig) -> None:
         evaluate_run(cfg)
 
 
-def eval_command(cfg: DictConfig) -> None:
+def eval_command(cfg: Config) -> None:
     from app.inference import evaluate_run
 
     evaluate_run(cfg)
 
 
-def translate_command(cfg: DictConfig) -> None:
-    from app.inference import load_trained
-    from app.utils import resolve_device
+def translate_command(cfg: Config) -> None:
+    from app.inference import translate_lines
 
-    lines = read_translate_input(cfg.translate.input)  # bad input fails before the model loads
-    trained = load_trained(cfg.run_dir, cfg.translate.checkpoint, resolve_device(cfg.device))
-    src = trained.tokenizer.encode_src(lines)
-    hyps = trained.translate(src, cfg.decode)
-    if cfg.decode.n_best > 1:  # Moses n-best format: input index ||| hypothesis ||| score
-        text = "".join(
-            f"{i} ||| {trained.tokenizer.decode_tgt([tokens])[0]} ||| {score:.4f}\n"
-            for i, hypotheses in enumerate(hyps.nbest) for tokens, score in hypotheses
-        )
-    else:
-        text = "".join(t + "\n" for t in trained.tokenizer.decode_tgt(hyps.tokens))
-    if cfg.translate.output:
-        with open(cfg.translate.output, "w", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text)
+    translate_lines(cfg)
 
 
-def read_translate_input(path: str | None) -> list[str]:
-    """Lines to translate from a file or stdin; an empty input or undecodable bytes is an error."""
-    where = path or "standard input"
-    if path and not os.path.isfile(path):
-        raise UserError(f"translate.input={path!r}: file not found")
-    source = open(path, "rb") if path else sys.stdin.buffer
-    lines = []
-    with source:
-        for line_no, raw in enumerate(source, start=1):
-            try:
-                lines.append(raw.decode("utf-8").rstrip("\r\n"))
-            except UnicodeDecodeError:
-                raise UserError(f"{where}:{line_no}: not valid UTF-8") from None
-    if not lines:
-        raise UserError(f"{where}: nothing to translate (no input lines)")
-    return lines
-
-
-def average_command(cfg: DictConfig) -> None:
+def average_command(cfg: Config) -> None:
     from app.checkpoint import average_snapshots, save_checkpoint
 
     state, paths = average_snapshots(cfg.run_dir, cfg.average.last)
     out = os.path.join(cfg.run_dir, "averaged.pt")
     save_checkpoint(out, state)
-    print(f"averaged {len(paths)} snapshots ({', '.join(state['averaged'])}) into {out}; "
-          f'evaluate it with: make eval ARGS="name={cfg.name} eval.checkpoint=averaged"')
+    print(
+        f"averaged {len(paths)} snapshots ({', '.join(state['averaged'])}) into {out}; "
+        f'evaluate it with: make eval ARGS="name={cfg.name} eval.checkpoint=averaged"'
+    )
 
 
-def bench_command(cfg: DictConfig) -> None:
+def bench_command(cfg: Config) -> None:
     from app.bench import bench
 
     bench(cfg)
 
 
-def compare_command(cfg: DictConfig) -> None:
+def compare_command(cfg: Config) -> None:
     from app.compare import compare_report
 
     if not cfg.compare.dir:
-        raise UserError("compare.dir is not set: give the sweep folder of a `train -m` run")
+        raise UserError("compare.dir is not set: give the sweep folder of a `--multirun command=train` run")
     compare_report(cfg.compare.dir, cfg.eval.split)
 
 
-HANDLERS = {
-    "prepare": prepare_command, "train": train_command, "eval": eval_command,
-    "translate": translate_command, "bench": bench_command, "compare": compare_command,
+COMMANDS: dict[str, Callable[[Config], None]] = {
+    "prepare": prepare_command,
+    "train": train_command,
+    "eval": eval_command,
+    "translate": translate_command,
+    "bench": bench_command,
+    "compare": compare_command,
     "average": average_command,
 }
+USAGE = f"python -m app command={{{','.join(COMMANDS)}}} [key=value ...]"
 
 
-CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+def checked(cfg: DictConfig) -> Config:
+    """The schema's objects for a composed configuration with a known command (else a UserError)."""
+    if OmegaConf.is_missing(cfg, "command"):
+        raise UserError(f"command is not set: {USAGE}")
+    config = load_config(cfg)
+    if config.command not in COMMANDS:
+        raise UserError(f"command={config.command!r} is unknown: {USAGE}")
+    return config
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", 0))
+
+
+# Hydra's own settings per command (conf/config.yaml): where it logs, and whether it keeps a record
+OmegaConf.register_new_resolver("app_run_dir", lambda command, name: NO_RUN_DIRS.get(command, f"checkpoints/{name}"))
+OmegaConf.register_new_resolver(
+    "app_record_dir", lambda command: None if command in NO_RUN_DIRS or _rank() > 0 else f".hydra/{command}"
+)
+OmegaConf.register_new_resolver(
+    "app_log_file", lambda folder, job: os.devnull if _rank() > 0 else os.path.join(folder, f"{job}.log")
+)
+register_configs()
 
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
-def _hydra_entry(cfg: DictConfig) -> None:
-    command = os.environ["NMT_COMMAND"]
+def run(dict_cfg: DictConfig) -> None:
     try:
-        HANDLERS[command](cfg)
+        cfg = checked(dict_cfg)
+        COMMANDS[cfg.command](cfg)
     except TrainingInterrupted as err:
-        if int(os.environ.get("RANK", 0)) == 0:  # every rank stopped at the same step: say it once
+        if _rank() == 0:  # every rank stopped at the same step: say it once
             print(f"interrupted: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
     except UserError as err:
@@ -130,20 +130,44 @@ def _hydra_entry(cfg: DictConfig) -> None:
         sys.exit(130)
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in COMMANDS:
-        print(f"usage: python -m app {{{','.join(COMMANDS)}}} [key=value ...]", file=sys.stderr)
+def check_arguments(args: list[str]) -> None:
+    """Compose the configuration before Hydra runs the command, so that a mistyped key, a wrong type,
+    an unknown preset or a missing setting is one line naming it (Hydra would print several, some with
+    a traceback) and no run folder is made for it. Each value of a sweep is checked, the other sweeps
+    at their first value."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+        values = [
+            [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()]
+            if o.is_sweep_override()
+            else [o.input_line]
+            for o in parsed
+        ]
+        first = [options[0] for options in values]
+        variants = [first] + [first[:i] + [v] + first[i + 1 :] for i, options in enumerate(values) for v in options[1:]]
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            for overrides in variants:
+                cfg = compose("config", overrides=overrides)
+                cfg.run_dir = None  # Hydra's output folder: set when it runs the command
+                checked(cfg)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise UserError(config_error(err)) from None
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    try:
+        if args and args[0] in COMMANDS:
+            raise UserError(f"the command is a setting: python -m app command={args[0]} {' '.join(args[1:])}".rstrip())
+        flags = {a for a in args if a.startswith("-")}
+        if flags <= {"-m", "--multirun"}:  # other flags (--help, --cfg, ...) are Hydra's own
+            check_arguments([a for a in args if not a.startswith("-")])
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    command = argv.pop(0)
-    os.environ["NMT_COMMAND"] = command
-    # Each command keeps its own copy of Hydra's record, so eval does not overwrite train's.
-    extra = [f"hydra.job.name={command}", f"hydra.output_subdir=.hydra/{command}"]
-    if command in ("prepare", "bench", "compare"):
-        run_dir = "checkpoints" if command == "compare" else "${data.dir}"
-        extra = [f"hydra.job.name={command}", "hydra.output_subdir=null", f"hydra.run.dir={run_dir}"]
-    if int(os.environ.get("RANK", 0)) > 0:  # torchrun workers other than rank 0 write no files, not even Hydra's
-        extra = [e for e in extra if not e.startswith("hydra.output_subdir=")]
-        extra += ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
-    sys.argv = [sys.argv[0], *argv, *extra]
-    _hydra_entry()
+    run()

@@ -5,6 +5,7 @@ the overrides) and writes, in the sweep folder, ``compare.md`` (one table row pe
 ``bleu_by_length.png`` (test BLEU against source sentence length, all runs in one figure, as
 Bahdanau et al. 2014, Fig. 2), also logged to TensorBoard under ``<sweep>/tb``.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,10 @@ def load_runs(sweep_dir: str, split: str = "test") -> list[dict]:
     runs = []
     for name in sorted(os.listdir(sweep_dir), key=lambda n: (len(n), n)):
         run = os.path.join(sweep_dir, name)
-        summary_path, metrics_path = os.path.join(run, "train_summary.json"), os.path.join(run, "eval", split, "metrics.json")
+        summary_path, metrics_path = (
+            os.path.join(run, "train_summary.json"),
+            os.path.join(run, "eval", split, "metrics.json"),
+        )
         if not (os.path.exists(summary_path) and os.path.exists(metrics_path)):
             continue
         overrides_path = os.path.join(run, ".hydra", "train", "overrides.yaml")
@@ -39,8 +43,10 @@ def load_runs(sweep_dir: str, split: str = "test") -> list[dict]:
 
 
 def markdown_table(runs: list[dict]) -> str:
-    head = ("| run | params | train min | tgt tokens/s | best dev BLEU | test BLEU | test chrF | BLEU longest 10 % | "
-            "decoding | decode s | sent/s | KV cache MiB | device |\n" + "|---" * 13 + "|\n")
+    head = (
+        "| run | params | train min | tgt tokens/s | best dev BLEU | test BLEU | test chrF | BLEU longest 10 % | "
+        "decoding | decode s | sent/s | KV cache MiB | device |\n" + "|---" * 13 + "|\n"
+    )
     rows = "".join(
         f"| {r['label']} | {r['summary']['parameters'] / 1e6:.2f} M | {r['summary']['train_minutes']} | "
         f"{r['summary']['tgt_tokens_per_s']:,} | {r['summary']['best_dev_bleu']:.2f} | {r['metrics']['bleu']:.2f} | "

@@ -1,15 +1,23 @@
-"""Structured configs: the schema behind conf/*.yaml.
+"""The schema behind conf/*.yaml: its defaults are the defaults a user gets.
 
-Registered in Hydra's ConfigStore so a misspelled key or a wrong type fails at start-up with a message
-naming the key, instead of deep inside training.
+The yaml presets only hold what they change. Registered in Hydra's ConfigStore, so a misspelled key
+or a wrong type fails at start-up naming the key; ``load_config`` turns the composed config into
+these dataclasses (``OmegaConf.to_object``), which is what every stage reads.
 """
+
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import os
+import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from app.errors import UserError
 
 
 @dataclass
@@ -22,11 +30,11 @@ class FilterConfig:
 
 @dataclass
 class DataConfig:
-    source: str = MISSING  # bible | files | hf
-    name: str = MISSING  # folder under data/
+    source: str = "bible"  # bible | files | hf
+    name: Optional[str] = None  # folder under data/; unset: derived from the source (corpus_name)
+    dir: Optional[str] = None  # unset: data/<name>
     src_lang: str = "es"
     tgt_lang: str = "en"
-    dir: str = "data/${data.name}"
     # bible: SWORD modules paired by OSIS verse reference
     sword_path: str = "/usr/share/sword"
     src_module: str = "spaRV1909eb"
@@ -39,8 +47,8 @@ class DataConfig:
     # hf: dataset name or local path given to datasets.load_dataset, plus field mapping
     hf_path: Optional[str] = None
     hf_config: Optional[str] = None
-    src_field: str = "translation.${data.src_lang}"
-    tgt_field: str = "translation.${data.tgt_lang}"
+    src_field: Optional[str] = None  # unset: translation.<src_lang>
+    tgt_field: Optional[str] = None  # unset: translation.<tgt_lang>
     id_field: Optional[str] = None
     # deterministic split keyed on the pair id: the same verse always lands in the same split
     dev_fraction: float = 0.032
@@ -52,6 +60,26 @@ class DataConfig:
     streaming: bool = False
     shuffle_buffer: int = 10_000
     filters: FilterConfig = field(default_factory=FilterConfig)
+
+    def __post_init__(self) -> None:
+        self.src_field = self.src_field or f"translation.{self.src_lang}"
+        self.tgt_field = self.tgt_field or f"translation.{self.tgt_lang}"
+        self.name = self.name or corpus_name(self)
+        self.dir = self.dir or os.path.join("data", self.name)
+
+
+def corpus_name(cfg: DataConfig) -> str:
+    """A folder name for a corpus given without data.name: distinct inputs get distinct names, so one
+    corpus's prepared splits and tokenizer never replace another's."""
+    if cfg.source == "bible":
+        name = f"bible_{cfg.src_module}_{cfg.tgt_module}"
+    elif cfg.source == "hf":
+        name = "_".join(filter(None, ["hf", os.path.basename(str(cfg.hf_path).rstrip("/")), cfg.hf_config]))
+    else:  # local files: the train file's stem and a digest of where all the files are
+        paths = [os.path.abspath(p) for split in (cfg.train, cfg.dev, cfg.test) if split for p in split.split(",")]
+        stem = os.path.splitext(os.path.basename(paths[0]))[0] if paths else cfg.source
+        name = f"{stem}_{hashlib.sha1(' '.join(paths).encode()).hexdigest()[:6]}"
+    return re.sub(r"[^\w.-]+", "_", name)
 
 
 @dataclass
@@ -65,14 +93,16 @@ class TokenizerConfig:
 
 
 @dataclass
-class ModelConfig:
+class TransformerConfig:
+    """Transformer base (Vaswani et al. 2017) with the variants of docs/transformer_variants.md."""
+
     arch: str = "transformer"
     d_model: int = 512
     heads: int = 8
     enc_layers: int = 6
     dec_layers: int = 6
     ff_dim: int = 2048
-    dropout: float = 0.1
+    dropout: float = 0.3  # as for low-resource pairs (the Bible has ~29 k training verses)
     attention_dropout: float = 0.1
     activation: str = "relu"  # relu | gelu
     norm: str = "pre"  # pre | post: where the norm sits in each residual block
@@ -82,14 +112,28 @@ class ModelConfig:
     window: int = 0  # encoder self-attention sees only tokens within this distance; 0 = the whole sentence
     max_len: int = 1024
     tie_embeddings: bool = True  # decoder input/output (and encoder input with a joint vocab)
-    # RNN encoder-decoders (arch=rnn); enc_layers, dec_layers, dropout are shared with the Transformer
+
+
+@dataclass
+class RNNConfig:
+    """The settings every RNN preset shares (conf/model/rnn_*.yaml change what differs)."""
+
+    arch: str = "rnn"
+    attention: str = "bahdanau"  # none | bahdanau | luong
+    score: str = "general"  # Luong score: dot | general | concat
+    input_feeding: bool = True  # Luong: feed h̃_{t-1} into the next step
     cell: str = "gru"  # gru | lstm
     emb_dim: int = 512
     hidden: int = 1024  # encoder output size (split over both directions) and decoder state size
     bidirectional: bool = True
-    attention: str = "bahdanau"  # none | bahdanau | luong
-    score: str = "general"  # Luong score: dot | general | concat
-    input_feeding: bool = True  # Luong: feed h̃_{t-1} into the next step
+    enc_layers: int = 2
+    dec_layers: int = 1
+    dropout: float = 0.3
+    tie_embeddings: bool = True  # decoder input/output (and encoder input with a joint vocab)
+
+
+MODEL_SCHEMAS = {"transformer": TransformerConfig, "rnn": RNNConfig}
+ModelConfig = TransformerConfig | RNNConfig
 
 
 @dataclass
@@ -97,17 +141,17 @@ class TrainConfig:
     seed: int = 1234
     max_steps: int = 100_000
     max_minutes: float = 0.0  # wall-clock budget for the training loop; 0 = none
-    batch_tokens: int = 8192  # source+target tokens per batch (per rank and micro-batch), padding included
+    batch_tokens: int = 32_000  # source+target tokens per batch (per rank and micro-batch), padding included
     accum_steps: int = 1  # micro-batches accumulated per update on each rank
     tokens_per_update: int = 0  # if set: accum_steps = this / (batch_tokens × ranks), constant across NPROC
-    lr: float = 7e-4
-    warmup_steps: int = 4000
+    lr: float = 1e-3
+    warmup_steps: int = 1000
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     weight_decay: float = 0.0
     clip_norm: float = 1.0
     label_smoothing: float = 0.1
-    eval_every: int = 1000
-    save_every: int = 1000
+    eval_every: int = 500
+    save_every: int = 500
     log_every: int = 100
     patience: int = 10  # validations without a better dev BLEU before stopping; 0 = never
     resume: bool = False
@@ -119,8 +163,10 @@ class TrainConfig:
     max_bad_steps: int = 20  # abort after this many updates in a row with a non-finite loss (each is skipped)
     oom_retry: bool = False  # out of memory on a batch: halve train.batch_tokens and go on instead of stopping
     compile: bool = False  # torch.compile the Transformer's training step, or an RNN decoder's loop step
-    compile_mode: str = "default"  # torch.compile mode: default | reduce-overhead (CUDA graphs) | max-autotune | max-autotune-no-cudagraphs
-    fused_optimizer: bool = True  # AdamW as one fused kernel that skips non-finite updates on the device (false: for comparison)
+    compile_mode: str = "default"  # default | reduce-overhead (CUDA graphs) | max-autotune | max-autotune-no-cudagraphs
+    fused_optimizer: bool = (
+        True  # AdamW as one fused kernel that skips non-finite updates on the device (false: for comparison)
+    )
 
 
 @dataclass
@@ -131,6 +177,9 @@ class DecodeConfig:
     max_len_ratio: float = 1.5  # output length limit = ratio * source length + max_len_extra
     max_len_extra: int = 10
     batch_tokens: int = 16000  # source tokens per decoding batch (divided by beam_size)
+
+    def greedy(self) -> DecodeConfig:
+        return dataclasses.replace(self, beam_size=1, n_best=1)
 
 
 @dataclass
@@ -152,9 +201,8 @@ class TranslateConfig:
 class BenchConfig:
     steps: int = 50  # timed training steps
     warmup: int = 10  # untimed steps first (allocator, cuDNN/compile warm-up)
-    decode_sentences: int = 0  # decode the first N test sentences; 0 = all
-    beam_size: int = 5  # decoding is timed greedy and with this beam
-    checkpoint: Optional[str] = None  # a trained run's .pt (same model= settings): decode timings of real output
+    decode_sentences: int = 0  # decode the first N test sentences (greedy and with decode.beam_size); 0 = all
+    checkpoint_path: Optional[str] = None  # a trained run's .pt (same model= settings): decode timings of real output
     profile_steps: int = 0  # then profile this many more steps: time per kind of work, top ops, a Chrome trace
     ablate: bool = False  # also time training with each speed feature off in turn (and with train.compile)
     cpu_small: bool = True  # on a CPU, cap model, batch, steps and test sentences at a size benched in minutes
@@ -179,12 +227,13 @@ class CompareConfig:
 
 @dataclass
 class Config:
+    command: Optional[str] = None  # what python -m app does: prepare | train | eval | ... (app/cli.py)
     name: str = "default"
-    run_dir: str = "checkpoints/${name}"  # set to Hydra's output dir by conf/config.yaml
+    run_dir: Optional[str] = None  # unset: checkpoints/<name>; the CLI sets Hydra's output folder
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: Any = field(default_factory=TransformerConfig)  # TransformerConfig | RNNConfig: model= picks it
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -194,6 +243,81 @@ class Config:
     average: AverageConfig = field(default_factory=AverageConfig)
     viz: VizConfig = field(default_factory=VizConfig)
 
+    def __post_init__(self) -> None:
+        self.run_dir = self.run_dir or os.path.join("checkpoints", self.name)
+
 
 def register_configs() -> None:
-    ConfigStore.instance().store(name="config_schema", node=Config)
+    """The root schema, with ``model`` open: each model preset brings its family's schema
+    (``/schema/model/transformer`` or ``/schema/model/rnn`` in its defaults list)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    root = OmegaConf.structured(Config)
+    root.command, root.model = MISSING, MISSING  # given on the command line; by a model= preset
+    # derived when the dataclasses are built (__post_init__), from the values the user gave: unset here
+    root.run_dir = None
+    for key in ("name", "dir", "src_field", "tgt_field"):
+        root.data[key] = None
+    store.store(name="config_schema", node=root)
+    for arch, schema in MODEL_SCHEMAS.items():
+        store.store(group="schema/model", name=arch, node=schema)
+
+
+def load_config(cfg: DictConfig) -> Config:
+    """The composed configuration as the schema's dataclasses; a setting that is missing, unresolvable
+    or of the wrong type is a one-line UserError naming its key."""
+    try:
+        config = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as err:
+        raise UserError(config_error(err)) from None
+    required = {"files": "train", "hf": "hf_path"}.get(config.data.source)
+    if required and not getattr(config.data, required):
+        raise UserError(
+            f"data.{required} is not set: data.source={config.data.source} needs it "
+            f"(see conf/data/{config.data.source}.yaml)"
+        )
+    return config
+
+
+def config_error(err: Exception) -> str:
+    """One line for a configuration error of OmegaConf or Hydra, naming the key where known."""
+    cause = err.__cause__ if isinstance(err.__cause__, OmegaConfBaseException) else err
+    key = getattr(cause, "full_key", None)
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip() and not line.startswith("    ")]
+    message = lines[0] if lines else type(err).__name__
+    if "Missing mandatory value" in message and key:
+        return f"{key} is not set: give {key}=..."
+    if "Could not find" in message and "Available options" in str(cause):  # an unknown preset: list them
+        listed = str(cause).split("Available options", 1)[1].split("Config search path")[0]
+        return f"{message}; available: {', '.join(listed.split(':', 1)[-1].split())}"
+    return f"{key}: {message}" if key and key not in message else message
+
+
+def config_from_dict(stored: dict) -> Config:
+    """A configuration stored with a run (checkpoint, config.yaml) as the schema's dataclasses. Keys
+    this version does not know (an older checkpoint's) are left out; the model section keeps the keys
+    of its own family."""
+    return _from_dict(Config, stored)
+
+
+def _from_dict(schema: type, values: dict):
+    kwargs = {}
+    for f in dataclasses.fields(schema):
+        if f.name not in values:
+            continue
+        value = values[f.name]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        if f.name == "model" and schema is Config:
+            value = _from_dict(MODEL_SCHEMAS[value.get("arch", "transformer")], value)
+        elif dataclasses.is_dataclass(default) and isinstance(value, dict):
+            value = _from_dict(type(default), value)
+        kwargs[f.name] = value
+    return schema(**kwargs)
+
+
+def model_settings(model_cfg: ModelConfig | dict) -> dict:
+    """The settings of a model's family (a dataclass, or a stored dict that may hold every family's keys)."""
+    values = model_cfg if isinstance(model_cfg, dict) else dataclasses.asdict(model_cfg)
+    schema = MODEL_SCHEMAS.get(values.get("arch", "transformer"))
+    return dataclasses.asdict(_from_dict(schema, values)) if schema else dict(values)

@@ -1,5 +1,6 @@
 """Decoding against the model API (encode / step / state.select): greedy and beam search, written
 once for every model family."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,6 +8,7 @@ from typing import Optional
 
 import torch
 
+from app.config import DecodeConfig
 from app.data.tokenizer import BOS, EOS, PAD
 from app.errors import UserError
 
@@ -48,8 +50,10 @@ def check_source_lengths(model, src: list[list[int]]) -> None:
         return
     for i, sentence in enumerate(src):
         if len(sentence) + 1 > max_positions:  # + EOS
-            raise UserError(f"input sentence {i + 1} has {len(sentence)} subword tokens; this model takes at most "
-                            f"{max_positions - 1} (model.max_len={max_positions}): split it")
+            raise UserError(
+                f"input sentence {i + 1} has {len(sentence)} subword tokens; this model takes at most "
+                f"{max_positions - 1} (model.max_len={max_positions}): split it"
+            )
 
 
 # How often the decoding loops ask a GPU whether every sentence is done. Asking is a host sync that
@@ -97,8 +101,11 @@ def greedy_decode(
     # (B, ..., T, S): every step's attention stacked on the target axis, trimmed per sentence
     stacked = torch.cat(attention, dim=-2).float().cpu()
     src_lens = src_mask.sum(-1).tolist()
-    return Hypotheses(tokens, [stacked[i, ..., : len(tokens[i]) + 1, : src_lens[i]] for i in range(batch)],
-                      kv_cache_bytes=cache_bytes(state))
+    return Hypotheses(
+        tokens,
+        [stacked[i, ..., : len(tokens[i]) + 1, : src_lens[i]] for i in range(batch)],
+        kv_cache_bytes=cache_bytes(state),
+    )
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -110,6 +117,7 @@ def length_penalty(length: int, alpha: float) -> float:
 class Ended:
     """The k best ended hypotheses of every sentence (best first; score -inf: an empty slot), kept on
     the device as where they ended: the step and the beam they came from."""
+
     scores: torch.Tensor  # (B, k) log p(Y|X) / lp(Y)
     steps: torch.Tensor  # (B, k) the step that chose EOS = the number of tokens before it
     rows: torch.Tensor  # (B, k) the beam, among the beams entering that step, that chose EOS
@@ -130,12 +138,14 @@ class BeamHistory:
     """Backpointers: after step t, beam j continues beam ``parents[t][j]`` of step t with token
     ``tokens[t][j]``. A hypothesis is read back once, at the end, by following them from where it ended
     (O(1) work per step instead of copying every beam's history)."""
+
     tokens: list = field(default_factory=list)  # per step (B·k,)
     parents: list = field(default_factory=list)  # per step (B·k,) rows of the beams entering that step
     attention: list = field(default_factory=list)  # per step (B·k, ..., 1, S), rows of the beams entering it
 
-    def trace(self, steps: torch.Tensor, rows: torch.Tensor, with_attention: bool
-              ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def trace(
+        self, steps: torch.Tensor, rows: torch.Tensor, with_attention: bool
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Tokens (N, max steps) of hypotheses that chose EOS at ``steps`` from beam ``rows`` (PAD after
         the end), and their attention (N, ..., max steps + 1, S): rows 0..steps are theirs, EOS row
         included; the rows after it are to be cut off."""
@@ -169,8 +179,9 @@ def beam_search(
     Every step extends the live beams by every token, keeps the 2k best candidates per sentence, sets
     aside those ending in EOS among the first k (scored log p(Y|X) / lp(Y)), and continues with the k
     best others. A sentence is done when k hypotheses have ended and its best live beam, ended at the
-    next step, would not rank among them; each beam ends at its length limit. With k = 1 this is
-    greedy search. The host reads the results once, at the end.
+    next step, would not rank among them; each beam ends at its length limit. With k = 1 and α = 0
+    this is greedy search (with α > 0 one beam may go on past an EOS that a longer hypothesis beats).
+    The host reads the results once, at the end.
     """
     device, batch, k = src.device, src.size(0), beam_size
     src_mask = src != PAD
@@ -206,7 +217,9 @@ def beam_search(
 
         # EOS among the k best candidates ends a hypothesis (of a sentence still searching)
         ending = is_eos[:, :k] & (top_scores[:, :k] > float("-inf")) & ~done[:, None]
-        ended.add(top_scores[:, :k].masked_fill(~ending, float("-inf")) / length_penalty(t + 1, alpha), t, origin[:, :k])
+        ended.add(
+            top_scores[:, :k].masked_fill(~ending, float("-inf")) / length_penalty(t + 1, alpha), t, origin[:, :k]
+        )
 
         alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)
         # Done when k hypotheses have ended and the best live beam, scored at its next possible end
@@ -225,16 +238,22 @@ def beam_search(
     n = min(n_best, k)
     tokens, _ = history.trace(ended.steps[:, :n].reshape(-1), ended.rows[:, :n].reshape(-1), with_attention=False)
     tokens, lengths, norms = tokens.view(batch, n, -1).tolist(), ended.steps.tolist(), ended.scores.tolist()
-    nbest = [[(tokens[b][i][: lengths[b][i]], norms[b][i]) for i in range(n) if norms[b][i] > float("-inf")]
-             for b in range(batch)]
+    nbest = [
+        [(tokens[b][i][: lengths[b][i]], norms[b][i]) for i in range(n) if norms[b][i] > float("-inf")]
+        for b in range(batch)
+    ]
     best_tokens = [hyps[0][0] for hyps in nbest]
     if not with_attention:
         return Hypotheses(best_tokens, None, nbest, cache_bytes(state))
     _, attention = history.trace(ended.steps[:, 0], ended.rows[:, 0], with_attention=True)
     attention = attention.float().cpu()
     src_lens = src_mask.sum(-1).tolist()
-    return Hypotheses(best_tokens, [attention[b, ..., : lengths[b][0] + 1, : src_lens[b]] for b in range(batch)],
-                      nbest, cache_bytes(state))
+    return Hypotheses(
+        best_tokens,
+        [attention[b, ..., : lengths[b][0] + 1, : src_lens[b]] for b in range(batch)],
+        nbest,
+        cache_bytes(state),
+    )
 
 
 @torch.no_grad()
@@ -242,23 +261,20 @@ def decode_corpus(
     model,
     src: list[list[int]],
     device: torch.device,
-    batch_tokens: int = 16000,
-    max_len_ratio: float = 1.5,
-    max_len_extra: int = 10,
-    need_attention: bool = False,
+    decode: DecodeConfig,
     amp_dtype: Optional[torch.dtype] = None,
+    need_attention: bool = False,
     progress: bool = False,
-    beam_size: int = 1,
-    alpha: float = 1.0,
-    n_best: int = 1,
 ) -> Hypotheses:
-    """Decode many sentences in length-sorted batches (greedy when beam_size is 1, else beam search);
-    results come back in input order."""
+    """Decode many sentences in length-sorted batches as ``decode`` says (greedy when its beam_size is
+    1, else beam search); results come back in input order."""
     from tqdm import tqdm
 
     from app.data.batching import Batcher, make_batches
     from app.utils import autocast
 
+    if decode.beam_size < 1 or decode.n_best > decode.beam_size:
+        raise UserError(f"decode.beam_size={decode.beam_size} must be >= 1 and >= decode.n_best={decode.n_best}")
     check_source_lengths(model, src)
     was_training = model.training
     model.eval()
@@ -266,16 +282,26 @@ def decode_corpus(
     attention: list = [None] * len(src)
     nbest: list = [None] * len(src)
     kv_cache_bytes = None
+    beam_size = decode.beam_size
     # a beam search batch holds beam_size copies of every sentence
-    batches = make_batches([len(s) for s in src], None, max(batch_tokens // beam_size, 1))
+    batches = make_batches([len(s) for s in src], None, max(decode.batch_tokens // beam_size, 1))
     batcher = Batcher(src)
     for indices in tqdm(batches, desc="decoding", unit="batch", disable=not progress, leave=False):
         batch = batcher(indices).to(device)
         with autocast(device, amp_dtype):
             if beam_size == 1:
-                hyps = greedy_decode(model, batch.src, max_len_ratio, max_len_extra, need_attention)
+                hyps = greedy_decode(model, batch.src, decode.max_len_ratio, decode.max_len_extra, need_attention)
             else:
-                hyps = beam_search(model, batch.src, beam_size, alpha, max_len_ratio, max_len_extra, n_best, need_attention)
+                hyps = beam_search(
+                    model,
+                    batch.src,
+                    beam_size,
+                    decode.length_penalty,
+                    decode.max_len_ratio,
+                    decode.max_len_extra,
+                    decode.n_best,
+                    need_attention,
+                )
         for j, i in enumerate(indices):
             tokens[i] = hyps.tokens[j]
             if hyps.attention is not None:
@@ -285,5 +311,9 @@ def decode_corpus(
         if hyps.kv_cache_bytes is not None:
             kv_cache_bytes = max(kv_cache_bytes or 0, hyps.kv_cache_bytes)
     model.train(was_training)
-    return Hypotheses(tokens, attention if need_attention and attention[0] is not None else None,
-                      nbest if beam_size > 1 else None, kv_cache_bytes)
+    return Hypotheses(
+        tokens,
+        attention if need_attention and attention[0] is not None else None,
+        nbest if beam_size > 1 else None,
+        kv_cache_bytes,
+    )

@@ -1,5 +1,6 @@
 """torch.distributed under torchrun: process group set-up, rank queries and the few collectives the
 training loop needs. A process not started by torchrun is a world of one and every call is local."""
+
 from __future__ import annotations
 
 import os
@@ -35,9 +36,21 @@ def setup(device: torch.device) -> torch.device:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
     # validation runs on rank 0 while the others wait in a collective: allow it an hour
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(minutes=60),
-                            device_id=device if device.type == "cuda" else None)
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        timeout=timedelta(minutes=60),
+        device_id=device if device.type == "cuda" else None,
+    )
     return device
+
+
+def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """Under torchrun, the model in DistributedDataParallel (which all-reduces its gradients); else itself."""
+    if not launched():
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
 
 
 def teardown() -> None:
@@ -87,3 +100,19 @@ def gather_objects(obj) -> list:
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+class NoWriter:
+    """What ranks other than 0 log to: nothing (rank 0 alone writes events, plots and checkpoints)."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def writer(log_dir: str):
+    """A TensorBoard SummaryWriter on rank 0, a writer that drops everything on the other ranks."""
+    if not is_main():
+        return NoWriter()
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(log_dir)

@@ -1,4 +1,5 @@
 """Corpus-level scores with sacrebleu: BLEU, chrF and TER, each with its signature; BLEU by source length."""
+
 from __future__ import annotations
 
 import math
@@ -20,23 +21,27 @@ def score(hypotheses: list[str], references: list[str], ter: bool = True) -> dic
     return metrics
 
 
-def bleu_by_length(hypotheses: list[str], references: list[str], sources: list[str],
-                   edges: list[int]) -> list[dict]:
+def bleu_by_length(hypotheses: list[str], references: list[str], sources: list[str], edges: list[int]) -> list[dict]:
     """Corpus BLEU of the sentences in each source-length bucket (whitespace words), as in Bahdanau
     et al. 2014, Fig. 2. ``edges`` [10, 20] gives buckets 0-10, 10-20 and 20+ (lower bound inclusive)."""
     bounds = [0, *edges, None]
     buckets = []
     for low, high in zip(bounds, bounds[1:]):
-        members = [i for i, src in enumerate(sources) if len(src.split()) >= low and (high is None or len(src.split()) < high)]
+        members = [
+            i for i, src in enumerate(sources) if len(src.split()) >= low and (high is None or len(src.split()) < high)
+        ]
         bucket = {"bucket": f"{low}-{high}" if high is not None else f"{low}+", "sentences": len(members)}
         if members:
-            bucket["bleu"] = round(BLEU().corpus_score([hypotheses[i] for i in members], [[references[i] for i in members]]).score, 2)
+            bucket["bleu"] = round(
+                BLEU().corpus_score([hypotheses[i] for i in members], [[references[i] for i in members]]).score, 2
+            )
         buckets.append(bucket)
     return buckets
 
 
-def bleu_of_longest(hypotheses: list[str], references: list[str], sources: list[str],
-                    fraction: float = 0.1) -> tuple[Optional[float], int]:
+def bleu_of_longest(
+    hypotheses: list[str], references: list[str], sources: list[str], fraction: float = 0.1
+) -> tuple[Optional[float], int]:
     """Corpus BLEU of the ⌈fraction · N⌉ sentences with the longest sources (whitespace words; of equal
     lengths, the earlier sentences), and their number: where position schemes that extrapolate differ."""
     n = math.ceil(fraction * len(sources))

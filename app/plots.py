@@ -4,6 +4,7 @@ figure -> PNG bytes (files) or TensorBoard image.
 Accepted shapes, from the model API: (tgt, src) for RNN attention, (layers, heads, tgt, src) for
 Transformer cross-attention. Rows are target tokens (y axis), columns source tokens (x axis).
 """
+
 from __future__ import annotations
 
 import io
@@ -14,6 +15,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+
+from app.alignment import layer_views  # noqa: E402
 
 
 def _draw(ax, weights: np.ndarray, src_tokens: list[str], tgt_tokens: list[str], title: str, labels: bool = True):
@@ -58,22 +61,6 @@ def grid_figure(maps, src_tokens: list[str], tgt_tokens: list[str], names: list[
     return fig
 
 
-def layer_views(attention: torch.Tensor, layer: int = -1) -> dict:
-    """The views of one sentence's attention that plots and alignment files use.
-
-    RNN (tgt, src): ``weights`` is the map itself. Transformer (layers, heads, tgt, src): ``weights``
-    is the head average of ``layer``, ``head_weights`` its heads, ``layer_means`` every layer's head average.
-    """
-    attention = attention.float()
-    if attention.dim() == 2:
-        return {"weights": attention}
-    if attention.dim() != 4:
-        raise ValueError(f"attention of shape {tuple(attention.shape)}: expected (tgt, src) or (layers, heads, tgt, src)")
-    layer = layer % attention.size(0)
-    return {"weights": attention[layer].mean(0), "head_weights": attention[layer], "layer": layer,
-            "layer_means": attention.mean(1)}
-
-
 def figures(attention: torch.Tensor, src_tokens: list[str], tgt_tokens: list[str], layer: int = -1) -> dict:
     """name -> figure for one sentence: the alignment map; for Transformers also the head average of
     every layer (one grid) and every head of the chosen layer (one grid)."""
@@ -84,10 +71,20 @@ def figures(attention: torch.Tensor, src_tokens: list[str], tgt_tokens: list[str
     layers, heads = len(views["layer_means"]), len(views["head_weights"])
     return {
         "alignment": alignment_figure(views["weights"], src_tokens, tgt_tokens, f"layer {chosen}, mean of heads"),
-        "layers": grid_figure(views["layer_means"], src_tokens, tgt_tokens, [f"layer {i}" for i in range(layers)],
-                              "mean of heads, every layer"),
-        "heads": grid_figure(views["head_weights"], src_tokens, tgt_tokens, [f"head {h}" for h in range(heads)],
-                             f"layer {chosen}, every head"),
+        "layers": grid_figure(
+            views["layer_means"],
+            src_tokens,
+            tgt_tokens,
+            [f"layer {i}" for i in range(layers)],
+            "mean of heads, every layer",
+        ),
+        "heads": grid_figure(
+            views["head_weights"],
+            src_tokens,
+            tgt_tokens,
+            [f"head {h}" for h in range(heads)],
+            f"layer {chosen}, every head",
+        ),
     }
 
 
@@ -96,18 +93,3 @@ def png_bytes(fig) -> bytes:
     fig.savefig(buffer, format="png")
     plt.close(fig)
     return buffer.getvalue()
-
-
-def attention_entropy(weights: torch.Tensor) -> float:
-    """Mean entropy (nats) of the attention rows: low when each target token looks at few source tokens."""
-    w = weights.float().clamp_min(1e-12)
-    return float(-(w * w.log()).sum(-1).mean())
-
-
-def monotonicity(weights: torch.Tensor) -> float:
-    """Share of target tokens whose most-attended source position does not move backwards: a
-    diagonality score of an alignment (1.0 for a monotone one)."""
-    argmax = weights.argmax(-1)
-    if argmax.numel() < 2:
-        return 1.0
-    return float((argmax[1:] >= argmax[:-1]).float().mean())

@@ -6,11 +6,12 @@ put into one of a few kinds of work, so the shares add up to 100 %. On a GPU, ``
 kernels' total time over the wall time of the profiled steps: well below 1, the GPU waits for the
 host to launch work (many small kernels, as in an RNN decoder loop) rather than for its own compute.
 """
+
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.autograd import DeviceType
@@ -57,8 +58,11 @@ def profile_steps(run_step: Callable[[], None], steps: int, device: torch.device
         if event.device_type == DeviceType.CPU:
             per_kind[kind_of(event.key)] += self_time(event)
     total = sum(per_kind.values()) or 1.0
-    summary = {"profiled_steps": steps, "measured_on": "GPU kernel time" if cuda else "CPU time of each op",
-               "shares": {k: round(v / total, 3) for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1])}}
+    summary = {
+        "profiled_steps": steps,
+        "measured_on": "GPU kernel time" if cuda else "CPU time of each op",
+        "shares": {k: round(v / total, 3) for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1])},
+    }
     if cuda:
         wall_ms = start.elapsed_time(end)
         summary["ms_per_step"] = round(wall_ms / steps, 2)

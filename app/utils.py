@@ -1,4 +1,5 @@
 """Small helpers shared by several stages: hashing, atomic writes, seeding, devices."""
+
 from __future__ import annotations
 
 import contextlib
@@ -66,9 +67,17 @@ def rng_state(device: torch.device) -> dict:
     import numpy as np
 
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
-             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
-                       "has_gauss": int(has_gauss), "cached": float(cached)}}
+    state = {
+        "python": random.getstate(),
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype("int64")),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
+    }
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -95,15 +104,6 @@ def resolve_device(name: str) -> torch.device:
 
         raise UserError(f"device={name!r} but CUDA is not available on this machine; use device=auto or device=cpu")
     return device
-
-
-def to_plain(cfg) -> dict:
-    """A config node (resolved against its root) or a dataclass, as plain Python containers."""
-    from dataclasses import asdict, is_dataclass
-
-    from omegaconf import OmegaConf
-
-    return asdict(cfg) if is_dataclass(cfg) else OmegaConf.to_container(cfg, resolve=True)
 
 
 def autocast(device: torch.device, dtype):

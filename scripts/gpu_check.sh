@@ -38,15 +38,15 @@ run() {  # run COMMAND...: output appended to the part's log; a failure is noted
 train_eval_bench() {  # NAME LAUNCHER OVERRIDES...: train, eval greedy and beam 5, bench with the weights
     local name=$1 launcher=$2; shift 2
     rm -rf "checkpoints/$name"
-    run $launcher app train name=$name train.max_minutes=$TRAIN_MINUTES train.eval_every=500 \
+    run $launcher app command=train name=$name train.max_minutes=$TRAIN_MINUTES train.eval_every=500 \
         train.save_every=500 train.max_dev_sentences=300 "$@" $EXTRA
     cp "checkpoints/$name/train_summary.json" "$OUT/${name}_train_summary.json" || status=1
     for beam in 1 5; do
-        run $PY -m app eval name=$name decode.beam_size=$beam $EXTRA
+        run $PY -m app command=eval name=$name decode.beam_size=$beam $EXTRA
         cp "checkpoints/$name/eval/test/metrics.json" "$OUT/${name}_beam${beam}_metrics.json" || status=1
     done
-    run $PY -m app bench name=$name "$@" bench.steps=$BENCH_STEPS bench.profile_steps=$PROFILE_STEPS \
-        bench.checkpoint=checkpoints/$name/best.pt $EXTRA
+    run $PY -m app command=bench name=$name "$@" bench.steps=$BENCH_STEPS bench.profile_steps=$PROFILE_STEPS \
+        bench.checkpoint_path=checkpoints/$name/best.pt $EXTRA
     cp "checkpoints/bench/$name.json" "$OUT/${name}_bench.json" || status=1
     cp "checkpoints/bench/${name}_profile.txt" "$OUT/" || status=1
 }
@@ -69,14 +69,14 @@ bench)
     for preset in "model=transformer train.compile=true" "model=rnn_bahdanau train.compile=true" "model=rnn_luong" \
         "model=rnn_plain"; do
         name=bench_$(echo "$preset" | tr -c 'a-z0-9\n' '_' | sed 's/_*$//')
-        run $PY -m app bench name=$name $preset bench.steps=$BENCH_STEPS bench.profile_steps=$PROFILE_STEPS $EXTRA
+        run $PY -m app command=bench name=$name $preset bench.steps=$BENCH_STEPS bench.profile_steps=$PROFILE_STEPS $EXTRA
         cp "checkpoints/bench/$name.json" "checkpoints/bench/${name}_profile.txt" "$OUT/" || status=1
     done
     ;;
 ablation)
     for preset in "model=transformer" "model=rnn_bahdanau"; do
         name=ablation_$(echo "$preset" | tr -c 'a-z0-9\n' '_' | sed 's/_*$//')
-        run $PY -m app bench name=$name $preset bench.steps=$BENCH_STEPS bench.ablate=true bench.decode_sentences=50 $EXTRA
+        run $PY -m app command=bench name=$name $preset bench.steps=$BENCH_STEPS bench.ablate=true bench.decode_sentences=50 $EXTRA
         cp "checkpoints/bench/$name.json" "checkpoints/bench/${name}_ablation.md" "$OUT/" || status=1
     done
     ;;

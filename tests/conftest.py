@@ -10,6 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import subprocess  # noqa: E402
+from typing import NamedTuple  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -47,19 +48,42 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS_CHAPTERS = {1: 31, 2: 25, 3: 24, 4: 26, 5: 32, 6: 22}
 # A 1+1-layer Transformer on it: a CLI training run takes seconds on 2 CPU cores
 TINY = [
-    "data=files", "data.name=tiny", "data.train=corpus.tsv", "data.dev_fraction=0.08", "data.test_fraction=0.08",
-    "tokenizer.vocab_size=400", "model=transformer_small", "model.d_model=32", "model.heads=2",
-    "model.enc_layers=1", "model.dec_layers=1", "model.ff_dim=64", "train.batch_tokens=2000",
-    "train.warmup_steps=10", "train.eval_every=20", "train.save_every=20", "train.log_every=10",
-    "device=cpu", "name=tiny", "viz.sentences=2", "viz.eval_plots=2",
+    "data=files",
+    "data.name=tiny",
+    "data.train=corpus.tsv",
+    "data.dev_fraction=0.08",
+    "data.test_fraction=0.08",
+    "tokenizer.vocab_size=400",
+    "model=transformer_small",
+    "model.d_model=32",
+    "model.heads=2",
+    "model.enc_layers=1",
+    "model.dec_layers=1",
+    "model.ff_dim=64",
+    "train.batch_tokens=2000",
+    "train.warmup_steps=10",
+    "train.eval_every=20",
+    "train.save_every=20",
+    "train.log_every=10",
+    "device=cpu",
+    "name=tiny",
+    "viz.sentences=2",
+    "viz.eval_plots=2",
 ]
 
 
 def run_cli(cwd, *args, stdin=None, timeout=600, env=None):
     """``python -m app ARGS`` in ``cwd``, as a user runs it; returns the CompletedProcess."""
     env = {**os.environ, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "app", *args], cwd=cwd, input=stdin, capture_output=True,
-                          text=True, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -75,12 +99,32 @@ def corpus_tsv(tmp_path_factory):
     return path
 
 
-def compose_config(*overrides):
-    """The project's Hydra config with these overrides, as the CLI would build it (no run folder)."""
+def compose_config(*overrides, command="train"):
+    """The project's configuration with these overrides, as the CLI builds it: the schema's dataclasses.
+    Hydra's output folder is not made: run_dir is checkpoints/<name> unless an override sets it."""
     from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
 
-    from app.config import register_configs
+    import app.cli  # noqa: F401  (registers the schema and the resolvers of conf/config.yaml)
+    from app.config import load_config
 
-    register_configs()
     with initialize_config_dir(config_dir=os.path.join(REPO, "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+        cfg = compose("config", overrides=[f"command={command}", *overrides])
+    if OmegaConf.is_interpolation(cfg, "run_dir"):
+        cfg.run_dir = None
+    return load_config(cfg)
+
+
+class Vocab(NamedTuple):
+    """Vocabulary sizes for a model built without a tokenizer (what build_model reads of one)."""
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+    joint: bool = True
+
+
+def model_config(**settings):
+    """The model schema of ``settings["arch"]`` (Transformer by default) with these settings."""
+    from app.config import MODEL_SCHEMAS
+
+    return MODEL_SCHEMAS[settings.get("arch", "transformer")](**settings)

@@ -1,14 +1,14 @@
 """Hard alignments from attention and AER, by hand and on a learned toy task."""
+
 import pytest
 import torch
+from conftest import Vocab, model_config
+from toy_tasks import reversal_data, train_on_reversal
 
-from app.alignment import alignment_error_rate, hard_alignment, read_pharaoh, word_index
-from app.config import ModelConfig
+from app.alignment import alignment_error_rate, hard_alignment, layer_views, read_pharaoh, word_index
 from app.data.batching import Batcher
 from app.errors import UserError
 from app.models import build_model
-from app.plots import layer_views
-from toy_tasks import reversal_data, train_on_reversal
 
 
 def test_pieces_merge_into_words():
@@ -21,9 +21,9 @@ def test_hard_alignment_sums_pieces_then_takes_the_argmax():
     weights = [
         [0.9, 0.1, 0.0, 0.0, 0.0],
         [0.0, 0.8, 0.1, 0.1, 0.0],
-        [0.1, 0.0, 0.4, 0.4, 0.1],   # "princip"+"io" = 0.8 beats "En" 0.1
-        [0.0, 0.5, 0.2, 0.3, 0.0],   # joins row above: word 2 -> source word 2 (1.3) over "el" (0.5)
-        [0.0, 0.0, 0.0, 0.0, 1.0],   # </s> row: ignored
+        [0.1, 0.0, 0.4, 0.4, 0.1],  # "princip"+"io" = 0.8 beats "En" 0.1
+        [0.0, 0.5, 0.2, 0.3, 0.0],  # joins row above: word 2 -> source word 2 (1.3) over "el" (0.5)
+        [0.0, 0.0, 0.0, 0.0, 1.0],  # </s> row: ignored
     ]
     assert hard_alignment(weights, src, tgt) == {(0, 0), (1, 1), (2, 2)}
 
@@ -43,11 +43,20 @@ def test_aer_hand_computed(tmp_path):
         read_pharaoh(str(path))
 
 
+@pytest.mark.slow
 def test_attention_rnn_on_reversal_has_low_aer():
     torch.manual_seed(0)
-    cfg = ModelConfig(arch="rnn", emb_dim=32, hidden=64, enc_layers=1, dec_layers=1, dropout=0.0,
-                      tie_embeddings=False, attention="bahdanau")
-    model = build_model(cfg, 16, 16, joint_vocab=True)
+    cfg = model_config(
+        arch="rnn",
+        emb_dim=32,
+        hidden=64,
+        enc_layers=1,
+        dec_layers=1,
+        dropout=0.0,
+        tie_embeddings=False,
+        attention="bahdanau",
+    )
+    model = build_model(cfg, Vocab(16, 16))
     train_on_reversal(model, steps=400)
     src, tgt = reversal_data(100, seed=7)
     batch = Batcher(src, tgt)(list(range(100)))

@@ -1,4 +1,5 @@
 """Known-answer checks for scaled dot-product multi-head attention."""
+
 import math
 
 import pytest

@@ -1,11 +1,17 @@
 """Bad input through the real CLI: each case ends in one line naming the file, line or setting (exit
 code 2, no traceback), or in a counted, reported drop."""
+
 import json
 
 import pytest
 from conftest import run_cli
 
-GOOD = "Gen.1.1\tEn el principio creó Dios los cielos y la tierra.\tIn the beginning, God created the heavens and the earth.\n"
+pytestmark = pytest.mark.slow  # every test here runs the real CLI in a subprocess, or compiles
+
+GOOD = (
+    "Gen.1.1\tEn el principio creó Dios los cielos y la tierra.\t"
+    "In the beginning, God created the heavens and the earth.\n"
+)
 
 
 def files(**named):
@@ -17,15 +23,31 @@ def files(**named):
 ERRORS = [
     ("missing file", files(), ["data.train=nope.tsv"], ["nope.tsv: file not found"]),
     ("empty file", files(**{"e.tsv": ""}), ["data.train=e.tsv"], ["e.tsv: file is empty"]),
-    ("too few columns", files(**{"c.tsv": GOOD + "just one column\n"}), ["data.train=c.tsv"],
-     ["c.tsv:2: expected 2 (src, tgt) or 3 (id, src, tgt) tab-separated columns, got 1"]),
+    (
+        "too few columns",
+        files(**{"c.tsv": GOOD + "just one column\n"}),
+        ["data.train=c.tsv"],
+        ["c.tsv:2: expected 2 (src, tgt) or 3 (id, src, tgt) tab-separated columns, got 1"],
+    ),
     ("too many columns", files(**{"c.tsv": GOOD + "a\tb\tc\td\n"}), ["data.train=c.tsv"], ["c.tsv:2:", "got 4"]),
-    ("invalid UTF-8", files(**{"u.tsv": GOOD.encode() * 2 + b"x\t\xff\xfe\ty\n"}), ["data.train=u.tsv"],
-     ["u.tsv:3: not valid UTF-8"]),
-    ("parallel files of different lengths", files(**{"a.es": "uno\ndos\ntres\n", "a.en": "one\ntwo\n"}),
-     ["data.train='a.es,a.en'"], ["a.es has 3 lines but a.en has 2"]),  # quoted: Hydra reads a bare comma as a sweep
-    ("JSONL row without the fields", files(**{"j.jsonl": '{"source": "hola", "target": "hello"}\n'}),
-     ["data.train=j.jsonl"], ["j.jsonl:1: expected", "got keys ['source', 'target']"]),
+    (
+        "invalid UTF-8",
+        files(**{"u.tsv": GOOD.encode() * 2 + b"x\t\xff\xfe\ty\n"}),
+        ["data.train=u.tsv"],
+        ["u.tsv:3: not valid UTF-8"],
+    ),
+    (
+        "parallel files of different lengths",
+        files(**{"a.es": "uno\ndos\ntres\n", "a.en": "one\ntwo\n"}),
+        ["data.train='a.es,a.en'"],
+        ["a.es has 3 lines but a.en has 2"],
+    ),  # quoted: Hydra reads a bare comma as a sweep
+    (
+        "JSONL row without the fields",
+        files(**{"j.jsonl": '{"source": "hola", "target": "hello"}\n'}),
+        ["data.train=j.jsonl"],
+        ["j.jsonl:1: expected", "got keys ['source', 'target']"],
+    ),
     ("unknown setting", files(), ["train.max_stepz=3"], ["max_stepz"]),
     ("wrong type", files(), ["train.max_steps=many"], ["max_steps", "many"]),
 ]
@@ -35,7 +57,7 @@ ERRORS = [
 def test_bad_input_is_one_clear_line(tmp_path, case, inputs, args, fragments):
     for name, content in inputs.items():
         (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
-    result = run_cli(tmp_path, "prepare", "data=files", "data.name=bad", *args)
+    result = run_cli(tmp_path, "command=prepare", "data=files", "data.name=bad", *args)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     for fragment in fragments:
@@ -48,17 +70,31 @@ def test_hub_dataset_without_the_configured_fields(tmp_path):
     import datasets
 
     datasets.Dataset.from_dict({"es": ["hola"] * 8, "en": ["hello"] * 8}).save_to_disk(str(tmp_path / "ds"))
-    result = run_cli(tmp_path, "prepare", "data=hf", "data.name=bad", f"data.hf_path={tmp_path / 'ds'}")
+    result = run_cli(tmp_path, "command=prepare", "data=hf", "data.name=bad", f"data.hf_path={tmp_path / 'ds'}")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "field 'translation.es' not found" in result.stderr and "data.src_field" in result.stderr
 
 
 def test_empty_overlong_and_duplicate_pairs_are_dropped_counted_and_reported(tmp_path):
     rows = [f"v{i}\tfrase número {i}\tsentence number {i}\n" for i in range(40)]
-    rows += ["e1\t\tonly a target\n", "e2\tsólo origen\t\n", f"long\t{'palabra ' * 400}\tword\n", rows[0].replace("v0", "dup")]
+    rows += [
+        "e1\t\tonly a target\n",
+        "e2\tsólo origen\t\n",
+        f"long\t{'palabra ' * 400}\tword\n",
+        rows[0].replace("v0", "dup"),
+    ]
     (tmp_path / "t.tsv").write_text("".join(rows), encoding="utf-8")
-    result = run_cli(tmp_path, "prepare", "data=files", "data.name=d", "data.train=t.tsv",
-                     "data.dev_fraction=0", "data.test_fraction=0", "data.dev=t.tsv", "data.test=t.tsv")
+    result = run_cli(
+        tmp_path,
+        "command=prepare",
+        "data=files",
+        "data.name=d",
+        "data.train=t.tsv",
+        "data.dev_fraction=0",
+        "data.test_fraction=0",
+        "data.dev=t.tsv",
+        "data.test=t.tsv",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "data" / "d" / "prepare.json").read_text())
     assert report["dropped"]["train"] == {"empty": 2, "max_chars": 1, "duplicate": 1}
@@ -66,9 +102,11 @@ def test_empty_overlong_and_duplicate_pairs_are_dropped_counted_and_reported(tmp
     assert "dropped {'empty': 2, 'max_chars': 1, 'duplicate': 1}" in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("stdin,error", [("", "standard input: nothing to translate"),
-                                         (None, "translate.input='missing.txt': file not found")])
+@pytest.mark.parametrize(
+    "stdin,error",
+    [("", "standard input: nothing to translate"), (None, "translate.input='missing.txt': file not found")],
+)
 def test_translate_input_that_is_empty_or_missing(tmp_path, stdin, error):
     args = ["translate.input=missing.txt"] if stdin is None else []
-    result = run_cli(tmp_path, "translate", "name=none", *args, stdin=stdin or "")
+    result = run_cli(tmp_path, "command=translate", "name=none", *args, stdin=stdin or "")
     assert result.returncode == 2 and error in result.stderr and "Traceback" not in result.stderr

@@ -1,4 +1,5 @@
 """Token-budget batching and padding."""
+
 import random
 
 import pytest
@@ -80,7 +81,9 @@ def test_same_seed_and_epoch_same_batches_other_epoch_other_order():
 
 def test_unshuffled_is_independent_of_seed():
     src_lens, tgt_lens = random_lengths(200, seed=2)
-    assert make_batches(src_lens, tgt_lens, 400, seed=1, epoch=0) == make_batches(src_lens, tgt_lens, 400, seed=7, epoch=9)
+    assert make_batches(src_lens, tgt_lens, 400, seed=1, epoch=0) == make_batches(
+        src_lens, tgt_lens, 400, seed=7, epoch=9
+    )
 
 
 def test_batcher_shapes_bos_eos_and_padding():
@@ -96,7 +99,9 @@ def test_batcher_shapes_bos_eos_and_padding():
     assert batch.src_lengths.tolist() == [4, 2] and batch.src_lengths.device.type == "cpu"  # with EOS
     assert batch.to(torch.device("cpu")).src_lengths is batch.src_lengths  # stays on the host
     # tgt_out is tgt_in shifted left by one wherever tgt_in is not padding
-    assert torch.equal(batch.tgt_in[:, 1:][batch.tgt_in[:, 1:] != PAD], batch.tgt_out[:, :-1][batch.tgt_in[:, 1:] != PAD])
+    assert torch.equal(
+        batch.tgt_in[:, 1:][batch.tgt_in[:, 1:] != PAD], batch.tgt_out[:, :-1][batch.tgt_in[:, 1:] != PAD]
+    )
 
 
 def test_batcher_order_follows_indices_and_shapes_follow_longest():

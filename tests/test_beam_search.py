@@ -1,11 +1,13 @@
 """Beam search: known answers on a model whose probabilities are set by hand, and agreement with
 greedy search on real models of every family."""
+
 import math
 
 import pytest
 import torch
+from conftest import Vocab, model_config
 
-from app.config import ModelConfig
+from app.config import DecodeConfig
 from app.data.tokenizer import BOS, EOS, PAD
 from app.decoding import beam_search, decode_corpus, greedy_decode, length_penalty
 from app.models import build_model
@@ -80,7 +82,9 @@ def test_length_limit_ends_every_beam():
 
 
 FAMILIES = {
-    "transformer": dict(arch="transformer", d_model=16, heads=2, enc_layers=2, dec_layers=2, ff_dim=32),
+    "transformer": dict(
+        arch="transformer", d_model=16, heads=2, enc_layers=2, dec_layers=2, ff_dim=32, attention_dropout=0.0
+    ),
     "rnn_bahdanau": dict(arch="rnn", emb_dim=16, hidden=32, attention="bahdanau"),
     "rnn_luong_lstm": dict(arch="rnn", emb_dim=16, hidden=32, attention="luong", cell="lstm", tie_embeddings=False),
     "rnn_plain": dict(arch="rnn", emb_dim=16, hidden=32, attention="none"),
@@ -89,7 +93,7 @@ FAMILIES = {
 
 def real_model(family):
     torch.manual_seed(0)
-    return build_model(ModelConfig(dropout=0.0, attention_dropout=0.0, **FAMILIES[family]), 30, 30, True).eval()
+    return build_model(model_config(dropout=0.0, **FAMILIES[family]), Vocab(30, 30)).eval()
 
 
 def sources():
@@ -101,10 +105,12 @@ def sources():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_beam_size_one_is_greedy(family):
+def test_beam_size_one_without_length_penalty_is_greedy(family):
+    """With α > 0 a single beam may go on past an EOS that a longer, better-normalized hypothesis beats;
+    without the penalty it stops where greedy does."""
     model, src = real_model(family), sources()
     greedy = greedy_decode(model, src, 1.0, 3, need_attention=True)
-    beam = beam_search(model, src, beam_size=1, max_len_ratio=1.0, max_len_extra=3, need_attention=True)
+    beam = beam_search(model, src, beam_size=1, alpha=0.0, max_len_ratio=1.0, max_len_extra=3, need_attention=True)
     assert beam.tokens == greedy.tokens
     if greedy.attention is None:
         assert beam.attention is None
@@ -131,7 +137,7 @@ def test_decode_corpus_restores_input_order_with_beams():
     model = real_model("transformer")
     src = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15]]
     one_by_one = [beam_search(model, torch.tensor([s + [EOS]]), beam_size=3).tokens[0] for s in src]
-    together = decode_corpus(model, src, torch.device("cpu"), batch_tokens=30, beam_size=3)
+    together = decode_corpus(model, src, torch.device("cpu"), DecodeConfig(batch_tokens=30, beam_size=3))
     assert together.tokens == one_by_one
 
 
@@ -142,9 +148,11 @@ def test_asking_less_often_whether_all_are_done_changes_nothing(family, monkeypa
     model, src = real_model(family), sources()
     results = {}
     for every in (1, 8):
-        monkeypatch.setattr("app.decoding.done_check_interval", lambda device: every)
-        results[every] = (beam_search(model, src, beam_size=3, n_best=3, need_attention=True),
-                          greedy_decode(model, src, need_attention=True))
+        monkeypatch.setattr("app.decoding.done_check_interval", lambda device, every=every: every)
+        results[every] = (
+            beam_search(model, src, beam_size=3, n_best=3, need_attention=True),
+            greedy_decode(model, src, need_attention=True),
+        )
     (beam_1, greedy_1), (beam_8, greedy_8) = results[1], results[8]
     assert beam_1.nbest == beam_8.nbest and greedy_1.tokens == greedy_8.tokens
     for a, b in zip(beam_1.attention + greedy_1.attention, beam_8.attention + greedy_8.attention):
@@ -157,7 +165,7 @@ def test_no_hypothesis_ends_after_its_sentence_is_done(monkeypatch):
     model = MarkovModel({BOS: {EOS: 0.5, B: 0.365, A: 0.135}, B: {EOS: 0.6, A: 0.4}, A: {A: 1.0}})
     results = []
     for every in (1, 8):
-        monkeypatch.setattr("app.decoding.done_check_interval", lambda device: every)
+        monkeypatch.setattr("app.decoding.done_check_interval", lambda device, every=every: every)
         results.append(beam_search(model, SRC, beam_size=2, alpha=1.0, n_best=2, max_len_ratio=0.5, max_len_extra=1))
     assert [tokens for tokens, _ in results[0].nbest[0]] == [[], [B]]
     assert results[1].nbest == results[0].nbest

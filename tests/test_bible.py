@@ -1,4 +1,5 @@
 """The bible source: OSIS markup cleaning, and real verses from the installed SWORD modules."""
+
 import pytest
 
 from app.config import FilterConfig
@@ -14,12 +15,15 @@ WEB, RV = "engWEB2015eb", "spaRV1909eb"
 
 
 def test_footnote_dropped_with_content_without_gluing_words():
-    raw = 'God<note placement="foot"><reference type="annotateRef">1:1 </reference>x</note><w lemma="strong:H1254">created</w>'
+    raw = (
+        'God<note placement="foot"><reference type="annotateRef">1:1 </reference>x</note>'
+        '<w lemma="strong:H1254">created</w>'
+    )
     assert clean_osis(raw) == "God created"
 
 
 def test_multiline_footnote_dropped():
-    raw = "Christ,<note placement=\"foot\">Messiah (Hebrew)\nand Christ (Greek)</note><w>the</w> son"
+    raw = 'Christ,<note placement="foot">Messiah (Hebrew)\nand Christ (Greek)</note><w>the</w> son'
     assert clean_osis(raw) == "Christ, the son"
 
 
@@ -33,12 +37,15 @@ def test_word_tags_removed_without_spaces_before_punctuation():
 
 
 def test_inline_tags_do_not_split_words():
-    assert clean_osis("<w>Solomon</w><transChange type=\"added\">’s</transChange> song") == "Solomon’s song"
+    assert clean_osis('<w>Solomon</w><transChange type="added">’s</transChange> song') == "Solomon’s song"
     assert clean_osis('said, <q marker="“">Follow me</q>') == "said, Follow me"
 
 
 def test_poetry_lines_separate_words():
-    raw = '<l level="1" sID="a"/><w>Yahweh</w> is my shepherd;<l eID="a"/><l level="2" sID="b"/>I shall lack nothing.<l eID="b"/>'
+    raw = (
+        '<l level="1" sID="a"/><w>Yahweh</w> is my shepherd;<l eID="a"/>'
+        '<l level="2" sID="b"/>I shall lack nothing.<l eID="b"/>'
+    )
     assert clean_osis(raw) == "Yahweh is my shepherd; I shall lack nothing."
     assert clean_osis("<l>first</l><l>second</l>") == "first second"
     assert clean_osis("<lg><l>one</l></lg><lg><l>two</l></lg>") == "one two"

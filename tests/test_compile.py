@@ -1,27 +1,37 @@
 """train.compile=true: the torch.compile'd Transformer (and the RNN decoders' compiled loop step) trains
 like the eager one, and batches of new shapes reuse the compiled graphs instead of compiling again."""
+
 import pytest
 import torch
-from omegaconf import OmegaConf
+from conftest import Vocab, model_config
 
-from app.config import Config, ModelConfig
+from app.config import Config
 from app.data.batching import Batch
 from app.errors import UserError
 from app.models import build_model
-from app.training import compiled_for_training, make_optimizer, train_step
+from app.step import compiled_for_training, make_optimizer, train_step
 
-SHAPES = [(3, 6, 6), (4, 7, 3), (2, 9, 11), (5, 4, 4), (3, 12, 8)]  # (sentences, source, target length); source = target in the first
+pytestmark = pytest.mark.slow  # every test here runs the real CLI in a subprocess, or compiles
+
+SHAPES = [
+    (3, 6, 6),
+    (4, 7, 3),
+    (2, 9, 11),
+    (5, 4, 4),
+    (3, 12, 8),
+]  # (sentences, source, target length); source = target in the first
 # Inductor picks a CPU reduction strategy by the size of sentences × source length (a guard at 32): RNN
 # shapes stay on one side of it, as real batches do
 RNN_SHAPES = [(5, 8, 8), (6, 9, 4), (4, 12, 11), (7, 6, 6), (5, 14, 9)]
 
 
-TRANSFORMER = dict(arch="transformer", d_model=16, heads=2, enc_layers=1, dec_layers=1, ff_dim=32)
+TRANSFORMER = dict(
+    arch="transformer", d_model=16, heads=2, enc_layers=1, dec_layers=1, ff_dim=32, attention_dropout=0.0
+)
 
 
 def config(compile: bool, **model):
-    cfg = OmegaConf.structured(Config)
-    cfg.model = OmegaConf.structured(ModelConfig(dropout=0.0, attention_dropout=0.0, **model))
+    cfg = Config(model=model_config(dropout=0.0, **model))
     cfg.train.compile = compile
     return cfg
 
@@ -37,7 +47,7 @@ def batches(shapes):
 def train(compile: bool, **model):
     cfg = config(compile, **(model or TRANSFORMER))
     torch.manual_seed(0)
-    model = build_model(cfg.model, 30, 30, True)
+    model = build_model(cfg.model, Vocab(30, 30))
     optimizer, scheduler = make_optimizer(model, cfg)
     trained = compiled_for_training(model, cfg)
     losses, graphs = [], []
@@ -63,8 +73,14 @@ def test_compiled_training_matches_eager_and_compiles_once_for_all_shapes():
 RNN = dict(arch="rnn", emb_dim=8, hidden=8, enc_layers=1, dec_layers=2)
 
 
-@pytest.mark.parametrize("decoder", [dict(attention="bahdanau"), dict(attention="luong", score="general", cell="lstm"),
-                                     dict(attention="luong", score="dot")])
+@pytest.mark.parametrize(
+    "decoder",
+    [
+        dict(attention="bahdanau"),
+        dict(attention="luong", score="general", cell="lstm"),
+        dict(attention="luong", score="dot"),
+    ],
+)
 def test_compiled_rnn_loop_step_matches_eager_and_compiles_once_for_all_shapes(decoder):
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
@@ -79,7 +95,7 @@ def test_compiled_rnn_loop_step_matches_eager_and_compiles_once_for_all_shapes(d
 
 def test_compile_leaves_an_rnn_decoder_without_a_loop_eager(caplog):
     cfg = config(True, **RNN, attention="luong", input_feeding=False)
-    model = build_model(cfg.model, 30, 30, True)
+    model = build_model(cfg.model, Vocab(30, 30))
     assert compiled_for_training(model, cfg) is model
     assert "no loop to compile" in caplog.text
     assert type(model.decoder.loop_step).__name__ == "method"
@@ -89,4 +105,4 @@ def test_an_unknown_compile_mode_gets_a_one_line_error():
     cfg = config(True, **TRANSFORMER)
     cfg.train.compile_mode = "fast"
     with pytest.raises(UserError, match="train.compile_mode='fast': choose one of default, reduce-overhead"):
-        compiled_for_training(build_model(cfg.model, 30, 30, True), cfg)
+        compiled_for_training(build_model(cfg.model, Vocab(30, 30)), cfg)

@@ -1,4 +1,5 @@
 """The files and hf sources: every accepted format, and one-line UserErrors for bad input."""
+
 import json
 import re
 
@@ -39,8 +40,15 @@ def files_cfg(**kw) -> DataConfig:
 
 
 def hf_cfg(hf_path, **kw) -> DataConfig:
-    base = dict(source="hf", name="x", dir="unused", hf_path=str(hf_path), train="train",
-                src_field="translation.es", tgt_field="translation.en")
+    base = dict(
+        source="hf",
+        name="x",
+        dir="unused",
+        hf_path=str(hf_path),
+        train="train",
+        src_field="translation.es",
+        tgt_field="translation.en",
+    )
     return DataConfig(**{**base, **kw})
 
 
@@ -65,7 +73,9 @@ def test_tsv_crlf_line_endings(tmp_path):
 
 
 def test_tsv_three_columns_keeps_id(write_tsv):
-    path = write_tsv("b.tsv", [("Gen.1.1", "En el principio", "In the beginning"), ("Gen.1.2", "y la tierra", "and the earth")])
+    path = write_tsv(
+        "b.tsv", [("Gen.1.1", "En el principio", "In the beginning"), ("Gen.1.2", "y la tierra", "and the earth")]
+    )
     assert read_parallel_file(path) == [
         Pair("Gen.1.1", "En el principio", "In the beginning"),
         Pair("Gen.1.2", "y la tierra", "and the earth"),
@@ -81,10 +91,15 @@ def test_jsonl_src_tgt(tmp_path):
 
 def test_jsonl_translation_dict_uses_languages(tmp_path):
     path = tmp_path / "t.jsonl"
-    rows = [{"translation": {"es": "hola", "en": "hello", "fr": "salut"}},
-            {"translation": {"es": "gato", "en": "cat", "fr": "chat"}}]
+    rows = [
+        {"translation": {"es": "hola", "en": "hello", "fr": "salut"}},
+        {"translation": {"es": "gato", "en": "cat", "fr": "chat"}},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    assert read_parallel_file(str(path), "es", "en") == [Pair("t.jsonl:1", "hola", "hello"), Pair("t.jsonl:2", "gato", "cat")]
+    assert read_parallel_file(str(path), "es", "en") == [
+        Pair("t.jsonl:1", "hola", "hello"),
+        Pair("t.jsonl:2", "gato", "cat"),
+    ]
     assert [(p.src, p.tgt) for p in read_parallel_file(str(path), "fr", "es")] == [("salut", "hola"), ("chat", "gato")]
 
 
@@ -92,7 +107,11 @@ def test_plain_text_pair(tmp_path):
     (tmp_path / "a.es").write_text("uno\ndos\ntres\n", encoding="utf-8")
     (tmp_path / "a.en").write_text("one\ntwo\nthree\n", encoding="utf-8")
     spec = f"{tmp_path / 'a.es'},{tmp_path / 'a.en'}"
-    assert read_parallel_file(spec) == [Pair("a.es:1", "uno", "one"), Pair("a.es:2", "dos", "two"), Pair("a.es:3", "tres", "three")]
+    assert read_parallel_file(spec) == [
+        Pair("a.es:1", "uno", "one"),
+        Pair("a.es:2", "dos", "two"),
+        Pair("a.es:3", "tres", "three"),
+    ]
 
 
 def test_read_files_per_split(write_tsv):

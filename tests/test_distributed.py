@@ -1,6 +1,7 @@
 """Scale-out through the real launcher: two gloo processes under torchrun against one process with
 gradient accumulation on the same global batches, rank-0-only outputs, resume under DDP, and the
 token budget per update."""
+
 import os
 import shutil
 import subprocess
@@ -14,10 +15,18 @@ from test_reliability import step_losses, weights
 from app.config import TrainConfig
 from app.training import accumulation_steps
 
+pytestmark = pytest.mark.slow  # every test here runs the real CLI in a subprocess, or compiles
+
 # no dropout: the two set-ups draw their random numbers differently; small batches: several per epoch
 EXACT = [a for a in TINY if not a.startswith(("train.", "name="))] + [
-    "model.dropout=0", "model.attention_dropout=0", "train.batch_tokens=600", "train.warmup_steps=10",
-    "train.log_every=1", "train.eval_every=1000", "train.save_every=10", "train.keep_last=0",
+    "model.dropout=0",
+    "model.attention_dropout=0",
+    "train.batch_tokens=600",
+    "train.warmup_steps=10",
+    "train.log_every=1",
+    "train.eval_every=1000",
+    "train.save_every=10",
+    "train.keep_last=0",
 ]
 # one thread per process: a matrix product summed in another order would differ in the last bits
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -25,13 +34,22 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 def torchrun(cwd, *args, nproc=2, timeout=600):
     env = {**os.environ, **ONE_THREAD, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "app", "train", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "app",
+        "command=train",
+        *args,
+    ]
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout)
 
 
 def single(cwd, *args):
-    return run_cli(cwd, "train", *args, env=ONE_THREAD)
+    return run_cli(cwd, "command=train", *args, env=ONE_THREAD)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +58,9 @@ def runs(tmp_path_factory, corpus_tsv):
     root = tmp_path_factory.mktemp("ddp")
     shutil.copy(corpus_tsv, root / "corpus.tsv")
     ddp = torchrun(root, *EXACT, "name=ddp", "train.max_steps=20")
-    assert ddp.returncode == 0, "\n".join(l for l in (ddp.stdout + ddp.stderr).splitlines() if "training:" not in l)[-6000:]
+    assert ddp.returncode == 0, "\n".join(
+        line for line in (ddp.stdout + ddp.stderr).splitlines() if "training:" not in line
+    )[-6000:]
     accumulated = single(root, *EXACT, "name=accum", "train.max_steps=20", "train.accum_steps=2")
     assert accumulated.returncode == 0, accumulated.stderr[-3000:]
     return root, ddp
@@ -84,9 +104,13 @@ def test_only_rank_zero_writes(runs):
 
 def test_resume_under_ddp_continues_exactly(runs):
     root, _ = runs
-    dropout = [a for a in EXACT if not a.startswith(("model.dropout", "model.attention_dropout"))]  # each rank's own stream
+    dropout = [
+        a for a in EXACT if not a.startswith(("model.dropout", "model.attention_dropout"))
+    ]  # each rank's own stream
     full = torchrun(root, *dropout, "name=ddp_full", "train.max_steps=20")
-    assert full.returncode == 0, "\n".join(l for l in (full.stdout + full.stderr).splitlines() if "training:" not in l)[-8000:]
+    assert full.returncode == 0, "\n".join(
+        line for line in (full.stdout + full.stderr).splitlines() if "training:" not in line
+    )[-8000:]
     first = torchrun(root, *dropout, "name=ddp_resumed", "train.max_steps=10")
     assert first.returncode == 0, first.stderr[-3000:]
     second = torchrun(root, *dropout, "name=ddp_resumed", "train.max_steps=20", "train.resume=true")

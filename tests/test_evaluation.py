@@ -1,4 +1,5 @@
 """Corpus scores agree with sacrebleu's own functions."""
+
 import pytest
 import sacrebleu
 

@@ -1,11 +1,13 @@
 """The one plotting path for every attention type, and the alignment scores it logs."""
+
 import io
 
 import pytest
 import torch
 from PIL import Image
 
-from app.plots import attention_entropy, figures, layer_views, monotonicity, png_bytes
+from app.alignment import attention_entropy, layer_views, monotonicity
+from app.plots import figures, png_bytes
 
 
 def test_rnn_attention_gives_one_labelled_map():

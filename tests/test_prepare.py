@@ -1,4 +1,5 @@
 """Corpus preparation: deterministic hash split, filter rules, cached prepare()."""
+
 import json
 import os
 from collections import Counter
@@ -136,9 +137,18 @@ def test_prepare_given_dev_is_kept_and_test_carved(tmp_path, write_tsv):
 
 
 def test_prepare_drops_in_train_and_reports(tmp_path, write_tsv):
-    rows = corpus_rows(200) + [("dup", "frase numero 0 en espanol", "sentence number 0 in english"), ("empty", "x", " ")]
-    cfg = data_cfg(tmp_path, train=write_tsv("corpus.tsv", rows), dev_fraction=0.0, test_fraction=0.0,
-                   dev=write_tsv("dev.tsv", [("d", "a", "b")]), test=write_tsv("test.tsv", [("t", "c", "d")]))
+    rows = corpus_rows(200) + [
+        ("dup", "frase numero 0 en espanol", "sentence number 0 in english"),
+        ("empty", "x", " "),
+    ]
+    cfg = data_cfg(
+        tmp_path,
+        train=write_tsv("corpus.tsv", rows),
+        dev_fraction=0.0,
+        test_fraction=0.0,
+        dev=write_tsv("dev.tsv", [("d", "a", "b")]),
+        test=write_tsv("test.tsv", [("t", "c", "d")]),
+    )
     report = prepare(cfg)
     assert report["dropped"]["train"] == {"duplicate": 1, "empty": 1}
     assert report["pairs"] == {"train": 200, "dev": 1, "test": 1}
@@ -160,8 +170,14 @@ def test_prepare_second_call_does_not_rewrite(tmp_path, write_tsv):
 
 def test_prepare_changed_filter_reprepares(tmp_path, write_tsv):
     rows = corpus_rows(300) + [("long", "a" * 40, "b" * 40)]
-    cfg = data_cfg(tmp_path, train=write_tsv("corpus.tsv", rows), dev_fraction=0.0, test_fraction=0.0,
-                   dev=write_tsv("dev.tsv", [("d", "a", "b")]), test=write_tsv("test.tsv", [("t", "c", "d")]))
+    cfg = data_cfg(
+        tmp_path,
+        train=write_tsv("corpus.tsv", rows),
+        dev_fraction=0.0,
+        test_fraction=0.0,
+        dev=write_tsv("dev.tsv", [("d", "a", "b")]),
+        test=write_tsv("test.tsv", [("t", "c", "d")]),
+    )
     first = prepare(cfg)
     before = stats(cfg.dir)
     assert first["pairs"]["train"] == 301
@@ -194,8 +210,9 @@ def test_prepare_missing_split_of_files_is_regenerated(tmp_path, write_tsv):
 
 
 def test_prepare_empty_split_is_user_error(tmp_path, write_tsv):
-    cfg = data_cfg(tmp_path, train=write_tsv("corpus.tsv", corpus_rows(50)),
-                   test=write_tsv("test.tsv", [("t", "", "nothing")]))
+    cfg = data_cfg(
+        tmp_path, train=write_tsv("corpus.tsv", corpus_rows(50)), test=write_tsv("test.tsv", [("t", "", "nothing")])
+    )
     with pytest.raises(UserError, match="test split"):
         prepare(cfg)
 
@@ -208,8 +225,17 @@ def write_jsonl_folder(folder, n):
 
 
 def hf_folder_cfg(tmp_path) -> DataConfig:
-    return DataConfig(source="hf", name="x", dir=str(tmp_path / "d"), hf_path=str(tmp_path / "folder"), train="train",
-                      src_field="translation.es", tgt_field="translation.en", dev_fraction=0.2, test_fraction=0.2)
+    return DataConfig(
+        source="hf",
+        name="x",
+        dir=str(tmp_path / "d"),
+        hf_path=str(tmp_path / "folder"),
+        train="train",
+        src_field="translation.es",
+        tgt_field="translation.en",
+        dev_fraction=0.2,
+        test_fraction=0.2,
+    )
 
 
 def test_prepare_hf_local_folder(tmp_path):

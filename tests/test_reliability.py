@@ -1,5 +1,6 @@
 """Reliability through the real CLI: exact resume after SIGTERM or SIGKILL at a random step, refusal
 to overwrite a run, mismatched resume, snapshot rotation and averaging, over-long translate input."""
+
 import os
 import random
 import re
@@ -13,17 +14,27 @@ import pytest
 import torch
 from conftest import REPO, TINY, run_cli
 
+pytestmark = pytest.mark.slow  # every test here runs the real CLI in a subprocess, or compiles
+
 # log every step (per-step losses to compare), no validation in the way, a snapshot every 5 steps
 RUN = [a for a in TINY if not a.startswith(("train.eval_every", "train.save_every", "train.log_every", "name="))] + [
-    "train.log_every=1", "train.eval_every=1000", "train.save_every=5", "train.keep_last=3",
+    "train.log_every=1",
+    "train.eval_every=1000",
+    "train.save_every=5",
+    "train.keep_last=3",
 ]
 STEPS = 60
 
 
 def start_training(cwd, name, log):
     env = {**os.environ, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0"}
-    return subprocess.Popen([sys.executable, "-m", "app", "train", *RUN, f"name={name}", f"train.max_steps={STEPS}"],
-                            cwd=cwd, stdout=log, stderr=log, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "app", "command=train", *RUN, f"name={name}", f"train.max_steps={STEPS}"],
+        cwd=cwd,
+        stdout=log,
+        stderr=log,
+        env=env,
+    )
 
 
 def wait_for(path, process, seconds=300):
@@ -50,7 +61,7 @@ def weights(path):
 def workdir(tmp_path_factory, corpus_tsv):
     root = tmp_path_factory.mktemp("reliability")
     shutil.copy(corpus_tsv, root / "corpus.tsv")
-    result = run_cli(root, "train", *RUN, "name=full", f"train.max_steps={STEPS}")
+    result = run_cli(root, "command=train", *RUN, "name=full", f"train.max_steps={STEPS}")
     assert result.returncode == 0, result.stderr[-3000:]
     return root
 
@@ -68,10 +79,10 @@ def test_signal_saves_and_resume_is_bit_exact(workdir, sig):
     assert "Traceback" not in output
     stopped = int(re.search(r"stopped after step (\d+)", output).group(1))
     assert 5 <= stopped < STEPS
-    assert f'continue with: make train ARGS="' in output and "train.resume=true" in output
+    assert 'continue with: make train ARGS="' in output and "train.resume=true" in output
     assert torch.load(workdir / "checkpoints" / name / "last.pt", weights_only=True)["progress"]["step"] == stopped
 
-    result = run_cli(workdir, "train", *RUN, f"name={name}", f"train.max_steps={STEPS}", "train.resume=true")
+    result = run_cli(workdir, "command=train", *RUN, f"name={name}", f"train.max_steps={STEPS}", "train.resume=true")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resumed from" in result.stdout + result.stderr and f"at step {stopped} " in result.stdout + result.stderr
     full, resumed = step_losses(workdir / "checkpoints/full/tb"), step_losses(workdir / "checkpoints" / name / "tb")
@@ -92,7 +103,7 @@ def test_sigkill_loses_only_the_steps_since_the_last_checkpoint(workdir):
         process.wait(timeout=60)
     saved = torch.load(run / "last.pt", weights_only=True)["progress"]["step"]  # never a torn file
     assert saved % 5 == 0 and saved >= 5
-    result = run_cli(workdir, "train", *RUN, f"name={name}", f"train.max_steps={STEPS}", "train.resume=true")
+    result = run_cli(workdir, "command=train", *RUN, f"name={name}", f"train.max_steps={STEPS}", "train.resume=true")
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"at step {saved} " in result.stdout + result.stderr
     for key, value in weights(workdir / "checkpoints/full/last.pt").items():
@@ -100,14 +111,16 @@ def test_sigkill_loses_only_the_steps_since_the_last_checkpoint(workdir):
 
 
 def test_training_again_into_a_finished_run_is_refused(workdir):
-    result = run_cli(workdir, "train", *RUN, "name=full", f"train.max_steps={STEPS}")
+    result = run_cli(workdir, "command=train", *RUN, "name=full", f"train.max_steps={STEPS}")
     assert result.returncode == 2
     assert "last.pt exists" in result.stderr and "train.resume=true" in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_resume_with_other_model_settings_names_the_difference(workdir):
-    result = run_cli(workdir, "train", *RUN, "name=full", "train.max_steps=80", "train.resume=true", "model.d_model=64")
+    result = run_cli(
+        workdir, "command=train", *RUN, "name=full", "train.max_steps=80", "train.resume=true", "model.d_model=64"
+    )
     assert result.returncode == 2
     assert "model.d_model=32 there, 64 here" in result.stderr and "Traceback" not in result.stderr
 
@@ -116,22 +129,29 @@ def test_snapshots_rotate_and_average_into_a_loadable_checkpoint(workdir):
     run = workdir / "checkpoints" / "full"
     snapshots = sorted(f for f in os.listdir(run) if f.startswith("step_"))
     assert snapshots == ["step_0000050.pt", "step_0000055.pt", "step_0000060.pt"]  # train.keep_last=3
-    result = run_cli(workdir, "average", "name=full", "average.last=2")
+    result = run_cli(workdir, "command=average", "name=full", "average.last=2")
     assert result.returncode == 0, result.stderr[-3000:]
     averaged = weights(run / "averaged.pt")
     a, b = weights(run / "step_0000055.pt"), weights(run / "step_0000060.pt")
     for key, value in averaged.items():
         assert torch.allclose(value, (a[key] + b[key]) / 2, atol=1e-7), key
-    result = run_cli(workdir, "eval", "name=full", "device=cpu", "eval.checkpoint=averaged", "decode.beam_size=1",
-                     "viz.eval_plots=0")
+    result = run_cli(
+        workdir,
+        "command=eval",
+        "name=full",
+        "device=cpu",
+        "eval.checkpoint=averaged",
+        "decode.beam_size=1",
+        "viz.eval_plots=0",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    result = run_cli(workdir, "average", "name=full", "average.last=9")
+    result = run_cli(workdir, "command=average", "name=full", "average.last=9")
     assert result.returncode == 2 and "fewer than average.last=9" in result.stderr
 
 
 def test_translate_refuses_a_line_longer_than_the_model_takes(workdir):
     huge = " ".join(["palabra"] * 1500) + "\n"
-    result = run_cli(workdir, "translate", "name=full", "device=cpu", stdin="Y dijo Dios.\n" + huge)
+    result = run_cli(workdir, "command=translate", "name=full", "device=cpu", stdin="Y dijo Dios.\n" + huge)
     assert result.returncode == 2
     assert "input sentence 2 has" in result.stderr and "model.max_len=1024" in result.stderr
     assert "Traceback" not in result.stderr

@@ -1,4 +1,5 @@
 """Known-answer checks for the RNN attention scores (Bahdanau additive; Luong dot / general / concat)."""
+
 import math
 
 import pytest

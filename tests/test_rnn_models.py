@@ -1,12 +1,13 @@
 """RNN encoder-decoders: the model API, masking, cached steps, gradients, and a learned toy task."""
+
 import pytest
 import torch
+from conftest import Vocab, model_config
+from toy_tasks import evaluate_reversal, heldout_loss, train_on_reversal
 
-from app.config import ModelConfig
 from app.data.tokenizer import BOS, EOS, PAD
 from app.models import build_model
 from app.models.rnn import rnn_step
-from toy_tasks import evaluate_reversal, train_on_reversal
 
 VARIANTS = {
     "plain": dict(attention="none"),
@@ -23,8 +24,8 @@ VARIANTS = {
 def model(variant, seed=0, **overrides):
     torch.manual_seed(seed)
     settings = dict(arch="rnn", emb_dim=16, hidden=24, enc_layers=2, dec_layers=2, dropout=0.0, tie_embeddings=False)
-    cfg = ModelConfig(**{**settings, **VARIANTS[variant], **overrides})
-    return build_model(cfg, 20, 20, joint_vocab=True).eval()
+    cfg = model_config(**{**settings, **VARIANTS[variant], **overrides})
+    return build_model(cfg, Vocab(20, 20)).eval()
 
 
 SRC = torch.tensor([[5, 6, 7, 8, EOS], [9, 10, EOS, PAD, PAD]])
@@ -84,27 +85,49 @@ def test_tied_embeddings_need_matching_sizes():
     assert tied.decoder.out_proj.weight is tied.decoder.embed.weight is tied.encoder.embed.weight
 
 
-@pytest.mark.parametrize("variant", ["bahdanau", "luong_dot", "luong_general", "luong_concat", "luong_general_no_feeding"])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "variant", ["bahdanau", "luong_dot", "luong_general", "luong_concat", "luong_general_no_feeding"]
+)
 def test_attention_models_learn_to_reverse_with_anti_diagonal_alignments(variant):
     torch.manual_seed(0)
-    cfg = ModelConfig(arch="rnn", emb_dim=32, hidden=64, enc_layers=1, dec_layers=1, dropout=0.0,
-                      tie_embeddings=False, **VARIANTS[variant])
-    m = build_model(cfg, 16, 16, joint_vocab=True)
+    cfg = model_config(
+        arch="rnn",
+        emb_dim=32,
+        hidden=64,
+        enc_layers=1,
+        dec_layers=1,
+        dropout=0.0,
+        tie_embeddings=False,
+        **VARIANTS[variant],
+    )
+    m = build_model(cfg, Vocab(16, 16))
     train_on_reversal(m, steps=400)
     exact, diagonal = evaluate_reversal(m)
     assert exact >= 0.95, exact
     assert diagonal >= 0.90, diagonal
 
 
+@pytest.mark.slow
 def test_plain_model_trains_on_reversal():
+    """The bottleneck model cannot reverse whole sequences this soon, but it learns: its held-out loss
+    falls from ~2.8 (near uniform over 16 symbols) to ~1.5 in 100 steps (three seeds measured)."""
     torch.manual_seed(0)
-    cfg = ModelConfig(arch="rnn", emb_dim=32, hidden=64, enc_layers=1, dec_layers=1, dropout=0.0,
-                      tie_embeddings=False, attention="none")
-    m = build_model(cfg, 16, 16, joint_vocab=True)
-    before, _ = evaluate_reversal(m)
+    cfg = model_config(
+        arch="rnn",
+        emb_dim=32,
+        hidden=64,
+        enc_layers=1,
+        dec_layers=1,
+        dropout=0.0,
+        tie_embeddings=False,
+        attention="none",
+    )
+    m = build_model(cfg, Vocab(16, 16))
+    before = heldout_loss(m)
     train_on_reversal(m, steps=100)
-    after, _ = evaluate_reversal(m)
-    assert after >= before  # it trains without errors; how well is what the bottleneck allows
+    after = heldout_loss(m)
+    assert after < 0.7 * before, (before, after)
 
 
 @pytest.mark.parametrize("cell", ["gru", "lstm"])

@@ -1,4 +1,5 @@
 """SentencePiece tokenizer on a tiny real corpus (Genesis 1-3, Spanish-English)."""
+
 import os
 import shutil
 
@@ -17,8 +18,9 @@ def prepared(tmp_path_factory, genesis_pairs):
     root = tmp_path_factory.mktemp("tok")
     corpus = root / "genesis.tsv"
     corpus.write_text("".join(f"{ref}\t{es}\t{en}\n" for ref, es, en in genesis_pairs), encoding="utf-8")
-    cfg = DataConfig(source="files", name="gen", dir=str(root / "prepared"), train=str(corpus),
-                     dev_fraction=0.05, test_fraction=0.05)
+    cfg = DataConfig(
+        source="files", name="gen", dir=str(root / "prepared"), train=str(corpus), dev_fraction=0.05, test_fraction=0.05
+    )
     prepare(cfg)
     return cfg.dir
 

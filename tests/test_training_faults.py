@@ -1,20 +1,23 @@
 """Training faults, injected into the real training loop: non-finite losses, out-of-memory batches;
 and checkpoint safety: atomic writes, weights_only loading, rotation, mismatch errors."""
+
 import os
 import shutil
 
 import pytest
 import torch
-from conftest import TINY, compose_config
+from conftest import TINY, Vocab, compose_config
 
 import app.training as training
 from app.checkpoint import check_compatible, load_checkpoint, rotate_snapshots, save_checkpoint, snapshot_steps
 from app.errors import UserError
 
+
 def config(run_dir, *overrides):
     base = [a for a in TINY if not a.startswith(("name=", "train.eval_every", "train.save_every"))]
-    return compose_config(*base, f"run_dir={run_dir}", "train.eval_every=1000", "train.save_every=1000",
-                          "train.log_every=5", *overrides)
+    return compose_config(
+        *base, f"run_dir={run_dir}", "train.eval_every=1000", "train.save_every=1000", "train.log_every=5", *overrides
+    )
 
 
 @pytest.fixture
@@ -44,6 +47,7 @@ def inject(monkeypatch, fault):
     return calls
 
 
+@pytest.mark.slow
 def test_non_finite_updates_are_skipped_and_counted(workdir, monkeypatch):
     inject(monkeypatch, lambda n, out, src: out * float("nan") if n in (3, 4, 7) else out)
     summary = training.train(config(workdir / "run", "train.max_steps=12"))
@@ -58,9 +62,16 @@ def test_a_skipped_update_changes_no_parameter(fused):
     from app.data.batching import Batcher
     from app.models import build_model
 
-    cfg = compose_config("model=transformer_small", "model.d_model=16", "model.heads=2", "model.enc_layers=1",
-                         "model.dec_layers=1", "model.ff_dim=32", f"train.fused_optimizer={fused}")
-    model = build_model(cfg.model, 20, 20, True)
+    cfg = compose_config(
+        "model=transformer_small",
+        "model.d_model=16",
+        "model.heads=2",
+        "model.enc_layers=1",
+        "model.dec_layers=1",
+        "model.ff_dim=32",
+        f"train.fused_optimizer={fused}",
+    )
+    model = build_model(cfg.model, Vocab(20, 20))
     optimizer, scheduler = training.make_optimizer(model, cfg)
     batch = Batcher([[5, 6, 7], [8, 9]], [[10, 11], [12, 13, 14]])([0, 1])
     training.train_step(model, [batch], 7, optimizer, scheduler, cfg, None)
@@ -74,6 +85,7 @@ def test_a_skipped_update_changes_no_parameter(fused):
     assert bool(finite) and not torch.equal(before["out_proj.weight"], model.state_dict()["out_proj.weight"])
 
 
+@pytest.mark.slow
 def test_training_aborts_after_max_bad_steps_in_a_row(workdir, monkeypatch):
     inject(monkeypatch, lambda n, out, src: out * float("nan") if n > 2 else out)
     with pytest.raises(UserError, match=r"aborted at step \d+: \d+ updates in a row .*train.max_bad_steps=4"):
@@ -85,9 +97,11 @@ def out_of_memory_over(sentences):
         if src.size(0) > sentences:
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
         return out
+
     return fault
 
 
+@pytest.mark.slow
 def test_out_of_memory_names_the_batch_and_the_setting(workdir, monkeypatch):
     inject(monkeypatch, out_of_memory_over(8))
     with pytest.raises(UserError) as err:
@@ -97,11 +111,15 @@ def test_out_of_memory_names_the_batch_and_the_setting(workdir, monkeypatch):
     assert "lower train.batch_tokens (now 2000)" in message and "train.oom_retry=true" in message
 
 
+@pytest.mark.slow
 def test_out_of_memory_retry_halves_the_budget_and_trains_on(workdir, monkeypatch):
     inject(monkeypatch, out_of_memory_over(8))
     summary = training.train(config(workdir / "run", "train.max_steps=10", "train.oom_retry=true"))
     assert summary["steps"] == 10 and summary["batch_tokens"] < 2000
-    assert torch.load(workdir / "run" / "last.pt", weights_only=True)["progress"]["batch_tokens"] == summary["batch_tokens"]
+    assert (
+        torch.load(workdir / "run" / "last.pt", weights_only=True)["progress"]["batch_tokens"]
+        == summary["batch_tokens"]
+    )
 
 
 def test_a_crash_while_saving_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -145,9 +163,24 @@ def test_rotation_keeps_newest_and_best(tmp_path):
 
 
 def test_mismatched_checkpoint_names_what_differs():
-    state = {"vocab": {"src": "a"}, "config": {"model": {"hidden": 1024, "cell": "gru"}}}
-    check_compatible(state, "x.pt", {"src": "a"}, {"hidden": 1024, "cell": "gru"})
+    from app.config import RNNConfig
+
+    state = {"vocab": {"src": "a"}, "config": {"model": {"arch": "rnn", "hidden": 1024, "cell": "gru"}}}
+    check_compatible(state, "x.pt", {"src": "a"}, RNNConfig(hidden=1024, cell="gru"))
     with pytest.raises(UserError, match=r"model.cell='gru' there, 'lstm' here; model.hidden=1024 there, 512 here"):
-        check_compatible(state, "x.pt", {"src": "a"}, {"hidden": 512, "cell": "lstm"})
+        check_compatible(state, "x.pt", {"src": "a"}, RNNConfig(hidden=512, cell="lstm"))
     with pytest.raises(UserError, match="another vocabulary"):
-        check_compatible(state, "x.pt", {"src": "b"}, {"hidden": 1024, "cell": "gru"})
+        check_compatible(state, "x.pt", {"src": "b"}, RNNConfig(hidden=1024, cell="gru"))
+
+
+def test_an_rnn_checkpoint_with_every_familys_keys_compares_only_rnn_settings():
+    """Checkpoints written before the model schemas split hold the Transformer's keys too."""
+    from app.config import RNNConfig
+
+    old = {"arch": "rnn", "hidden": 1024, "cell": "gru", "d_model": 256, "pos": "rope", "kv_heads": 2}
+    state = {"vocab": {"src": "a"}, "config": {"model": old}}
+    check_compatible(state, "x.pt", {"src": "a"}, RNNConfig(hidden=1024, cell="gru"))
+    with pytest.raises(
+        UserError, match=r"^x.pt: model settings differ from this run's: model.hidden=1024 there, 64 here$"
+    ):
+        check_compatible(state, "x.pt", {"src": "a"}, RNNConfig(hidden=64, cell="gru"))

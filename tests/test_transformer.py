@@ -1,21 +1,33 @@
 """The Transformer behind the model API: shapes, masking, cached decoding, gradients."""
+
 import pytest
 import torch
+from conftest import Vocab, model_config
 
-from app.config import ModelConfig
+from app.config import TransformerConfig
 from app.data.tokenizer import BOS, EOS, PAD
 from app.decoding import greedy_decode
-from app.models import build_model
 from app.errors import UserError
+from app.models import build_model
 
 VOCAB = 23
 
 
 def tiny_model(norm="pre", tie=True, seed=0):
     torch.manual_seed(seed)
-    cfg = ModelConfig(d_model=16, heads=2, enc_layers=2, dec_layers=2, ff_dim=32, dropout=0.0,
-                      attention_dropout=0.0, norm=norm, tie_embeddings=tie, max_len=64)
-    return build_model(cfg, VOCAB, VOCAB, joint_vocab=True).eval()
+    cfg = model_config(
+        d_model=16,
+        heads=2,
+        enc_layers=2,
+        dec_layers=2,
+        ff_dim=32,
+        dropout=0.0,
+        attention_dropout=0.0,
+        norm=norm,
+        tie_embeddings=tie,
+        max_len=64,
+    )
+    return build_model(cfg, Vocab(VOCAB, VOCAB)).eval()
 
 
 def batch():
@@ -98,6 +110,8 @@ def test_tied_embeddings_share_one_matrix():
 
 def test_bad_settings_are_user_errors():
     with pytest.raises(UserError, match="model.norm"):
-        build_model(ModelConfig(norm="middle"), VOCAB, VOCAB, True)
-    with pytest.raises(UserError, match="model.arch"):
-        build_model(ModelConfig(arch="lstm9000"), VOCAB, VOCAB, True)
+        build_model(model_config(norm="middle"), Vocab(VOCAB, VOCAB))
+    with pytest.raises(UserError, match="model.arch='lstm9000' is unknown"):
+        build_model(TransformerConfig(arch="lstm9000"), Vocab(VOCAB, VOCAB))
+    with pytest.raises(UserError, match="model.arch='rnn' does not match the TransformerConfig settings"):
+        build_model(TransformerConfig(arch="rnn"), Vocab(VOCAB, VOCAB))

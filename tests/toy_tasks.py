@@ -1,6 +1,7 @@
 """A toy translation task for tests: reverse a sequence of symbols.
 
 Its true alignment is the anti-diagonal, so it checks that attention learns where to look."""
+
 from __future__ import annotations
 
 import random
@@ -10,18 +11,23 @@ import torch
 from app.data.batching import Batcher
 from app.data.tokenizer import PAD
 from app.decoding import greedy_decode
-from app.training import sequence_loss
+from app.step import sequence_loss
 
 FIRST_SYMBOL, SYMBOLS = 4, 12
 
 
 def reversal_data(n: int, seed: int, min_len: int = 3, max_len: int = 8) -> tuple[list[list[int]], list[list[int]]]:
     rng = random.Random(seed)
-    src = [[rng.randrange(FIRST_SYMBOL, FIRST_SYMBOL + SYMBOLS) for _ in range(rng.randint(min_len, max_len))] for _ in range(n)]
+    src = [
+        [rng.randrange(FIRST_SYMBOL, FIRST_SYMBOL + SYMBOLS) for _ in range(rng.randint(min_len, max_len))]
+        for _ in range(n)
+    ]
     return src, [list(reversed(s)) for s in src]
 
 
-def train_on_reversal(model: torch.nn.Module, steps: int, batch_size: int = 64, lr: float = 3e-3, seed: int = 0) -> None:
+def train_on_reversal(
+    model: torch.nn.Module, steps: int, batch_size: int = 64, lr: float = 3e-3, seed: int = 0
+) -> None:
     torch.manual_seed(seed)
     src, tgt = reversal_data(steps * batch_size, seed)
     batcher = Batcher(src, tgt)
@@ -56,3 +62,12 @@ def evaluate_reversal(model: torch.nn.Module, n: int = 200, seed: int = 12345) -
             on_diagonal += int(weights[t].argmax()) == len(s) - 1 - t
             total += 1
     return exact, (on_diagonal / total if total else 0.0)
+
+
+@torch.no_grad()
+def heldout_loss(model: torch.nn.Module, n: int = 200, seed: int = 777) -> float:
+    """Teacher-forced cross-entropy per target token on reversal pairs not trained on."""
+    src, tgt = reversal_data(n, seed)
+    batch = Batcher(src, tgt)(list(range(n)))
+    model.eval()
+    return float(sequence_loss(model(batch.src, batch.tgt_in), batch.tgt_out) / (batch.tgt_out != PAD).sum())

@@ -4,11 +4,13 @@ A batch's cost is what the GPU computes: padded source plus padded target tokens
 before cutting batches keeps padding low; the batch order is shuffled per epoch from (seed, epoch)
 alone, so an epoch's batches can be rebuilt exactly on resume.
 """
+
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +29,7 @@ class Batch:
     # back from the device would make every training step wait for the GPU
     src_lengths: Optional[torch.Tensor] = None
 
-    def to(self, device: torch.device, pin: bool = True) -> "Batch":
+    def to(self, device: torch.device, pin: bool = True) -> Batch:
         """Copies to ``device``. To a GPU they go through pinned host memory, so the copy is a DMA the
         host does not wait for: it queues behind the previous step's kernels while the host pads the
         next batch (``pin=False``: plain pageable copies, for comparison)."""
@@ -109,12 +111,12 @@ def _pad(rows: pa.ChunkedArray, bos: bool) -> torch.Tensor:
     """(n, longest + 1) ids: BOS y_1 .. y_n (bos=True) or y_1 .. y_n EOS, PAD after."""
     rows = rows.combine_chunks()
     offsets = rows.offsets.to_numpy()
-    values = rows.values.to_numpy(zero_copy_only=False)[offsets[0]:offsets[-1]]
+    values = rows.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
     lengths = np.diff(offsets)
     out = np.full((len(lengths), int(lengths.max(initial=0)) + 1), PAD, dtype=np.int64)
     start = 1 if bos else 0
-    token_mask = (np.arange(out.shape[1] - 1)[None, :] < lengths[:, None])
-    out[:, start:start + out.shape[1] - 1][token_mask] = values
+    token_mask = np.arange(out.shape[1] - 1)[None, :] < lengths[:, None]
+    out[:, start : start + out.shape[1] - 1][token_mask] = values
     out[np.arange(len(lengths)), 0 if bos else lengths] = BOS if bos else EOS
     return torch.from_numpy(out)
 
@@ -124,3 +126,16 @@ def sorted_batches(src: Sequence[list[int]], tgt: Sequence[list[int]], batch_tok
     batcher = Batcher(src, tgt)
     for indices in make_batches([len(s) for s in src], [len(t) for t in tgt], batch_tokens):
         yield batcher(indices)
+
+
+def split_batch(indices: list[int], src_lens: Sequence[int], tgt_lens: Sequence[int], budget: int) -> list[list[int]]:
+    """Cut a batch into pieces within ``budget`` tokens; always at least two pieces when it has two
+    sentences (a batch that ran out of memory must shrink). Deterministic, so resume replays it."""
+    pieces = [
+        [indices[i] for i in piece]
+        for piece in make_batches([src_lens[i] for i in indices], [tgt_lens[i] for i in indices], budget)
+    ]
+    if len(pieces) == 1 and len(indices) > 1:
+        half = len(indices) // 2
+        pieces = [indices[:half], indices[half:]]
+    return pieces

@@ -5,9 +5,9 @@ built with ``data.num_proc`` processes the first time a split is read with a tok
 long as the split file and the tokenizer are unchanged. Training reads sentences straight from the
 mapped file, so a corpus of many GB does not sit in Python lists.
 """
+
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -16,11 +16,12 @@ from functools import lru_cache
 
 import pyarrow as pa
 
+from app.cache import cached, mark_done
 from app.config import Config, TokenizerConfig
 from app.data.prepare import prepare
 from app.data.sources import SPLITS
 from app.data.tokenizer import Tokenizer, build_tokenizer, model_paths
-from app.utils import atomic_write_text, file_hash, stable_hash
+from app.utils import file_hash, stable_hash
 
 log = logging.getLogger(__name__)
 PARALLEL_ABOVE = 50_000  # pairs: smaller splits tokenize faster in one process than the workers start
@@ -39,7 +40,7 @@ class ParallelData:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def head(self, n: int) -> "ParallelData":
+    def head(self, n: int) -> ParallelData:
         if not n or n >= len(self):
             return self
         return ParallelData(self.ids[:n], self.src_texts[:n], self.tgt_texts[:n], self.src[:n], self.tgt[:n])
@@ -74,8 +75,12 @@ def load_tokenizer(data_dir: str, cfg: TokenizerConfig) -> Tokenizer:
 
 def load_tokenized(data_dir: str, split: str, tokenizer: Tokenizer) -> TokenizedSplit:
     table = tokenized(data_dir, split, tokenizer).data
-    return TokenizedSplit(table.column("src_ids"), table.column("tgt_ids"),
-                          table.column("src_len").to_pylist(), table.column("tgt_len").to_pylist())
+    return TokenizedSplit(
+        table.column("src_ids"),
+        table.column("tgt_ids"),
+        table.column("src_len").to_pylist(),
+        table.column("tgt_len").to_pylist(),
+    )
 
 
 def load_split(data_dir: str, split: str, tokenizer: Tokenizer) -> ParallelData:
@@ -92,35 +97,52 @@ def tokenized(data_dir: str, split: str, tokenizer: Tokenizer, num_proc: int = 0
     stem = os.path.splitext(os.path.basename(tokenizer.src_path))[0]
     cache = os.path.join(data_dir, "tokenized", stem, split)
     stat = os.stat(tsv)
-    key = stable_hash({"tsv": [stat.st_size, stat.st_mtime_ns], "src": file_hash(tokenizer.src_path),
-                       "tgt": file_hash(tokenizer.tgt_path)})
+    key = stable_hash(
+        {
+            "tsv": [stat.st_size, stat.st_mtime_ns],
+            "src": file_hash(tokenizer.src_path),
+            "tgt": file_hash(tokenizer.tgt_path),
+        }
+    )
     stamp = os.path.join(cache, "key.json")
-    if os.path.exists(stamp):
-        with open(stamp, encoding="utf-8") as f:
-            if json.load(f).get("key") == key:
-                return datasets.load_from_disk(cache)
+    if cached(stamp, key):
+        return datasets.load_from_disk(cache)
 
     datasets.disable_progress_bars()
     work = f"{cache}.building-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
-    features = datasets.Features({"id": datasets.Value("string"), "src": datasets.Value("string"),
-                                  "tgt": datasets.Value("string")})
-    rows = datasets.Dataset.from_generator(_tsv_rows, features=features, gen_kwargs={"path": tsv},
-                                           cache_dir=os.path.join(work, "hf"))
+    features = datasets.Features(
+        {"id": datasets.Value("string"), "src": datasets.Value("string"), "tgt": datasets.Value("string")}
+    )
+    rows = datasets.Dataset.from_generator(
+        _tsv_rows, features=features, gen_kwargs={"path": tsv}, cache_dir=os.path.join(work, "hf")
+    )
     procs = num_proc or (min(os.cpu_count() or 1, 8) if len(rows) > PARALLEL_ABOVE else 1)
-    log.info("data: tokenizing %s (%d pairs, %d process%s) into %s", tsv, len(rows), procs,
-             "es" if procs > 1 else "", cache)
-    encoded = rows.map(_encode_rows, batched=True, batch_size=2000, num_proc=procs if procs > 1 else None,
-                       fn_kwargs={"src_model": tokenizer.src_path, "tgt_model": tokenizer.tgt_path},
-                       features=datasets.Features({**features, "src_ids": datasets.List(datasets.Value("int32")),
-                                                   "tgt_ids": datasets.List(datasets.Value("int32")),
-                                                   "src_len": datasets.Value("int32"), "tgt_len": datasets.Value("int32")}))
+    log.info(
+        "data: tokenizing %s (%d pairs, %d process%s) into %s", tsv, len(rows), procs, "es" if procs > 1 else "", cache
+    )
+    encoded = rows.map(
+        _encode_rows,
+        batched=True,
+        batch_size=2000,
+        num_proc=procs if procs > 1 else None,
+        fn_kwargs={"src_model": tokenizer.src_path, "tgt_model": tokenizer.tgt_path},
+        features=datasets.Features(
+            {
+                **features,
+                "src_ids": datasets.List(datasets.Value("int32")),
+                "tgt_ids": datasets.List(datasets.Value("int32")),
+                "src_len": datasets.Value("int32"),
+                "tgt_len": datasets.Value("int32"),
+            }
+        ),
+    )
     encoded.save_to_disk(os.path.join(work, "final"))
     del rows, encoded
     shutil.rmtree(cache, ignore_errors=True)
     os.replace(os.path.join(work, "final"), cache)
     shutil.rmtree(work, ignore_errors=True)
-    atomic_write_text(stamp, json.dumps({"key": key, "tsv": tsv, "tokenizer": tokenizer.src_path}))
+    mark_done(stamp, key, tsv=tsv, tokenizer=tokenizer.src_path)
     return datasets.load_from_disk(cache)
 
 

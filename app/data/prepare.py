@@ -3,22 +3,25 @@
 Cached: the output folder records a hash of the settings and of the source's fingerprint, and a
 second run with the same inputs does nothing.
 """
+
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import os
 from collections import Counter
-from typing import Iterable, Optional
+from collections.abc import Iterable
+from dataclasses import asdict
+from typing import Optional
 
 from tqdm import tqdm
 
+from app.cache import cached, mark_done
 from app.config import DataConfig, FilterConfig
 from app.data.sources import SPLITS, Pair, read_source
 from app.errors import UserError
-from app.utils import atomic_open, atomic_write_text, stable_hash, to_plain
+from app.utils import atomic_open, stable_hash
 
 log = logging.getLogger(__name__)
 PREPARE_VERSION = 1  # bump when cleaning/splitting logic changes, to invalidate old caches
@@ -60,7 +63,7 @@ class PairFilter:
         elif rules.max_ratio and long / short > rules.max_ratio:
             reason = "max_ratio"
         elif self.dedup:
-            digest = hashlib.blake2b(f"{src}\t{tgt}".encode("utf-8"), digest_size=8).digest()
+            digest = hashlib.blake2b(f"{src}\t{tgt}".encode(), digest_size=8).digest()
             if digest in self.seen:
                 reason = "duplicate"
             self.seen.add(digest)
@@ -85,14 +88,16 @@ def _fingerprint(cfg: DataConfig) -> dict:
     elif cfg.source == "bible":
         paths = [os.path.join(cfg.sword_path, "mods.d", f"{m.lower()}.conf") for m in (cfg.src_module, cfg.tgt_module)]
     elif cfg.source == "hf" and cfg.hf_path and os.path.exists(cfg.hf_path):  # a local dataset: every file in it
-        paths = [cfg.hf_path] if os.path.isfile(cfg.hf_path) else sorted(
-            os.path.join(folder, name) for folder, _, names in os.walk(cfg.hf_path) for name in names
+        paths = (
+            [cfg.hf_path]
+            if os.path.isfile(cfg.hf_path)
+            else sorted(os.path.join(folder, name) for folder, _, names in os.walk(cfg.hf_path) for name in names)
         )
     return {p: (os.path.getsize(p), os.stat(p).st_mtime_ns) if os.path.exists(p) else None for p in paths}
 
 
 def cache_key(cfg: DataConfig) -> str:
-    settings = to_plain(cfg)
+    settings = asdict(cfg)
     settings.pop("num_proc", None)  # how many processes tokenize does not change the prepared splits
     return stable_hash({"version": PREPARE_VERSION, "settings": settings, "inputs": _fingerprint(cfg)})
 
@@ -106,12 +111,10 @@ def prepare(cfg: DataConfig) -> dict:
     """Make sure ``cfg.dir`` holds the prepared splits; returns the preparation report."""
     report_path = os.path.join(cfg.dir, "prepare.json")
     key = cache_key(cfg)
-    if os.path.exists(report_path):
-        with open(report_path, encoding="utf-8") as f:
-            report = json.load(f)
-        if report.get("key") == key and all(os.path.exists(os.path.join(cfg.dir, f"{s}.tsv")) for s in SPLITS):
-            log.info("data: %s is up to date (%s)", cfg.dir, _counts_text(report))
-            return report
+    report = cached(report_path, key, [os.path.join(cfg.dir, f"{s}.tsv") for s in SPLITS])
+    if report:
+        log.info("data: %s is up to date (%s)", cfg.dir, _counts_text(report))
+        return report
 
     log.info("data: preparing %s from source %r", cfg.dir, cfg.source)
     raw = read_source(cfg)
@@ -140,14 +143,19 @@ def prepare(cfg: DataConfig) -> dict:
                 write(split, pair)
         for split in SPLITS:
             if not kept[split]:
-                raise UserError(f"data: the {split} split of {cfg.name!r} is empty after filtering "
-                                f"(dropped: {dict(filters[split].dropped)})")
-    report = {"key": key, "source": cfg.source, "dropped": {s: dict(filters[s].dropped) for s in SPLITS},
-              "pairs": {s: kept[s] for s in SPLITS}}
+                raise UserError(
+                    f"data: the {split} split of {cfg.name!r} is empty after filtering "
+                    f"(dropped: {dict(filters[split].dropped)})"
+                )
     for split in SPLITS:
         log.info("data: %s: %d pairs kept, dropped %s", split, kept[split], dict(filters[split].dropped) or "none")
-    atomic_write_text(report_path, json.dumps(report, indent=2))
-    return report
+    return mark_done(
+        report_path,
+        key,
+        source=cfg.source,
+        dropped={s: dict(filters[s].dropped) for s in SPLITS},
+        pairs={s: kept[s] for s in SPLITS},
+    )
 
 
 def _counts_text(report: dict) -> str:

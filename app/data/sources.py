@@ -6,14 +6,16 @@
 
 A split a source does not provide is ``None``; prepare.py carves it out of train.
 """
+
 from __future__ import annotations
 
 import html
 import os
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import zip_longest
-from typing import Iterable, Iterator, Optional
+from typing import Optional
 
 from tqdm import tqdm
 
@@ -148,7 +150,9 @@ def _read_tsv(path: str) -> Iterator[Pair]:
         elif len(cols) == 3:
             yield Pair(cols[0], cols[1], cols[2])
         else:
-            raise UserError(f"{path}:{line_no}: expected 2 (src, tgt) or 3 (id, src, tgt) tab-separated columns, got {len(cols)}")
+            raise UserError(
+                f"{path}:{line_no}: expected 2 (src, tgt) or 3 (id, src, tgt) tab-separated columns, got {len(cols)}"
+            )
 
 
 def _read_jsonl(path: str, src_lang: str, tgt_lang: str) -> Iterator[Pair]:
@@ -161,7 +165,8 @@ def _read_jsonl(path: str, src_lang: str, tgt_lang: str) -> Iterator[Pair]:
         if src is None or tgt is None:
             keys = sorted(k for k, v in row.items() if v is not None)  # a streamed row lists every column seen
             raise UserError(
-                f'{path}:{line_no}: expected {{"src", "tgt"}} or {{"translation": {{"{src_lang}", "{tgt_lang}"}}}}, got keys {keys}'
+                f'{path}:{line_no}: expected {{"src", "tgt"}} or {{"translation": {{"{src_lang}", "{tgt_lang}"}}}}, '
+                f"got keys {keys}"
             )
         yield Pair(str(row.get("id") or f"{name}:{line_no}"), src, tgt)
 
@@ -211,7 +216,9 @@ def _field(row: dict, dotted: str, where: str):
     value = row
     for key in dotted.split("."):
         if not isinstance(value, dict) or key not in value:
-            raise UserError(f"{where}: field {dotted!r} not found (row keys: {sorted(row)}); set data.src_field / data.tgt_field")
+            raise UserError(
+                f"{where}: field {dotted!r} not found (row keys: {sorted(row)}); set data.src_field / data.tgt_field"
+            )
         value = value[key]
     return value
 
@@ -246,8 +253,10 @@ def read_hf(cfg: DataConfig) -> Splits:
             raise UserError(f"data.{split}={split_name!r}: dataset {cfg.hf_path!r} has splits {sorted(dataset)}")
         rows = dataset[split_name]
         if cfg.id_field and rows.column_names is not None and cfg.id_field not in rows.column_names:
-            raise UserError(f"data.id_field={cfg.id_field!r} not found in {cfg.hf_path}[{split_name}] "
-                            f"(columns: {rows.column_names})")
+            raise UserError(
+                f"data.id_field={cfg.id_field!r} not found in {cfg.hf_path}[{split_name}] "
+                f"(columns: {rows.column_names})"
+            )
         if cfg.streaming and split == "train":  # a bounded buffer: the whole stream never sits in memory
             rows = rows.shuffle(seed=0, buffer_size=cfg.shuffle_buffer)
         splits[split] = _hf_pairs(rows, cfg, split_name)

@@ -1,17 +1,19 @@
 """SentencePiece subword tokenizer: train once per corpus (cached), encode to ids, decode to text."""
+
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
-from typing import Iterator
+from collections.abc import Iterator
+from dataclasses import asdict
 
 import sentencepiece as spm
 
+from app.cache import cached, mark_done
 from app.config import TokenizerConfig
 from app.errors import UserError
-from app.utils import atomic_write, atomic_write_text, file_hash, stable_hash, to_plain
+from app.utils import atomic_write, file_hash, stable_hash
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,10 @@ class Tokenizer:
     def tgt_pieces(self, ids: list[int]) -> list[str]:
         return [self.tgt.id_to_piece(i) for i in ids]
 
+    def fingerprint(self) -> dict:
+        """Identifies the vocabulary a model is trained with: the SentencePiece model files' hashes."""
+        return {"src": file_hash(self.src_path), "tgt": file_hash(self.tgt_path), "joint": self.joint}
+
 
 def model_paths(data_dir: str, cfg: TokenizerConfig) -> tuple[str, str]:
     """Model files are named by their settings, so tokenizers of different sizes coexist per corpus."""
@@ -79,9 +85,13 @@ def _train_one(sentences: Iterator[str], path: str, cfg: TokenizerConfig) -> Non
         vocab_size=cfg.vocab_size,
         character_coverage=cfg.character_coverage,
         max_sentence_length=cfg.max_sentence_length,
-        pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
+        pad_id=PAD,
+        unk_id=UNK,
+        bos_id=BOS,
+        eos_id=EOS,
         hard_vocab_limit=False,  # a tiny corpus gets a smaller vocabulary instead of an error
-        input_sentence_size=cfg.input_sentence_size, shuffle_input_sentence=True,
+        input_sentence_size=cfg.input_sentence_size,
+        shuffle_input_sentence=True,
         num_threads=os.cpu_count() or 1,
         minloglevel=2,
     )
@@ -93,22 +103,25 @@ def build_tokenizer(data_dir: str, cfg: TokenizerConfig) -> Tokenizer:
     train_path = os.path.join(data_dir, "train.tsv")
     src_path, tgt_path = model_paths(data_dir, cfg)
     stamp_path = f"{src_path}.json"  # joint and separate models of one size keep separate stamps
-    key = stable_hash({"train": file_hash(train_path), "cfg": to_plain(cfg)})
-    if os.path.exists(stamp_path) and os.path.exists(src_path) and os.path.exists(tgt_path):
-        with open(stamp_path, encoding="utf-8") as f:
-            if json.load(f).get("key") == key:
-                log.info("tokenizer: %s is up to date", src_path)
-                return Tokenizer(src_path, tgt_path)
+    key = stable_hash({"train": file_hash(train_path), "cfg": asdict(cfg)})
+    if cached(stamp_path, key, [src_path, tgt_path]):
+        log.info("tokenizer: %s is up to date", src_path)
+        return Tokenizer(src_path, tgt_path)
 
     with open(train_path, encoding="utf-8") as f:
         n_pairs = sum(1 for _ in f)
-    log.info("tokenizer: training SentencePiece %s (vocab %d, %s) on %d pairs", cfg.model_type, cfg.vocab_size,
-             "joint" if cfg.joint else "separate", n_pairs)
+    log.info(
+        "tokenizer: training SentencePiece %s (vocab %d, %s) on %d pairs",
+        cfg.model_type,
+        cfg.vocab_size,
+        "joint" if cfg.joint else "separate",
+        n_pairs,
+    )
     # sentences stream from the file; SentencePiece keeps a sample of input_sentence_size of them
     if cfg.joint:
         _train_one(_column(train_path, 1, 2), src_path, cfg)
     else:
         _train_one(_column(train_path, 1), src_path, cfg)
         _train_one(_column(train_path, 2), tgt_path, cfg)
-    atomic_write_text(stamp_path, json.dumps({"key": key}))
+    mark_done(stamp_path, key)
     return Tokenizer(src_path, tgt_path)

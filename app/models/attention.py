@@ -3,6 +3,7 @@
 Every module returns the context vectors and, when asked, the attention weights: a distribution over
 key positions for every query (rows sum to 1, masked keys get exactly 0).
 """
+
 from __future__ import annotations
 
 import math
@@ -64,8 +65,10 @@ class MultiHeadAttention(nn.Module):
         if d_model % heads:
             raise ValueError(f"model.d_model={d_model} must be divisible by model.heads={heads}")
         if kv_heads < 0 or (kv_heads and heads % kv_heads):
-            raise ValueError(f"model.kv_heads={kv_heads} must divide model.heads={heads} "
-                             "(1 = multi-query, 0 = heads: plain multi-head attention)")
+            raise ValueError(
+                f"model.kv_heads={kv_heads} must divide model.heads={heads} "
+                "(1 = multi-query, 0 = heads: plain multi-head attention)"
+            )
         self.heads, self.kv_heads, self.d_head, self.dropout = heads, kv_heads or heads, d_model // heads, dropout
         self.q_proj = nn.Linear(d_model, d_model)
         self.k_proj = nn.Linear(d_model, self.kv_heads * self.d_head)
@@ -109,8 +112,15 @@ class MultiHeadAttention(nn.Module):
             grouped = self.kv_heads < self.heads
             if grouped and attn_mask is not None:  # SDPA's enable_gqa runs on GPU only in the flash and math kernels
                 k, v = self.share_kv(k), self.share_kv(v)
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout,
-                                                     is_causal=causal, enable_gqa=grouped and attn_mask is None)
+            context = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=attn_mask,
+                dropout_p=dropout,
+                is_causal=causal,
+                enable_gqa=grouped and attn_mask is None,
+            )
             weights = None
         else:
             scores = q @ self.share_kv(k).transpose(-2, -1) / math.sqrt(self.d_head)

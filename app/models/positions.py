@@ -11,6 +11,7 @@ distance between the two tokens:
     rope        Su et al. 2021, "RoFormer": queries and keys rotated by an angle proportional to position
     alibi       Press et al. 2021, "Train Short, Test Long": a per-head penalty linear in the distance
 """
+
 from __future__ import annotations
 
 import math
@@ -83,10 +84,13 @@ class Rotary(nn.Module):
     def __init__(self, d_head: int, base: float = 10000.0):
         super().__init__()
         if d_head % 2:
-            raise ValueError(f"model.pos=rope rotates pairs of features: the head size model.d_model / model.heads "
-                             f"= {d_head} must be even")
-        self.register_buffer("inv_freq", base ** (-torch.arange(0, d_head, 2, dtype=torch.float32) / d_head),
-                             persistent=False)
+            raise ValueError(
+                f"model.pos=rope rotates pairs of features: the head size model.d_model / model.heads "
+                f"= {d_head} must be even"
+            )
+        self.register_buffer(
+            "inv_freq", base ** (-torch.arange(0, d_head, 2, dtype=torch.float32) / d_head), persistent=False
+        )
 
     def forward(self, offset: int, length: int) -> Rotation:
         position = torch.arange(offset, offset + length, dtype=torch.float32, device=self.inv_freq.device)

@@ -11,6 +11,7 @@ on the whole target, ``step`` on one token. Decoders whose inputs do not depend 
 (plain, Luong without input feeding) run the RNN over all T steps in one cuDNN call; the others loop,
 one step at a time through the RNN's cell ops (``rnn_step``), as decoding does.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from app.config import ModelConfig
+from app.config import RNNConfig
 from app.data.tokenizer import PAD
 from app.models.attention import rnn_attention
 
@@ -40,7 +41,7 @@ class RNNMemory:
     summary: torch.Tensor  # (B, H) final encoder state (both directions), the bottleneck's only view
     keys: Optional[torch.Tensor]  # attention's per-sentence precomputation (U h_j, W_a h̄_s, ...)
 
-    def select(self, index: torch.Tensor) -> "RNNMemory":
+    def select(self, index: torch.Tensor) -> RNNMemory:
         """Rows ``index`` of the batch (beam search: expand per beam)."""
         pick = lambda t: None if t is None else t.index_select(0, index)  # noqa: E731
         return RNNMemory(pick(self.states), pick(self.src_mask), pick(self.summary), pick(self.keys))
@@ -51,10 +52,13 @@ class RNNState:
     hidden: Hidden
     feed: Optional[torch.Tensor] = None  # Luong input feeding: h̃_{t-1} (B, H)
 
-    def select(self, index: torch.Tensor) -> "RNNState":
+    def select(self, index: torch.Tensor) -> RNNState:
         """Rows ``index`` of the batch (beam search: follow the surviving beams); hidden is batch-second."""
-        hidden = tuple(h.index_select(1, index) for h in self.hidden) if isinstance(self.hidden, tuple) \
+        hidden = (
+            tuple(h.index_select(1, index) for h in self.hidden)
+            if isinstance(self.hidden, tuple)
             else self.hidden.index_select(1, index)
+        )
         return RNNState(hidden, None if self.feed is None else self.feed.index_select(0, index))
 
 
@@ -89,17 +93,24 @@ class RNNEncoder(nn.Module):
     """Embeddings -> (bi)directional multi-layer GRU/LSTM over packed sequences. With two directions
     each gets hidden/2 units, so outputs are ``hidden`` wide either way (what dot scores need)."""
 
-    def __init__(self, cfg: ModelConfig, embed: nn.Embedding):
+    def __init__(self, cfg: RNNConfig, embed: nn.Embedding):
         super().__init__()
         directions = 2 if cfg.bidirectional else 1
         if cfg.hidden % directions:
             raise ValueError(f"model.hidden={cfg.hidden} must be even for a bidirectional encoder")
         self.embed, self.dropout, self.directions = embed, nn.Dropout(cfg.dropout), directions
-        self.rnn = _rnn(cfg.cell, cfg.emb_dim, cfg.hidden // directions, cfg.enc_layers,
-                        bidirectional=cfg.bidirectional, dropout=cfg.dropout if cfg.enc_layers > 1 else 0.0)
+        self.rnn = _rnn(
+            cfg.cell,
+            cfg.emb_dim,
+            cfg.hidden // directions,
+            cfg.enc_layers,
+            bidirectional=cfg.bidirectional,
+            dropout=cfg.dropout if cfg.enc_layers > 1 else 0.0,
+        )
 
-    def forward(self, src: torch.Tensor, src_mask: torch.Tensor, lengths: Optional[torch.Tensor] = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, src: torch.Tensor, src_mask: torch.Tensor, lengths: Optional[torch.Tensor] = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``lengths``: the host-side source lengths when known (training batches carry them); else read
         from the mask on the device, which makes the host wait for it."""
         lengths = src_mask.sum(-1).cpu() if lengths is None else lengths
@@ -107,7 +118,7 @@ class RNNEncoder(nn.Module):
         out, final = self.rnn(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))
         h = final[0] if isinstance(final, tuple) else final  # (layers * directions, B, H / directions)
-        summary = h[-self.directions:].transpose(0, 1).flatten(1)  # last layer, directions concatenated
+        summary = h[-self.directions :].transpose(0, 1).flatten(1)  # last layer, directions concatenated
         return self.dropout(out), summary
 
 
@@ -117,15 +128,20 @@ class RNNDecoder(nn.Module):
 
     loops = False
 
-    def __init__(self, cfg: ModelConfig, embed: nn.Embedding, rnn_input: int, out_dim: int, vocab: int):
+    def __init__(self, cfg: RNNConfig, embed: nn.Embedding, rnn_input: int, out_dim: int, vocab: int):
         super().__init__()
         self.cfg, self.embed, self.dropout = cfg, embed, nn.Dropout(cfg.dropout)
-        self.rnn = _rnn(cfg.cell, rnn_input, cfg.hidden, cfg.dec_layers, dropout=cfg.dropout if cfg.dec_layers > 1 else 0.0)
+        self.rnn = _rnn(
+            cfg.cell, rnn_input, cfg.hidden, cfg.dec_layers, dropout=cfg.dropout if cfg.dec_layers > 1 else 0.0
+        )
         self.bridge = nn.Linear(cfg.hidden, cfg.dec_layers * cfg.hidden)
         self.out_proj = nn.Linear(out_dim, vocab, bias=False)
         if cfg.tie_embeddings:
             if out_dim != cfg.emb_dim:
-                raise ValueError(f"model.tie_embeddings needs the output layer input ({out_dim}) to equal model.emb_dim ({cfg.emb_dim})")
+                raise ValueError(
+                    f"model.tie_embeddings needs the output layer input ({out_dim}) to equal "
+                    f"model.emb_dim ({cfg.emb_dim})"
+                )
             self.out_proj.weight = embed.weight
 
     def run_rnn(self, x: torch.Tensor, hidden: Hidden) -> tuple[torch.Tensor, Hidden]:
@@ -137,7 +153,12 @@ class RNNDecoder(nn.Module):
 
     def initial_state(self, memory: RNNMemory) -> RNNState:
         """Bridge: s_0 = tanh(W_b h_final) for every decoder layer (LSTM cells start at zero)."""
-        h0 = torch.tanh(self.bridge(memory.summary)).unflatten(-1, (self.cfg.dec_layers, self.cfg.hidden)).transpose(0, 1).contiguous()
+        h0 = (
+            torch.tanh(self.bridge(memory.summary))
+            .unflatten(-1, (self.cfg.dec_layers, self.cfg.hidden))
+            .transpose(0, 1)
+            .contiguous()
+        )
         hidden = (h0, torch.zeros_like(h0)) if self.cfg.cell == "lstm" else h0
         return RNNState(hidden)
 
@@ -145,7 +166,7 @@ class RNNDecoder(nn.Module):
 class PlainDecoder(RNNDecoder):
     """s_t = RNN([E y_{t-1}; c], s_{t-1}) with c the fixed source summary; output from [s_t; c; E y_{t-1}]."""
 
-    def __init__(self, cfg: ModelConfig, embed: nn.Embedding, vocab: int):
+    def __init__(self, cfg: RNNConfig, embed: nn.Embedding, vocab: int):
         super().__init__(cfg, embed, cfg.emb_dim + cfg.hidden, cfg.emb_dim, vocab)
         self.pre_output = nn.Linear(2 * cfg.hidden + cfg.emb_dim, cfg.emb_dim)
 
@@ -164,7 +185,7 @@ class BahdanauDecoder(RNNDecoder):
 
     loops = True
 
-    def __init__(self, cfg: ModelConfig, embed: nn.Embedding, vocab: int):
+    def __init__(self, cfg: RNNConfig, embed: nn.Embedding, vocab: int):
         super().__init__(cfg, embed, cfg.emb_dim + cfg.hidden, cfg.emb_dim, vocab)
         self.attention = rnn_attention("bahdanau", cfg.hidden, cfg.hidden, cfg.hidden)
         self.pre_output = nn.Linear(2 * cfg.hidden + cfg.emb_dim, cfg.emb_dim)
@@ -191,7 +212,7 @@ class LuongDecoder(RNNDecoder):
     """Luong et al. 2015: h_t = RNN(E y_{t-1} [; h̃_{t-1}]), α_t from score(h_t, h̄_s),
     h̃_t = tanh(W_c [c_t; h_t]), p(y_t) = softmax(W_s h̃_t)."""
 
-    def __init__(self, cfg: ModelConfig, embed: nn.Embedding, vocab: int):
+    def __init__(self, cfg: RNNConfig, embed: nn.Embedding, vocab: int):
         feed = cfg.hidden if cfg.input_feeding else 0
         super().__init__(cfg, embed, cfg.emb_dim + feed, cfg.hidden, vocab)
         self.attention = rnn_attention(cfg.score, cfg.hidden, cfg.hidden, cfg.hidden)
@@ -223,7 +244,11 @@ class LuongDecoder(RNNDecoder):
             feed, alpha, hidden = self.loop_step(y[:, t], feed, hidden, memory.keys, memory.states, memory.src_mask)
             outputs.append(feed)
             weights.append(alpha)
-        return self.out_proj(torch.stack(outputs, 1)), torch.cat(weights, 1) if need_attention else None, RNNState(hidden, feed)
+        return (
+            self.out_proj(torch.stack(outputs, 1)),
+            torch.cat(weights, 1) if need_attention else None,
+            RNNState(hidden, feed),
+        )
 
     def loop_step(self, y_t, feed, hidden, keys, states, src_mask):
         """One target position with input feeding: h_t from [E y_{t-1}; h̃_{t-1}], then h̃_t (the next feed)."""
@@ -236,7 +261,7 @@ DECODERS = {"none": PlainDecoder, "bahdanau": BahdanauDecoder, "luong": LuongDec
 
 
 class RNNSeq2Seq(nn.Module):
-    def __init__(self, cfg: ModelConfig, src_vocab: int, tgt_vocab: int, joint_vocab: bool):
+    def __init__(self, cfg: RNNConfig, src_vocab: int, tgt_vocab: int, joint_vocab: bool):
         super().__init__()
         if cfg.attention not in DECODERS:
             raise ValueError(f"model.attention={cfg.attention!r}: choose one of {sorted(DECODERS)}")
@@ -257,8 +282,9 @@ class RNNSeq2Seq(nn.Module):
             src_embed.weight[PAD].zero_()
             tgt_embed.weight[PAD].zero_()
 
-    def encode(self, src: torch.Tensor, src_mask: Optional[torch.Tensor] = None,
-               src_lengths: Optional[torch.Tensor] = None) -> RNNMemory:
+    def encode(
+        self, src: torch.Tensor, src_mask: Optional[torch.Tensor] = None, src_lengths: Optional[torch.Tensor] = None
+    ) -> RNNMemory:
         src_mask = src != PAD if src_mask is None else src_mask
         states, summary = self.encoder(src, src_mask, src_lengths)
         attention = getattr(self.decoder, "attention", None)
@@ -268,10 +294,14 @@ class RNNSeq2Seq(nn.Module):
         logits, attention, _ = self.decoder(memory, tgt_in, self.decoder.initial_state(memory), need_attention)
         return logits, attention
 
-    def step(self, memory: RNNMemory, prev_tokens: torch.Tensor, state: Optional[RNNState], need_attention: bool = False):
+    def step(
+        self, memory: RNNMemory, prev_tokens: torch.Tensor, state: Optional[RNNState], need_attention: bool = False
+    ):
         state = self.decoder.initial_state(memory) if state is None else state
         logits, attention, state = self.decoder(memory, prev_tokens[:, None], state, need_attention)
         return logits[:, 0], attention, state
 
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, src_lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self, src: torch.Tensor, tgt_in: torch.Tensor, src_lengths: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         return self.decode(self.encode(src, src_lengths=src_lengths), tgt_in)[0]

@@ -12,6 +12,7 @@ model.pos (sinusoidal | learned | rope | alibi, app/models/positions.py), model.
 rmsnorm), model.kv_heads (grouped-query / multi-query attention) and model.window (sliding-window
 encoder self-attention).
 """
+
 from __future__ import annotations
 
 import math
@@ -21,7 +22,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from app.config import ModelConfig
+from app.config import TransformerConfig
 from app.data.tokenizer import PAD
 from app.models.attention import MultiHeadAttention, band_mask
 from app.models.positions import POSITIONS, ALiBi, LearnedPositions, Rotary, Rotation, SinusoidalPositions
@@ -34,7 +35,7 @@ class Memory:
     states: torch.Tensor  # (B, S, D) encoder output
     src_mask: torch.Tensor  # (B, S) True at real tokens
 
-    def select(self, index: torch.Tensor) -> "Memory":
+    def select(self, index: torch.Tensor) -> Memory:
         """Rows ``index`` of the batch (beam search: expand per beam)."""
         return Memory(self.states.index_select(0, index), self.src_mask.index_select(0, index))
 
@@ -45,7 +46,7 @@ class DecoderState:
     self_kv: list = field(default_factory=list)  # per layer (k, v): (B, kv_heads, t, d_head); RoPE keys rotated
     cross_kv: list = field(default_factory=list)  # per layer (k, v): (B, kv_heads, S, d_head), computed once
 
-    def select(self, index: torch.Tensor) -> "DecoderState":
+    def select(self, index: torch.Tensor) -> DecoderState:
         """Rows ``index`` of the batch (beam search: follow the surviving beams)."""
         pick = lambda kv: [t.index_select(0, index) for t in kv]  # noqa: E731
         return DecoderState(self.position, [pick(kv) for kv in self.self_kv], [pick(kv) for kv in self.cross_kv])
@@ -61,7 +62,7 @@ class FeedForward(nn.Sequential):
         super().__init__(nn.Linear(d_model, ff_dim), act, nn.Dropout(dropout), nn.Linear(ff_dim, d_model))
 
 
-def make_norm(cfg: ModelConfig) -> nn.Module:
+def make_norm(cfg: TransformerConfig) -> nn.Module:
     """LayerNorm (Ba et al. 2016) or RMSNorm (Zhang & Sennrich 2019): x / RMS(x) · g, no centring, no bias."""
     return NORMS[cfg.norm_type](cfg.d_model, eps=1e-5)
 
@@ -69,7 +70,7 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 class Sublayer(nn.Module):
     """Residual wrapper: pre-norm x + f(N(x)) or post-norm N(x + f(x)), N = LayerNorm or RMSNorm."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.norm, self.dropout, self.pre_norm = make_norm(cfg), nn.Dropout(cfg.dropout), cfg.norm == "pre"
 
@@ -79,27 +80,32 @@ class Sublayer(nn.Module):
         return (x if self.pre_norm else self.norm(x)), extra
 
 
-def attention(cfg: ModelConfig) -> MultiHeadAttention:
+def attention(cfg: TransformerConfig) -> MultiHeadAttention:
     return MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.kv_heads)
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.self_attn = attention(cfg)
         self.ff = FeedForward(cfg.d_model, cfg.ff_dim, cfg.dropout, cfg.activation)
         self.attn_block = Sublayer(cfg)
         self.ff_block = Sublayer(cfg)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, rotation: Optional[Rotation] = None,
-                bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        rotation: Optional[Rotation] = None,
+        bias: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         x, _ = self.attn_block(x, lambda h: self.self_attn(h, h, mask=mask, rotation=rotation, bias=bias))
         x, _ = self.ff_block(x, lambda h: (self.ff(h), None))
         return x
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.self_attn = attention(cfg)
         self.cross_attn = attention(cfg)
@@ -108,13 +114,29 @@ class DecoderLayer(nn.Module):
         self.cross_block = Sublayer(cfg)
         self.ff_block = Sublayer(cfg)
 
-    def forward(self, x, memory: torch.Tensor, key_mask, need_weights=False, self_kv=None, cross_kv=None,
-                rotation: Optional[Rotation] = None, bias: Optional[torch.Tensor] = None):
+    def forward(
+        self,
+        x,
+        memory: torch.Tensor,
+        key_mask,
+        need_weights=False,
+        self_kv=None,
+        cross_kv=None,
+        rotation: Optional[Rotation] = None,
+        bias: Optional[torch.Tensor] = None,
+    ):
         """Whole target (self_kv None, causal) or one cached step (self_kv = keys/values so far, with x).
         Positions (RoPE rotation, ALiBi bias) enter self-attention only: cross-attention has none."""
         x, _ = self.self_block(
-            x, lambda h: self.self_attn(h, mask=None, causal=self_kv is None, rotation=rotation, bias=bias,
-                                        kv=_extend(self_kv, self.self_attn, h, rotation))
+            x,
+            lambda h: self.self_attn(
+                h,
+                mask=None,
+                causal=self_kv is None,
+                rotation=rotation,
+                bias=bias,
+                kv=_extend(self_kv, self.self_attn, h, rotation),
+            ),
         )
         x, weights = self.cross_block(
             x, lambda h: self.cross_attn(h, memory, mask=key_mask, need_weights=need_weights, kv=cross_kv)
@@ -135,7 +157,7 @@ def _extend(cache: Optional[list], attn: MultiHeadAttention, h: torch.Tensor, ro
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig, src_vocab: int, tgt_vocab: int, joint_vocab: bool):
+    def __init__(self, cfg: TransformerConfig, src_vocab: int, tgt_vocab: int, joint_vocab: bool):
         super().__init__()
         if cfg.norm not in ("pre", "post"):
             raise ValueError(f"model.norm={cfg.norm!r}: choose pre or post")
@@ -217,7 +239,9 @@ class Transformer(nn.Module):
         logits = self.out_proj(self.dec_norm(x))
         return logits, torch.stack(attention, dim=1) if need_attention else None
 
-    def step(self, memory: Memory, prev_tokens: torch.Tensor, state: Optional[DecoderState], need_attention: bool = False):
+    def step(
+        self, memory: Memory, prev_tokens: torch.Tensor, state: Optional[DecoderState], need_attention: bool = False
+    ):
         if state is None:
             state = DecoderState(
                 0,
@@ -229,14 +253,24 @@ class Transformer(nn.Module):
         rotation, bias = self.relative_positions(state.position, 1)
         attention = []
         for layer, self_kv, cross_kv in zip(self.decoder, state.self_kv, state.cross_kv):
-            x, weights = layer(x, None, key_mask, need_weights=need_attention, self_kv=self_kv, cross_kv=cross_kv,
-                               rotation=rotation, bias=bias)
+            x, weights = layer(
+                x,
+                None,
+                key_mask,
+                need_weights=need_attention,
+                self_kv=self_kv,
+                cross_kv=cross_kv,
+                rotation=rotation,
+                bias=bias,
+            )
             attention.append(weights)
         state.position += 1
         logits = self.out_proj(self.dec_norm(x))[:, 0]
         return logits, torch.stack(attention, dim=1) if need_attention else None, state
 
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, src_lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self, src: torch.Tensor, tgt_in: torch.Tensor, src_lengths: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """Teacher-forced logits (the training path: no attention weights materialized). ``src_lengths``
         is part of the common API (RNN encoders pack by it); padding masks serve here."""
         return self.decode(self.encode(src), tgt_in)[0]

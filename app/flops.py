@@ -1,0 +1,91 @@
+"""The one FLOP count of a training step, shared by ``make bench`` and the training log (MFU).
+
+Model FLOPs utilisation (MFU) counts the useful (non-padding) work of a training step as
+    6 × (P_enc · source tokens + P_dec · target tokens) + attention
+where P_enc, P_dec are the matrix-multiply parameters applied once per source / target token (the output
+projection included, embedding lookups not) and the factor 6 is 2 FLOPs per multiply-add times forward
+plus a backward twice as costly (Kaplan et al. 2020). Attention adds 12 · width FLOPs per (query, key)
+pair and layer: QKᵀ and the weighted sum of values, forward and backward. MFU is that count per second
+over the device's peak dense bf16 rate. For RNN attention the key projection (Bahdanau U, Luong general
+W_a) runs once per source token but is counted per target token: a small overcount when targets are
+longer than sources.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+# dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched on the device name
+PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "RTX 4090": 165e12}
+
+
+def matmul_parameters(module: nn.Module) -> int:
+    """Weights used in a matrix multiply (Linear layers, RNN input/recurrent matrices), each once."""
+    seen, total = set(), 0
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.RNNBase)):
+            for p in m.parameters(recurse=False):
+                if p.dim() == 2 and id(p) not in seen:
+                    seen.add(id(p))
+                    total += p.numel()
+    return total
+
+
+class FlopCounter:
+    """Useful FLOPs of training steps of one model, from the lengths of their sentences (EOS/BOS
+    included): ``counter(src_lens, tgt_lens)``."""
+
+    def __init__(self, model: nn.Module):
+        cfg = model.cfg
+        self.p_enc = matmul_parameters(model.encoder)
+        self.p_dec = matmul_parameters(model) - self.p_enc
+        self.transformer = cfg.arch == "transformer"
+        self.window = cfg.window if self.transformer else 0
+        self.width = cfg.d_model if self.transformer else cfg.hidden
+        self.enc_layers, self.dec_layers = (cfg.enc_layers, cfg.dec_layers) if self.transformer else (0, 0)
+        self.rnn_attention = not self.transformer and cfg.attention != "none"
+
+    def __call__(self, src_lens: list[int], tgt_lens: list[int]) -> float:
+        flops = 6.0 * (self.p_enc * sum(src_lens) + self.p_dec * sum(tgt_lens))
+        pairs_tgt_src = sum(s * t for s, t in zip(src_lens, tgt_lens))
+        if self.transformer:
+            if self.window:  # sliding window: keys within `window` on either side
+                pairs_src_src = sum(windowed_pairs(s, self.window) for s in src_lens)
+            else:
+                pairs_src_src = sum(s * s for s in src_lens)
+            pairs_tgt_tgt = sum(t * (t + 1) / 2 for t in tgt_lens)  # causal: each query sees itself and earlier keys
+            flops += (
+                12.0
+                * self.width
+                * (self.enc_layers * pairs_src_src + self.dec_layers * (pairs_tgt_tgt + pairs_tgt_src))
+            )
+        elif self.rnn_attention:
+            flops += 12.0 * self.width * pairs_tgt_src
+        return flops
+
+    def of_batches(self, batches: list[list[int]], src_lens: list[int], tgt_lens: list[int]) -> float:
+        """FLOPs of training on these batches of sentence indices (lengths without EOS/BOS)."""
+        indices = [i for batch in batches for i in batch]
+        return self([src_lens[i] + 1 for i in indices], [tgt_lens[i] + 1 for i in indices])
+
+
+def training_flops(model: nn.Module, src_lens: list[int], tgt_lens: list[int]) -> float:
+    """Useful FLOPs of one training step over sentences of these lengths (EOS/BOS included)."""
+    return FlopCounter(model)(src_lens, tgt_lens)
+
+
+def windowed_pairs(length: int, window: int) -> int:
+    """Query-key pairs (i, j) with |i - j| <= window in a sentence of ``length`` tokens."""
+    w = min(window, length - 1)
+    return length * (2 * w + 1) - w * (w + 1)
+
+
+def peak_flops(device: torch.device) -> Optional[float]:
+    """The device's dense bf16 peak, None for a CPU or a GPU not in the table."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16.items() if key in name), None)

@@ -1,0 +1,85 @@
+"""The training figures between two log lines. They stay on the device, so that no update waits for
+the host; the window is read once per ``train.log_every`` updates, the one host sync between
+validations."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Optional
+
+import torch
+
+from app import distributed
+
+
+class MetricsWindow:
+    def __init__(self, device: torch.device, peak_flops: Optional[float] = None):
+        self.device, self.peak_flops = device, peak_flops
+        self.bad_run = self._zero(torch.long)  # consecutive skipped updates: a run may span windows
+        self.grad_norm = torch.zeros(())
+        self.reset()
+
+    def _zero(self, dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros((), dtype=dtype, device=self.device)
+
+    def reset(self) -> None:
+        self.start, self.update_tokens, self.updates, self.flops = time.time(), 0, 0, 0.0
+        self.loss_sum, self.loss_tokens = self._zero(torch.float32), self._zero(torch.long)
+        self.skipped = self._zero(torch.long)
+        self.worst_bad_run = self.bad_run.clone()
+
+    def add(
+        self,
+        loss_sum: torch.Tensor,
+        grad_norm: torch.Tensor,
+        finite: torch.Tensor,
+        local_tokens: int,
+        update_tokens: int,
+        flops: float = 0.0,
+    ) -> None:
+        """One update: its summed loss over this rank's ``local_tokens`` target tokens, counted only
+        when finite; ``update_tokens`` target tokens over all ranks; its useful FLOPs (for MFU)."""
+        self.update_tokens += update_tokens
+        self.updates += 1
+        self.flops += flops
+        self.loss_sum += torch.where(finite, loss_sum, 0.0)
+        self.loss_tokens += finite * local_tokens
+        self.bad_run = (self.bad_run + 1) * ~finite
+        self.worst_bad_run = torch.maximum(self.worst_bad_run, self.bad_run)
+        self.skipped += ~finite
+        self.grad_norm = grad_norm
+
+    def read_skips(self) -> tuple[int, int]:
+        """Updates skipped since the last read, and the longest run of skips in this window."""
+        skipped, worst = int(self.skipped), int(self.worst_bad_run)
+        self.skipped.zero_()
+        return skipped, worst
+
+    def summary(self) -> dict:
+        """The window's scalars: loss (over all ranks), perplexity, gradient norm, target tokens per
+        second and per update, and MFU where the device's peak is known."""
+        loss_sum, tokens = distributed.sum_all(
+            torch.stack([self.loss_sum.double(), self.loss_tokens.double()])
+        ).tolist()
+        loss = loss_sum / tokens if tokens else float("nan")
+        elapsed = time.time() - self.start
+        figures = {
+            "loss": loss,
+            "ppl": math.exp(min(loss, 50)),
+            "grad_norm": float(self.grad_norm),
+            "tgt_tokens_per_s": self.update_tokens / elapsed,
+            "tgt_tokens_per_update": self.update_tokens / max(self.updates, 1),
+        }
+        if self.peak_flops:
+            figures["mfu"] = self.flops / elapsed / self.peak_flops  # this rank's share on its own device
+        return figures
+
+    def log(self, writer, step: int, **extra: float) -> dict:
+        """The window's scalars and ``extra`` ones (the learning rate) to TensorBoard under train/;
+        then a new window starts. Returns what was logged."""
+        figures = {**self.summary(), **extra}
+        for key, value in figures.items():
+            writer.add_scalar(f"train/{key}", value, step)
+        self.reset()
+        return figures

@@ -1,0 +1,121 @@
+"""One training update and what it is made of: the loss, the optimizer and its schedule, mixed
+precision and torch.compile. The training loop and the bench both run ``train_step``."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Callable
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from app.config import Config
+from app.data.tokenizer import PAD
+from app.errors import UserError
+from app.utils import autocast
+
+log = logging.getLogger(__name__)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def amp_dtype(setting: str, device: torch.device) -> Optional[torch.dtype]:
+    """The autocast dtype of ``train.amp``: bf16 on CUDA by default, None (fp32) on a CPU."""
+    if setting == "auto":
+        return torch.bfloat16 if device.type == "cuda" else None
+    if setting in ("bf16", "fp32"):
+        return torch.bfloat16 if setting == "bf16" else None
+    raise UserError(f"train.amp={setting!r}: choose auto, bf16 or fp32")
+
+
+def inverse_sqrt(warmup: int) -> Callable[[int], float]:
+    """Linear warmup to the peak rate, then decay ∝ 1/√step (Vaswani et al. 2017, eq. 3, rescaled)."""
+    warmup = max(warmup, 1)
+    return lambda step: min((step + 1) / warmup, math.sqrt(warmup / (step + 1)))
+
+
+def sequence_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Summed (label-smoothed) cross-entropy over non-padding target tokens."""
+    return F.cross_entropy(
+        logits.flatten(0, 1), target.flatten(), ignore_index=PAD, label_smoothing=label_smoothing, reduction="sum"
+    )
+
+
+def make_optimizer(
+    model: torch.nn.Module, cfg: Config
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW (fused: one kernel for all parameters, which can skip an update on the device) with the
+    inverse square root schedule."""
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.train.lr,
+        betas=tuple(cfg.train.adam_betas),
+        weight_decay=cfg.train.weight_decay,
+        fused=cfg.train.fused_optimizer,
+    )
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt(cfg.train.warmup_steps))
+
+
+def compiled_for_training(module: torch.nn.Module, cfg: Config) -> torch.nn.Module:
+    """``module`` itself, or with ``train.compile=true`` its torch.compile'd wrapper (parameters shared,
+    so checkpoints and decoding use the plain model). Batch shapes vary with every length bucket:
+    ``dynamic=True`` traces sequence length and batch size as symbols, one graph for all of them, where
+    static shapes would recompile per bucket and give up after torch._dynamo's recompile limit.
+
+    An RNN decoder loops over target positions in Python (a compiled loop would specialize on every
+    target length), so for RNNs only the decoder's loop step is compiled, in place: its attention,
+    cell and output ops become a few fused kernels, run once per target position. The encoder and the
+    decoders that do not loop are single cuDNN calls already. The step compiles with automatic dynamic
+    shapes: static first, then once more with the sizes that changed (batch, source length) as
+    symbols; model widths stay constants (with every size symbolic, Inductor 2.13 fails on Luong's
+    general score: "Exponent must be non-negative")."""
+    if not cfg.train.compile:
+        return module
+    mode = cfg.train.compile_mode
+    if mode not in COMPILE_MODES:
+        raise UserError(f"train.compile_mode={mode!r}: choose one of {', '.join(COMPILE_MODES)}")
+    # Without this, sizes that happen to be equal in the first batch (source length = target length)
+    # get one symbol, and the first batch where they differ compiles again.
+    torch.fx.experimental._config.use_duck_shape = False
+    if cfg.model.arch == "transformer":
+        return torch.compile(module, dynamic=True, mode=mode)
+    decoder = getattr(module, "module", module).decoder  # under DDP: the wrapped model
+    if decoder.loops:
+        decoder.loop_step = torch.compile(decoder.loop_step, mode=mode)
+    else:
+        log.warning(
+            "train.compile=true: this RNN decoder runs in one cuDNN call and has no loop to compile; training eagerly"
+        )
+    return module
+
+
+def train_step(
+    model, batches: list, n_tokens: int, optimizer, scheduler, cfg: Config, dtype, ranks: int = 1
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One update over ``batches`` (gradient accumulation), the loss normalized by ``n_tokens``, the
+    target tokens of the whole update over all ``ranks``. Returns the summed loss, the gradient norm and
+    whether both were finite, as device tensors (no host sync). A non-finite update is skipped inside
+    the fused optimizer kernel (with ``train.fused_optimizer=false``, by a host-side check)."""
+    loss_sum = torch.zeros((), device=batches[0].src.device)
+    for i, batch in enumerate(batches):
+        # DDP all-reduces gradients on the last micro-batch only; it averages them over the ranks,
+        # so each rank's loss is scaled up by their number to keep the sum over the whole update
+        sync = i == len(batches) - 1 or not hasattr(model, "no_sync")
+        with contextlib.nullcontext() if sync else model.no_sync():
+            with autocast(batch.src.device, dtype):
+                logits = model(batch.src, batch.tgt_in, src_lengths=batch.src_lengths)
+                loss = sequence_loss(logits, batch.tgt_out, cfg.train.label_smoothing)
+            (loss / (n_tokens / ranks)).backward()
+        loss_sum += loss.detach().float()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
+    finite = torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
+    if optimizer.defaults.get("fused"):
+        optimizer.found_inf = (~finite).float()  # what GradScaler hands fused Adam: skip params and step count
+        optimizer.step()
+    elif finite:  # the unfused optimizer cannot skip on the device: this asks the host (a sync)
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+    return loss_sum, grad_norm, finite

@@ -1,0 +1,82 @@
+"""Validation during training: dev loss and perplexity (teacher forcing), dev BLEU/chrF of greedy
+translations, and the alignment heatmaps of a few dev sentences, all logged to TensorBoard."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from tqdm import tqdm
+
+from app.alignment import attention_entropy, layer_views, monotonicity
+from app.config import Config
+from app.data.batching import sorted_batches
+from app.data.corpus import ParallelData
+from app.data.tokenizer import EOS, PAD, Tokenizer
+from app.decoding import decode_corpus
+from app.evaluation import score
+from app.step import sequence_loss
+from app.utils import autocast
+
+
+@torch.no_grad()
+def dev_scores(model, dev: ParallelData, tokenizer: Tokenizer, cfg: Config, device, dtype) -> dict:
+    """Dev perplexity (teacher forcing, no smoothing) and dev BLEU/chrF of greedy translations."""
+    model.eval()
+    loss_sum, tokens = 0.0, 0
+    for batch in sorted_batches(dev.src, dev.tgt, cfg.decode.batch_tokens):
+        batch = batch.to(device)
+        with autocast(device, dtype):
+            logits = model(batch.src, batch.tgt_in, src_lengths=batch.src_lengths)
+        loss_sum += sequence_loss(logits.float(), batch.tgt_out).item()
+        tokens += int((batch.tgt_out != PAD).sum())
+    hyps = decode_corpus(model, dev.src, device, cfg.decode.greedy(), amp_dtype=dtype)
+    metrics = score(tokenizer.decode_tgt(hyps.tokens), dev.tgt_texts, ter=False)
+    model.train()
+    return {"loss": loss_sum / tokens, "ppl": math.exp(min(loss_sum / tokens, 50)), **metrics}
+
+
+@torch.no_grad()
+def log_alignments(
+    writer, model, dev: ParallelData, tokenizer: Tokenizer, cfg: Config, device, dtype, step: int
+) -> None:
+    """Heatmaps of the first ``viz.sentences`` dev sentences (greedy decoding), and two scalars over
+    them: mean attention entropy and monotonicity (the step slider shows alignment emerging)."""
+    from app.plots import figures
+
+    n = min(cfg.viz.sentences, len(dev))
+    if n == 0:
+        return
+    hyps = decode_corpus(model, dev.src[:n], device, cfg.decode.greedy(), amp_dtype=dtype, need_attention=True)
+    if hyps.attention is None:  # a model without attention
+        return
+    entropy, monotone = [], []
+    for i, attention in enumerate(hyps.attention):
+        src_tokens = tokenizer.src_pieces(dev.src[i] + [EOS])
+        hyp_tokens = tokenizer.tgt_pieces(hyps.tokens[i] + [EOS])
+        for name, fig in figures(attention, src_tokens, hyp_tokens, cfg.viz.layer).items():
+            writer.add_figure(f"alignment/{i}/{name}", fig, step)  # closes the figure
+        weights = layer_views(attention, cfg.viz.layer)["weights"]
+        entropy.append(attention_entropy(weights))
+        monotone.append(monotonicity(weights))
+    writer.add_scalar("dev/attention_entropy", sum(entropy) / n, step)
+    writer.add_scalar("dev/attention_monotonicity", sum(monotone) / n, step)
+
+
+def validate(model, dev: ParallelData, tokenizer: Tokenizer, cfg: Config, device, dtype, writer, progress) -> dict:
+    """One validation at ``progress.step``: scores and heatmaps to TensorBoard, recorded in ``progress``
+    (best dev BLEU, early stopping), a line on the console; returns the scores and whether they are
+    the best so far."""
+    start, step = time.time(), progress.step
+    metrics = dev_scores(model, dev, tokenizer, cfg, device, dtype)
+    log_alignments(writer, model, dev, tokenizer, cfg, device, dtype, step)
+    for key in ("loss", "ppl", "bleu", "chrf"):
+        writer.add_scalar(f"dev/{key}", metrics[key], step)
+    seconds = time.time() - start
+    metrics["improved"] = progress.record_validation(metrics["bleu"], seconds)
+    tqdm.write(
+        f"step {step}: dev loss {metrics['loss']:.3f} ppl {metrics['ppl']:.2f} BLEU {metrics['bleu']:.2f} "
+        f"chrF {metrics['chrf']:.2f} ({seconds:.0f}s){' *best*' if metrics['improved'] else ''}"
+    )
+    return metrics

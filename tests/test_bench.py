@@ -1,0 +1,125 @@
+"""make bench without running it: the CPU cap on its configuration, the ablation table, the profile's
+kinds of work, and the one FLOP count (app/flops.py) checked by hand."""
+
+import pytest
+from conftest import TINY, Vocab, compose_config
+
+
+@pytest.mark.parametrize("preset", ["transformer", "rnn_bahdanau", "rnn_luong", "rnn_plain"])
+def test_cpu_bench_caps_the_configuration_at_a_small_one(preset):
+    from app.bench import small_for_cpu
+    from app.models import build_model, count_parameters
+
+    cfg = compose_config(f"model={preset}")
+    small, changes = small_for_cpu(cfg)
+    assert small.train.batch_tokens == 4000 and small.bench.steps == 10 and small.bench.decode_sentences == 100
+    assert cfg.train.batch_tokens == 32000 and cfg.bench.steps == 50  # the original is left alone
+    if preset == "transformer":
+        assert (small.model.d_model, small.model.ff_dim, small.model.heads, small.model.enc_layers) == (256, 1024, 4, 3)
+    else:
+        assert (small.model.emb_dim, small.model.hidden) == (
+            256,
+            512,
+        ) and small.model.tie_embeddings == cfg.model.tie_embeddings
+    assert "train.batch_tokens" not in changes and "batch_tokens 32000→4000" in changes
+    assert count_parameters(build_model(small.model, Vocab(4000, 4000))) < 12e6  # it builds, and small
+
+    tiny = compose_config(*TINY, "bench.steps=3", "bench.warmup=1", "bench.decode_sentences=4")
+    assert small_for_cpu(tiny) == (tiny, [])  # already small: nothing to change
+    trained = compose_config(f"model={preset}", "bench.checkpoint_path=best.pt")
+    assert small_for_cpu(trained)[0].model == trained.model  # a checkpoint's model is timed as it is
+
+
+def test_ablation_table_keeps_a_failed_row():
+    from app.bench import ablation_markdown
+
+    ok = {
+        "setting": "all speed features on (the defaults)",
+        "steps_per_s": 2.0,
+        "train_tgt_tokens_per_s": 12345,
+        "padding_ratio": 0.043,
+        "mfu": 0.3123,
+        "peak_memory_gib": 7.5,
+        "vs_defaults": 1.0,
+    }
+    table = ablation_markdown(
+        [ok, {"setting": "without fused AdamW", "error": "OutOfMemoryError: CUDA out of memory"}], "T"
+    )
+    assert "| all speed features on (the defaults) | 2.0 | 12,345 | 4.3 % | 31.2 % | 7.5 | 1.00× |" in table
+    assert "| without fused AdamW | failed: OutOfMemoryError: CUDA out of memory | | | | | |" in table
+
+
+def test_a_failing_ablation_row_does_not_lose_the_others(monkeypatch):
+    import torch
+
+    import app.bench
+
+    def fake_training(model, cfg, data, device, dtype, steps, warmup, naive=frozenset()):
+        if not cfg.train.fused_optimizer:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+        return {"steps_per_s": 1.0, "train_tgt_tokens_per_s": 900, "padding_ratio": 0.05, "mfu": None}, None
+
+    monkeypatch.setattr(app.bench, "time_training", fake_training)
+    cfg = compose_config("model=transformer_small")
+    baseline = {"steps_per_s": 1.0, "train_tgt_tokens_per_s": 1000, "mfu": None}
+    rows = app.bench.ablation(cfg, lambda: None, None, torch.device("cpu"), None, 1, 0, baseline)
+    failed = [r for r in rows if "error" in r]
+    assert [r["setting"] for r in failed] == ["without fused AdamW (its non-finite check then syncs)"]
+    assert failed[0]["error"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert len(rows) == 6 and all(r["vs_defaults"] == 0.9 for r in rows[1:] if "error" not in r)
+
+
+def test_profile_kinds_of_work():
+    from app.profiling import kind_of
+
+    assert kind_of("aten::mm") == kind_of("aten::addmm") == kind_of("aten::_scaled_mm") == "matrix multiply"
+    assert kind_of("aten::_flash_attention_backward") == "attention kernels"
+    assert kind_of("aten::_thnn_fused_gru_cell") == kind_of("aten::_cudnn_rnn") == "recurrent cells"
+    assert kind_of("aten::_fused_adamw_") == "optimizer"
+    assert kind_of("aten::_softmax") == "softmax and loss" and kind_of("aten::index_select") == "copies and layout"
+    assert kind_of("## Call CompiledFxGraph fjltto ##") == "compiled kernels"
+    assert kind_of("aten::tanh") == kind_of("aten::mul") == "elementwise and other"
+
+
+def test_training_flops_count_by_hand():
+    from app.flops import matmul_parameters, training_flops
+    from app.models import build_model
+
+    cfg = compose_config(
+        "model=transformer_small",
+        "model.d_model=8",
+        "model.heads=2",
+        "model.enc_layers=1",
+        "model.dec_layers=1",
+        "model.ff_dim=16",
+    )
+    model = build_model(cfg.model, Vocab(10, 10))
+    # encoder layer: q, k, v, out (4 × 8×8) + ff (8×16 + 16×8); decoder adds cross attention and the
+    # output projection (10×8, tied to the embedding but still a matrix multiply per target token)
+    p_enc, p_dec = 4 * 64 + 2 * 128, 8 * 64 + 2 * 128 + 80
+    assert matmul_parameters(model.encoder) == p_enc and matmul_parameters(model) == p_enc + p_dec
+    flops = training_flops(model, [3], [2])
+    attention = 12 * 8 * (1 * 3 * 3 + 1 * (2 * 3 / 2 + 2 * 3))
+    assert flops == 6 * (p_enc * 3 + p_dec * 2) + attention
+
+
+def test_windowed_attention_counts_only_the_pairs_in_the_window():
+    from app.flops import training_flops, windowed_pairs
+    from app.models import build_model
+
+    for length in (1, 4, 9):
+        for window in (0, 2, 20):
+            assert windowed_pairs(length, window) == sum(
+                abs(i - j) <= window for i in range(length) for j in range(length)
+            )
+    sizes = [
+        "model=transformer_small",
+        "model.d_model=8",
+        "model.heads=2",
+        "model.enc_layers=1",
+        "model.dec_layers=1",
+        "model.ff_dim=16",
+    ]
+    full = training_flops(build_model(compose_config(*sizes).model, Vocab(10, 10)), [9], [2])
+    windowed = training_flops(build_model(compose_config(*sizes, "model.window=2").model, Vocab(10, 10)), [9], [2])
+    assert full - windowed == 12 * 8 * (9 * 9 - windowed_pairs(9, 2))
