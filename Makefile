@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 STAMP := $(VENV)/.installed
-SWORD_PACKAGES := sword-text-sparv sword-text-web
+SWORD_PACKAGES := sword-text-sparv sword-text-web sword-text-kjv
 # The CPU build is a few hundred MB; an unpinned torch on Linux is the multi-GB CUDA build.
 TORCH_CPU ?= torch==2.13.0
 TORCH_GPU ?= torch

@@ -51,18 +51,54 @@ _NONCANONICAL_TITLE = re.compile(r'<title\b(?![^>]*canonical="true")[^>]*>.*?</t
 _BLOCK_TAG = re.compile(r"</?(div|l|lg|lb|p|title|item|list|chapter|milestone|verse)\b[^>]*>")
 # Everything else (<w>, <q>, <transChange>, ...) wraps words in place: remove it without a space.
 _ANY_TAG = re.compile(r"<[^>]+>")
-_SPACE_BEFORE_PUNCT = re.compile(r"\s+([,.;:!?)\]»”’])")
+_TAG_NAME = re.compile(r"<(/?)\s*([^\s/>]*)")
+_CLOSING_PUNCT = frozenset(",.;:!?)]»”’")  # glued to the word before them
 
 
 def clean_osis(raw: str) -> str:
     """OSIS verse markup -> plain text, without gluing or splitting words."""
-    text = _DROPPED_ELEMENTS.sub(" ", raw)
-    text = _NONCANONICAL_TITLE.sub(" ", text)
-    text = _BLOCK_TAG.sub(" ", text)
-    text = _ANY_TAG.sub("", text)
-    text = html.unescape(text).replace("¶", " ")
-    text = " ".join(text.split())
-    return _SPACE_BEFORE_PUNCT.sub(r"\1", text)
+    return clean_osis_context(raw)[0]
+
+
+def clean_osis_context(raw: str) -> tuple[str, list[tuple[str, ...]]]:
+    """``clean_osis``'s text and, for each of its characters, the start tags of the inline elements
+    it came from (outermost first, e.g. ``('<q ...>', '<w lemma="strong:G2424">')``; ``()`` for none):
+    what lets a word of the clean text be traced back to the <w> element that tagged it."""
+    markup = _DROPPED_ELEMENTS.sub(" ", raw)
+    markup = _NONCANONICAL_TITLE.sub(" ", markup)
+    markup = _BLOCK_TAG.sub(" ", markup)
+    # Text nodes between the remaining tags, each with the elements open around it. Unescaping node by
+    # node is the same as unescaping the whole text: in XML an entity never spans a tag.
+    chars: list[str] = []
+    context: list[tuple[str, ...]] = []
+    names: list[str] = []  # the open inline elements: their names and start tags
+    start_tags: list[str] = []
+    start = 0
+    for tag in [*_ANY_TAG.finditer(markup), None]:
+        node = html.unescape(markup[start:tag.start() if tag else len(markup)]).replace("¶", " ")
+        chars.append(node)
+        context.extend([tuple(start_tags)] * len(node))
+        if tag is None:
+            break
+        start = tag.end()
+        closing, name = _TAG_NAME.match(tag.group()).groups()
+        if closing and name in names:  # closes the innermost open element of that name
+            k = len(names) - 1 - names[::-1].index(name)
+            del names[k:], start_tags[k:]
+        elif not closing and not tag.group().endswith("/>"):
+            names.append(name)
+            start_tags.append(tag.group())
+    # Whitespace collapsed to single spaces, none before closing punctuation.
+    text = "".join(chars)
+    out: list[str] = []
+    out_context: list[tuple[str, ...]] = []
+    for word in re.finditer(r"\S+", text):
+        if out and word.group()[0] not in _CLOSING_PUNCT:
+            out.append(" ")
+            out_context.append(())
+        out.append(word.group())
+        out_context.extend(context[word.start():word.end()])
+    return "".join(out), out_context
 
 
 def _open_bible(sword_path: str, module: str):
@@ -80,8 +116,8 @@ def _open_bible(sword_path: str, module: str):
     return modules.get_bible_from_module(module)
 
 
-def bible_verses(sword_path: str, module: str, refs: Optional[Iterable[str]] = None) -> dict[str, str]:
-    """Cleaned verse texts keyed by OSIS reference ("Gen.1.1"); all verses unless ``refs`` is given."""
+def raw_verses(sword_path: str, module: str, refs: Optional[Iterable[str]] = None) -> dict[str, str]:
+    """OSIS markup of verses keyed by OSIS reference ("Gen.1.1"); all verses unless ``refs`` is given."""
     bible = _open_bible(sword_path, module)
     if refs is None:
         refs = [
@@ -94,9 +130,13 @@ def bible_verses(sword_path: str, module: str, refs: Optional[Iterable[str]] = N
     verses = {}
     for ref in tqdm(list(refs), desc=f"reading {module}", unit="verse", leave=False, mininterval=2):
         book, chapter, verse = ref.split(".")
-        raw = bible.get(books=[book], chapters=[int(chapter)], verses=[int(verse)], clean=False)
-        verses[ref] = clean_osis(raw)
+        verses[ref] = bible.get(books=[book], chapters=[int(chapter)], verses=[int(verse)], clean=False)
     return verses
+
+
+def bible_verses(sword_path: str, module: str, refs: Optional[Iterable[str]] = None) -> dict[str, str]:
+    """Cleaned verse texts keyed by OSIS reference ("Gen.1.1"); all verses unless ``refs`` is given."""
+    return {ref: clean_osis(raw) for ref, raw in raw_verses(sword_path, module, refs).items()}
 
 
 def read_bible(cfg: DataConfig) -> Splits:
