@@ -8,9 +8,12 @@ source word i and target word j (0-based, whitespace words), ``i?j`` for a possi
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import torch
 
+from app.data.tokenizer import EOS
 from app.errors import UserError
 
 
@@ -86,33 +89,100 @@ def word_index(pieces: list[str]) -> list[int]:
     return out
 
 
+def pieces_to_words(pieces: list[str]) -> np.ndarray:
+    """(words, pieces) 0/1 matrix: which pieces make up each whitespace word (special tokens: none)."""
+    words = np.asarray(word_index(pieces))
+    return (np.arange(max(words.max(initial=-1) + 1, 0))[:, None] == words[None, :]).astype(np.float64)
+
+
+def hard_alignments(maps, src_pieces: list[str], tgt_pieces: list[str]) -> list[set[tuple[int, int]]]:
+    """Attention maps (views, tgt pieces, src pieces) -> per view {(source word, target word)}: pieces
+    summed into words, then the most attended source word for every target word."""
+    to_src, to_tgt = pieces_to_words(src_pieces), pieces_to_words(tgt_pieces)
+    if not len(to_src) or not len(to_tgt):
+        return [set() for _ in maps]
+    merged = to_tgt @ np.asarray(maps, dtype=np.float64) @ to_src.T  # (views, tgt words, src words)
+    return [{(int(i), j) for j, i in enumerate(best)} for best in merged.argmax(-1)]
+
+
 def hard_alignment(weights, src_pieces: list[str], tgt_pieces: list[str]) -> set[tuple[int, int]]:
-    """Attention (tgt pieces, src pieces) -> {(source word, target word)}: pieces summed into words,
-    then the most attended source word for every target word."""
-    weights = np.asarray(weights, dtype=np.float64)
+    """``hard_alignments`` of one (tgt pieces, src pieces) map."""
+    return hard_alignments(np.asarray(weights, dtype=np.float64)[None], src_pieces, tgt_pieces)[0]
+
+
+def piece_links(links: set[tuple[int, int]], src_pieces: list[str], tgt_pieces: list[str]) -> list[tuple[int, int]]:
+    """(source word, target word) links -> the (target piece, source piece) cells of those words."""
     src_words, tgt_words = word_index(src_pieces), word_index(tgt_pieces)
-    n_src, n_tgt = max(src_words) + 1, max(tgt_words) + 1
-    if n_src == 0 or n_tgt == 0:
-        return set()
-    merged = np.zeros((n_tgt, n_src))
-    for t, tw in enumerate(tgt_words):
-        for s, sw in enumerate(src_words):
-            if tw >= 0 and sw >= 0:
-                merged[tw, sw] += weights[t, s]
-    return {(int(merged[j].argmax()), j) for j in range(n_tgt)}
+    return [(t, s) for t, tw in enumerate(tgt_words) for s, sw in enumerate(src_words) if (sw, tw) in links]
+
+
+def attention_views(attention: torch.Tensor) -> tuple[list[str], torch.Tensor]:
+    """Every map an alignment can be read from, named: an RNN's one map; for a Transformer (layers,
+    heads, tgt, src), each head of each layer and each layer's mean of heads."""
+    attention = attention.float()
+    if attention.dim() == 2:
+        return ["attention"], attention[None]
+    layers, heads = attention.shape[:2]
+    names = [f"layer {layer} head {head}" for layer in range(layers) for head in range(heads)]
+    names += [f"layer {layer} mean" for layer in range(layers)]
+    return names, torch.cat([attention.flatten(0, 1), attention.mean(1)])
+
+
+class AlignmentScore:
+    """AER, precision and recall (Och & Ney 2003) of several views of the attention at once, over a
+    corpus: AER = 1 - (|A∩S| + |A∩P|) / (|A| + |S|); precision = |A∩P| / |A|; recall = |A∩S| / |S|."""
+
+    def __init__(self, views: list[str]):
+        self.views = views
+        self.counts = np.zeros((len(views), 4), dtype=np.int64)  # |A|, |S|, |A∩S|, |A∩P| per view
+
+    def add(self, links: list[set], sure: set, possible: set) -> None:
+        """One sentence: each view's predicted links against the gold ones (possible includes sure)."""
+        for counts, predicted in zip(self.counts, links):
+            counts += (len(predicted), len(sure), len(predicted & sure), len(predicted & possible))
+
+    def result(self, view: str) -> dict:
+        a, s, a_s, a_p = self.counts[self.views.index(view)].tolist()
+        return {
+            "aer": round(1 - (a_s + a_p) / max(a + s, 1), 4),
+            "precision": round(a_p / max(a, 1), 4),
+            "recall": round(a_s / max(s, 1), 4),
+            "links": a,
+        }
+
+    def best(self) -> str:
+        """The view with the lowest AER (the first of equals)."""
+        return min(self.views, key=lambda view: self.result(view)["aer"])
 
 
 def alignment_error_rate(predicted: list[set], gold: list[tuple[set, set]]) -> dict:
-    """AER = 1 - (|A∩S| + |A∩P|) / (|A| + |S|); precision = |A∩P| / |A|; recall = |A∩S| / |S|."""
+    """AER, precision and recall of one set of predicted links per sentence."""
     if len(predicted) != len(gold):
         raise UserError(f"{len(predicted)} sentences to align but the gold file has {len(gold)} lines")
-    a = s = a_s = a_p = 0
+    score = AlignmentScore(["links"])
     for links, (sure, possible) in zip(predicted, gold):
-        a, s = a + len(links), s + len(sure)
-        a_s, a_p = a_s + len(links & sure), a_p + len(links & possible)
-    return {
-        "aer": round(1 - (a_s + a_p) / max(a + s, 1), 4),
-        "precision": round(a_p / max(a, 1), 4),
-        "recall": round(a_s / max(s, 1), 4),
-        "links": a,
-    }
+        score.add([links], sure, possible)
+    return score.result("links")
+
+
+def score_alignments(
+    model, data, gold: list[tuple[set, set]], tokenizer, device, dtype, batch_tokens: int, keep: int = 0
+) -> tuple[Optional[AlignmentScore], dict]:
+    """Every view of the teacher-forced attention of ``data`` (a ParallelData) scored against ``gold``
+    (per pair: sure, possible links), and the attention of the first ``keep`` pairs (for plots). None,
+    {} for a model without attention."""
+    from app.decoding import forced_attention
+
+    if len(gold) != len(data):
+        raise UserError(f"{len(data)} sentences to align but the reference links have {len(gold)} lines")
+    score, kept = None, {}
+    for i, attention in forced_attention(model, data.src, data.tgt, device, batch_tokens, dtype):
+        names, maps = attention_views(attention)
+        score = score or AlignmentScore(names)
+        links = hard_alignments(
+            maps.numpy(), tokenizer.src_pieces(data.src[i] + [EOS]), tokenizer.tgt_pieces(data.tgt[i] + [EOS])
+        )
+        score.add(links, *gold[i])
+        if i < keep:
+            kept[i] = attention
+    return score, kept

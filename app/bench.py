@@ -92,9 +92,9 @@ def time_training(
         batch = batcher(indices)
         n_tokens = int((batch.tgt_out != PAD).sum())  # counted on the host copy: no device sync
         on_device = batch.to(device, pin="pageable" not in naive)
-        loss, _, _ = train_step(trained, [on_device], n_tokens, optimizer, scheduler, cfg, dtype)
+        result = train_step(trained, [on_device], n_tokens, optimizer, scheduler, cfg, dtype)
         if "sync" in naive:
-            loss.item()
+            result.loss_sum.item()
         return n_tokens, batch.src.numel() + batch.tgt_in.numel()
 
     for _ in range(warmup):

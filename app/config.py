@@ -39,11 +39,18 @@ class DataConfig:
     sword_path: str = "/usr/share/sword"
     src_module: str = "spaRV1909eb"
     tgt_module: str = "engWEB2015eb"
+    # bible: link the words of a verse pair that carry the same Strong's number, written as
+    # <split>.align next to <split>.tsv; make eval scores attention against them (AER). The KJV's tags
+    # are reliable (data=bible_es_kjv), the WEB's noisy.
+    reference_links: bool = False
     # files / hf: where each split comes from (files: paths; hf: split names). A missing dev/test is
     # carved out of train with the hash split below.
     train: Optional[str] = None
     dev: Optional[str] = None
     test: Optional[str] = None
+    # files / hf: reference word links of data.train, one Pharaoh line (i-j sure, i?j possible) per pair:
+    # they travel with their pairs through filtering and the dev/test split (<split>.align)
+    train_align: Optional[str] = None
     # hf: dataset name or local path given to datasets.load_dataset, plus field mapping
     hf_path: Optional[str] = None
     hf_config: Optional[str] = None
@@ -112,6 +119,7 @@ class TransformerConfig:
     window: int = 0  # encoder self-attention sees only tokens within this distance; 0 = the whole sentence
     max_len: int = 1024
     tie_embeddings: bool = True  # decoder input/output (and encoder input with a joint vocab)
+    align_layer: int = -2  # the decoder layer whose head 0 train.align_weight guides (Garg et al.: the penultimate)
 
 
 @dataclass
@@ -164,9 +172,8 @@ class TrainConfig:
     oom_retry: bool = False  # out of memory on a batch: halve train.batch_tokens and go on instead of stopping
     compile: bool = False  # torch.compile the Transformer's training step, or an RNN decoder's loop step
     compile_mode: str = "default"  # default | reduce-overhead (CUDA graphs) | max-autotune | max-autotune-no-cudagraphs
-    fused_optimizer: bool = (
-        True  # AdamW as one fused kernel that skips non-finite updates on the device (false: for comparison)
-    )
+    align_weight: float = 0.0  # guided alignment (app/guided_alignment.py): weight of the loss on reference links
+    fused_optimizer: bool = True  # AdamW in one kernel that skips non-finite updates on the device
 
 
 @dataclass

@@ -3,6 +3,7 @@ once for every model family."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -317,3 +318,34 @@ def decode_corpus(
         nbest if beam_size > 1 else None,
         kv_cache_bytes,
     )
+
+
+@torch.no_grad()
+def forced_attention(
+    model,
+    src: list[list[int]],
+    tgt: list[list[int]],
+    device: torch.device,
+    batch_tokens: int,
+    amp_dtype: Optional[torch.dtype] = None,
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """(index, attention) of every pair while the model is fed the target (teacher forcing), in
+    length-sorted batches: (tgt, src) or (layers, heads, tgt, src) on the host, the rows of the target
+    tokens and EOS, the columns of the source tokens and EOS. What reference alignments are scored
+    against: they link source and *reference* words. None for a model without attention."""
+    from app.data.batching import sorted_batches
+    from app.utils import autocast
+
+    was_training = model.training
+    model.eval()
+    for batch in sorted_batches(src, tgt, batch_tokens):
+        on_device = batch.to(device)
+        with autocast(device, amp_dtype):
+            _, attention = model.decode(model.encode(on_device.src), on_device.tgt_in, need_attention=True)
+        if attention is None:
+            model.train(was_training)
+            return
+        attention = attention.float().cpu()
+        for j, i in enumerate(batch.index.tolist()):
+            yield i, attention[j, ..., : len(tgt[i]) + 1, : len(src[i]) + 1]
+    model.train(was_training)

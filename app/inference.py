@@ -8,9 +8,11 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
+from app.alignment import attention_views
 from app.checkpoint import checkpoint_path, load_checkpoint
 from app.config import Config, DecodeConfig, VizConfig, config_from_dict
 from app.data.corpus import load_split, load_tokenizer
@@ -20,7 +22,7 @@ from app.errors import UserError
 from app.evaluation import bleu_by_length, bleu_of_longest, score
 from app.models import build_model
 from app.step import amp_dtype
-from app.utils import atomic_write, atomic_write_text, autocast, resolve_device
+from app.utils import atomic_write, atomic_write_text, resolve_device
 
 
 @dataclass
@@ -80,19 +82,16 @@ def evaluate_run(cfg: Config) -> dict:
         tokens_per_s=round(sum(len(h) + 1 for h in hyps.tokens) / seconds),
         device=torch.cuda.get_device_name(trained.device) if trained.device.type == "cuda" else "cpu",
     )
-    if cfg.eval.gold_align:
-        from app.alignment import alignment_error_rate, read_pharaoh
-
-        gold = read_pharaoh(cfg.eval.gold_align)
-        metrics["alignment"] = {
-            **alignment_error_rate(forced_alignments(trained, data, cfg), gold),
-            "gold": cfg.eval.gold_align,
-        }
     out_dir = os.path.join(cfg.run_dir, "eval", cfg.eval.split)
+    gold_path = cfg.eval.gold_align or reference_links(trained.config.data.dir, cfg.eval.split)
+    if gold_path:
+        alignment = evaluate_alignment(trained, data, gold_path, cfg, out_dir)
+        if alignment:
+            metrics["alignment"] = alignment
     atomic_write_text(os.path.join(out_dir, "hyp.txt"), "".join(t + "\n" for t in texts))
     atomic_write_text(os.path.join(out_dir, "metrics.json"), json.dumps(metrics, indent=2))
     if hyps.attention is not None:
-        write_alignments(out_dir, data, hyps, trained.tokenizer, cfg.viz)
+        write_alignments(out_dir, data, hyps, trained.tokenizer, cfg.viz, metrics.get("alignment"))
     print(
         f"{cfg.eval.split} ({metrics['decoding']}): BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}  "
         f"TER {metrics['ter']:.2f}  ({len(texts)} sentences, {metrics['sentences_per_s']} sent/s "
@@ -101,7 +100,8 @@ def evaluate_run(cfg: Config) -> dict:
     if "alignment" in metrics:
         a = metrics["alignment"]
         print(
-            f"  alignment vs {a['gold']}: AER {a['aer']:.4f}  precision {a['precision']:.4f}  recall {a['recall']:.4f}"
+            f"  alignment vs {a['gold']}: AER {a['aer']:.4f}  precision {a['precision']:.4f}  "
+            f"recall {a['recall']:.4f}  ({a['view']}, chosen on {a['chosen_on']})"
         )
     print(f"  {metrics['bleu_signature']}\n  {metrics['chrf_signature']}\n  {metrics['ter_signature']}")
     print(
@@ -115,14 +115,18 @@ def evaluate_run(cfg: Config) -> dict:
     return metrics
 
 
-def write_alignments(out_dir: str, data, hyps: Hypotheses, tokenizer: Tokenizer, viz: VizConfig) -> None:
+def write_alignments(
+    out_dir: str, data, hyps: Hypotheses, tokenizer: Tokenizer, viz: VizConfig, alignment: Optional[dict] = None
+) -> None:
     """``alignments.jsonl`` (every sentence: tokens and attention rows of the decoding that produced
-    the hypothesis) and ``alignments/NNNN.png`` heatmaps for the first ``viz.eval_plots`` sentences."""
+    the hypothesis; with reference links, the view of the attention AER was scored on) and
+    ``alignments/NNNN.png`` heatmaps for the first ``viz.eval_plots`` sentences."""
     from app.alignment import layer_views
     from app.plots import figures, png_bytes
 
     plot_dir = os.path.join(out_dir, "alignments")
-    shutil.rmtree(plot_dir, ignore_errors=True)  # plots of an earlier evaluation must not mix with these
+    if not alignment:  # else evaluate_alignment cleared the folder and drew the reference plots in it
+        shutil.rmtree(plot_dir, ignore_errors=True)  # plots of an earlier evaluation must not mix with these
     lines = []
     for i, attention in enumerate(hyps.attention):
         src_tokens = tokenizer.src_pieces(data.src[i] + [EOS])
@@ -137,6 +141,8 @@ def write_alignments(out_dir: str, data, hyps: Hypotheses, tokenizer: Tokenizer,
         if "head_weights" in views:
             row["layer"] = views["layer"]
             row["head_weights"] = views["head_weights"].round(decimals=4).tolist()
+        if alignment:
+            row["alignment_view"] = {"view": alignment["view"], "chosen_on": alignment["chosen_on"]}
         lines.append(json.dumps(row, ensure_ascii=False))
         if i < viz.eval_plots:
             for name, fig in figures(attention, src_tokens, hyp_tokens, viz.layer).items():
@@ -146,29 +152,47 @@ def write_alignments(out_dir: str, data, hyps: Hypotheses, tokenizer: Tokenizer,
     atomic_write_text(os.path.join(out_dir, "alignments.jsonl"), "".join(line + "\n" for line in lines))
 
 
-@torch.no_grad()
-def forced_alignments(trained: TrainedModel, data, cfg: Config) -> list[set]:
-    """Hard word alignments of every (source, reference) pair from teacher-forced attention: gold
-    alignments link source and *reference* words, so the attention is read while forcing the reference."""
-    from app.alignment import hard_alignment, layer_views
-    from app.data.batching import sorted_batches
+def reference_links(data_dir: str, split: str) -> Optional[str]:
+    """``<data_dir>/<split>.align`` when the corpus has reference links for the split (app/data/prepare.py)."""
+    path = os.path.join(data_dir, f"{split}.align")
+    return path if os.path.exists(path) else None
 
-    model, links = trained.model, [None] * len(data.src)
-    for batch in sorted_batches(data.src, data.tgt, cfg.decode.batch_tokens):
-        gpu_batch = batch.to(trained.device)
-        with autocast(trained.device, trained.dtype):
-            _, attention = model.decode(model.encode(gpu_batch.src), gpu_batch.tgt_in, need_attention=True)
-        if attention is None:
+
+def evaluate_alignment(trained: TrainedModel, data, gold_path: str, cfg: Config, out_dir: str) -> Optional[dict]:
+    """AER of every view of the teacher-forced attention (each head of each layer, each layer's mean;
+    an RNN's one map) against ``gold_path``. The view reported is the best on dev when the corpus has
+    dev links (and the gold is its own), else the best on this split (said so: an optimistic choice).
+    Writes ``alignments/NNNN_reference.png``, the forced attention of that view with the links drawn
+    over it, for the first ``viz.eval_plots`` sentences. None for a model without attention."""
+    from app.alignment import piece_links, read_pharaoh, score_alignments
+    from app.plots import alignment_figure, png_bytes
+
+    tok = trained.tokenizer
+    run = lambda split_data, gold, keep=0: score_alignments(  # noqa: E731
+        trained.model, split_data, gold, tok, trained.device, trained.dtype, cfg.decode.batch_tokens, keep
+    )
+    gold = read_pharaoh(gold_path)
+    score, kept = run(data, gold, cfg.viz.eval_plots)
+    if score is None:
+        if cfg.eval.gold_align:
             raise UserError("eval.gold_align: this model has no attention to align with")
-        for j, i in enumerate(batch.index.tolist()):
-            src_len, tgt_len = len(data.src[i]) + 1, len(data.tgt[i]) + 1
-            weights = layer_views(attention[j].float().cpu(), cfg.viz.layer)["weights"][..., :tgt_len, :src_len]
-            links[i] = hard_alignment(
-                weights,
-                trained.tokenizer.src_pieces(data.src[i] + [EOS]),
-                trained.tokenizer.tgt_pieces(data.tgt[i] + [EOS]),
-            )
-    return links
+        return None
+    view, chosen_on = score.best(), cfg.eval.split
+    dev_path = reference_links(trained.config.data.dir, "dev")
+    if cfg.eval.split != "dev" and dev_path and not cfg.eval.gold_align:
+        dev = load_split(trained.config.data.dir, "dev", tok)
+        view, chosen_on = run(dev, read_pharaoh(dev_path))[0].best(), "dev"
+    plot_dir = os.path.join(out_dir, "alignments")
+    shutil.rmtree(plot_dir, ignore_errors=True)  # plots of an earlier evaluation must not mix with these
+    for i, attention in kept.items():
+        src, ref = tok.src_pieces(data.src[i] + [EOS]), tok.tgt_pieces(data.tgt[i] + [EOS])
+        names, maps = attention_views(attention)
+        links = [piece_links(links, src, ref) for links in (gold[i][0], gold[i][1] - gold[i][0])]
+        fig = alignment_figure(maps[names.index(view)], src, ref, f"{view}, reference forced", links)
+        png = png_bytes(fig)
+        atomic_write(os.path.join(plot_dir, f"{i:04d}_reference.png"), lambda f, png=png: f.write(png))
+    views = {name: score.result(name)["aer"] for name in score.views}
+    return {**score.result(view), "view": view, "chosen_on": chosen_on, "gold": gold_path, "aer_by_view": views}
 
 
 def translate_lines(cfg: Config) -> None:

@@ -9,13 +9,15 @@ import time
 from typing import Optional
 
 import torch
+from tqdm import tqdm
 
 from app import distributed
+from app.step import StepResult
 
 
 class MetricsWindow:
-    def __init__(self, device: torch.device, peak_flops: Optional[float] = None):
-        self.device, self.peak_flops = device, peak_flops
+    def __init__(self, device: torch.device, peak_flops: Optional[float] = None, guided: bool = False):
+        self.device, self.peak_flops, self.guided = device, peak_flops, guided
         self.bad_run = self._zero(torch.long)  # consecutive skipped updates: a run may span windows
         self.grad_norm = torch.zeros(())
         self.reset()
@@ -26,29 +28,23 @@ class MetricsWindow:
     def reset(self) -> None:
         self.start, self.update_tokens, self.updates, self.flops = time.time(), 0, 0, 0.0
         self.loss_sum, self.loss_tokens = self._zero(torch.float32), self._zero(torch.long)
-        self.skipped = self._zero(torch.long)
+        self.skipped, self.align_loss = self._zero(torch.long), self._zero(torch.float32)
         self.worst_bad_run = self.bad_run.clone()
 
-    def add(
-        self,
-        loss_sum: torch.Tensor,
-        grad_norm: torch.Tensor,
-        finite: torch.Tensor,
-        local_tokens: int,
-        update_tokens: int,
-        flops: float = 0.0,
-    ) -> None:
+    def add(self, step: StepResult, local_tokens: int, update_tokens: int, flops: float = 0.0) -> None:
         """One update: its summed loss over this rank's ``local_tokens`` target tokens, counted only
         when finite; ``update_tokens`` target tokens over all ranks; its useful FLOPs (for MFU)."""
+        finite = step.finite
         self.update_tokens += update_tokens
         self.updates += 1
         self.flops += flops
-        self.loss_sum += torch.where(finite, loss_sum, 0.0)
+        self.loss_sum += torch.where(finite, step.loss_sum, 0.0)
         self.loss_tokens += finite * local_tokens
+        self.align_loss += torch.where(finite, step.align_loss, 0.0)
         self.bad_run = (self.bad_run + 1) * ~finite
         self.worst_bad_run = torch.maximum(self.worst_bad_run, self.bad_run)
         self.skipped += ~finite
-        self.grad_norm = grad_norm
+        self.grad_norm = step.grad_norm
 
     def read_skips(self) -> tuple[int, int]:
         """Updates skipped since the last read, and the longest run of skips in this window."""
@@ -58,7 +54,8 @@ class MetricsWindow:
 
     def summary(self) -> dict:
         """The window's scalars: loss (over all ranks), perplexity, gradient norm, target tokens per
-        second and per update, and MFU where the device's peak is known."""
+        second and per update, guided alignment's loss when trained on, and MFU where the device's
+        peak is known."""
         loss_sum, tokens = distributed.sum_all(
             torch.stack([self.loss_sum.double(), self.loss_tokens.double()])
         ).tolist()
@@ -71,6 +68,8 @@ class MetricsWindow:
             "tgt_tokens_per_s": self.update_tokens / elapsed,
             "tgt_tokens_per_update": self.update_tokens / max(self.updates, 1),
         }
+        if self.guided:  # the mean guided alignment loss of this rank's updates (skipped ones count 0)
+            figures["align_loss"] = float(self.align_loss) / max(self.updates, 1)
         if self.peak_flops:
             figures["mfu"] = self.flops / elapsed / self.peak_flops  # this rank's share on its own device
         return figures
@@ -83,3 +82,16 @@ class MetricsWindow:
             writer.add_scalar(f"train/{key}", value, step)
         self.reset()
         return figures
+
+
+def progress_postfix(figures: dict, time_left: Optional[float]) -> dict:
+    """What the progress bar shows after the step count: loss, learning rate, speed, MFU (CUDA), and
+    the time left under a time budget (where the step-count ETA means little)."""
+    postfix = dict(
+        loss=f"{figures['loss']:.3f}", lr=f"{figures['lr']:.2e}", tok_s=f"{figures['tgt_tokens_per_s']:,.0f}"
+    )
+    if "mfu" in figures:
+        postfix["mfu"] = f"{100 * figures['mfu']:.1f}%"
+    if time_left is not None:
+        postfix["time_left"] = tqdm.format_interval(max(time_left, 0))
+    return postfix

@@ -31,14 +31,18 @@ def _draw(ax, weights: np.ndarray, src_tokens: list[str], tgt_tokens: list[str],
     return image
 
 
-def alignment_figure(weights, src_tokens: list[str], tgt_tokens: list[str], title: str = ""):
-    """One (tgt, src) map with token labels and a colour bar."""
+def alignment_figure(weights, src_tokens: list[str], tgt_tokens: list[str], title: str = "", links=None):
+    """One (tgt, src) map with token labels and a colour bar; ``links``: (sure, possible) lists of
+    (target, source) cells outlined over it (reference word links, app.alignment.piece_links)."""
     weights = np.asarray(weights, dtype=np.float32)
     width = min(2.5 + 0.22 * len(src_tokens), 24)
     height = min(2.0 + 0.22 * len(tgt_tokens), 24)
     fig, ax = plt.subplots(figsize=(width, height), dpi=100)
     image = _draw(ax, weights, src_tokens, tgt_tokens, title)
-    ax.set_xlabel("source")
+    for cells, style in zip(links or (), ({"linestyle": "-"}, {"linestyle": ":"})):
+        for t, s in cells:
+            ax.add_patch(plt.Rectangle((s - 0.5, t - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.0, **style))
+    ax.set_xlabel("source" + ("  (reference links: solid sure, dotted possible)" if links else ""))
     ax.set_ylabel("target")
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02)
     fig.tight_layout()

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from app.config import Config
 from app.data.tokenizer import PAD
 from app.errors import UserError
+from app.guided_alignment import guided_alignment_loss
 from app.utils import autocast
 
 log = logging.getLogger(__name__)
@@ -91,23 +92,42 @@ def compiled_for_training(module: torch.nn.Module, cfg: Config) -> torch.nn.Modu
     return module
 
 
+class StepResult(NamedTuple):
+    """An update's figures, as device tensors (reading them is a host sync)."""
+
+    loss_sum: torch.Tensor  # summed cross-entropy over this rank's target tokens
+    grad_norm: torch.Tensor  # before clipping
+    finite: torch.Tensor  # loss and gradient finite: the update was applied
+    align_loss: torch.Tensor  # guided alignment's L_a, the mean of the micro-batches' (0 without it)
+
+
 def train_step(
     model, batches: list, n_tokens: int, optimizer, scheduler, cfg: Config, dtype, ranks: int = 1
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> StepResult:
     """One update over ``batches`` (gradient accumulation), the loss normalized by ``n_tokens``, the
-    target tokens of the whole update over all ``ranks``. Returns the summed loss, the gradient norm and
-    whether both were finite, as device tensors (no host sync). A non-finite update is skipped inside
-    the fused optimizer kernel (with ``train.fused_optimizer=false``, by a host-side check)."""
-    loss_sum = torch.zeros((), device=batches[0].src.device)
+    target tokens of the whole update over all ``ranks``; batches that carry guided alignment targets
+    add ``train.align_weight`` times their L_a (app/guided_alignment.py), averaged over the update's
+    micro-batches. No host sync. A non-finite update is skipped inside the fused optimizer kernel (with
+    ``train.fused_optimizer=false``, by a host-side check)."""
+    device = batches[0].src.device
+    loss_sum, align_sum = torch.zeros((), device=device), torch.zeros((), device=device)
     for i, batch in enumerate(batches):
         # DDP all-reduces gradients on the last micro-batch only; it averages them over the ranks,
         # so each rank's loss is scaled up by their number to keep the sum over the whole update
         sync = i == len(batches) - 1 or not hasattr(model, "no_sync")
         with contextlib.nullcontext() if sync else model.no_sync():
             with autocast(batch.src.device, dtype):
-                logits = model(batch.src, batch.tgt_in, src_lengths=batch.src_lengths)
+                if batch.align is None:
+                    logits = model(batch.src, batch.tgt_in, src_lengths=batch.src_lengths)
+                else:
+                    logits, attention = model(batch.src, batch.tgt_in, src_lengths=batch.src_lengths, alignment=True)
                 loss = sequence_loss(logits, batch.tgt_out, cfg.train.label_smoothing)
-            (loss / (n_tokens / ranks)).backward()
+            objective = loss / (n_tokens / ranks)
+            if batch.align is not None:
+                align = guided_alignment_loss(attention, batch.align) / len(batches)
+                objective = objective + cfg.train.align_weight * align
+                align_sum += align.detach()
+            objective.backward()
         loss_sum += loss.detach().float()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
     finite = torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
@@ -118,4 +138,4 @@ def train_step(
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
-    return loss_sum, grad_norm, finite
+    return StepResult(loss_sum, grad_norm, finite, align_sum)

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from app import distributed
+from app.alignment import read_pharaoh
 from app.checkpoint import load_checkpoint, save_checkpoint, write_snapshot
 from app.config import Config, TrainConfig
 from app.data.batching import Batcher, make_batches, split_batch
@@ -25,8 +26,9 @@ from app.data.corpus import load_split, load_tokenized, load_tokenizer, prepare_
 from app.data.tokenizer import PAD
 from app.errors import UserError
 from app.flops import FlopCounter, peak_flops
+from app.guided_alignment import alignment_targets
 from app.interrupt import StopRequest, StopRules, TrainingInterrupted
-from app.metrics_window import MetricsWindow
+from app.metrics_window import MetricsWindow, progress_postfix
 from app.models import build_model, count_parameters
 from app.step import amp_dtype, compiled_for_training, make_optimizer, train_step
 from app.train_state import Progress, TrainingState
@@ -42,18 +44,13 @@ class Trainer:
     def __init__(self, cfg: Config):
         self.cfg, self.run_dir = cfg, cfg.run_dir
         self.last_path, self.best_path = os.path.join(self.run_dir, "last.pt"), os.path.join(self.run_dir, "best.pt")
-        check_run_folder(cfg, self.last_path)  # before any data work
         self.device = distributed.setup(resolve_device(cfg.device))
         self.rank, self.world, self.main = distributed.rank(), distributed.world_size(), distributed.is_main()
+        check_settings(cfg, self.last_path, self.world)  # before any data work
         self.accum = accumulation_steps(cfg.train, self.world)
-        if self.world > 1 and cfg.train.oom_retry:
-            raise UserError(
-                "train.oom_retry=true works in a single process only: with several ranks every "
-                "rank must cut the same batches; lower train.batch_tokens instead"
-            )
         self.dtype = amp_dtype(cfg.train.amp, self.device)
         seed_everything(cfg.train.seed)
-        self.tokenizer, self.train_data, self.dev_data = load_data(cfg, self.main)
+        self.tokenizer, self.train_data, self.dev_data, self.dev_links = load_data(cfg, self.main)
         self.model = build_model(cfg.model, self.tokenizer).to(self.device)
         self.optimizer, self.scheduler = make_optimizer(self.model, cfg)
         self.state = TrainingState(
@@ -67,9 +64,10 @@ class Trainer:
         self.trained = compiled_for_training(distributed.wrap(self.model, self.device), cfg)
         self.batcher = Batcher(self.train_data.src, self.train_data.tgt)
         self.src_lens, self.tgt_lens = self.train_data.src_lens, self.train_data.tgt_lens
+        self.align_targets = alignment_targets(cfg, self.tokenizer, len(self.train_data))
         peak = peak_flops(self.device)
         self.flop_counter = FlopCounter(self.model) if peak else None  # MFU in the log where the peak is known
-        self.window = MetricsWindow(self.device, peak)
+        self.window = MetricsWindow(self.device, peak, guided=self.align_targets is not None)
         self.writer = distributed.writer(os.path.join(self.run_dir, "tb"))
         self.limits = StopRules(cfg.train, self.world, self.device)
         self.bar = progress_bar(cfg.train, self.progress.step, self.main)
@@ -100,7 +98,7 @@ class Trainer:
         stop, t = False, self.cfg.train
         if self.main:
             metrics = validate(
-                self.model, self.dev_data, self.tokenizer, self.cfg, self.device, self.dtype, self.writer, self.progress
+                self.model, self.dev_data, self.dev_links, self.tokenizer, self.cfg, self.writer, self.progress
             )
             if metrics["improved"]:
                 save_checkpoint(self.best_path, self.state.checkpoint())
@@ -144,9 +142,11 @@ class Trainer:
         """One optimizer update on this rank's micro-batches ``parts`` (``n_tokens`` target tokens in the
         update over all ranks). When it runs out of memory, nothing changes and the batch's shape comes back."""
         batches = [self.batcher(indices) for indices in parts]
+        for batch, indices in zip(batches, parts) if self.align_targets else ():
+            batch.align = self.align_targets(indices, batch.src, batch.tgt_out)
         on_device = [b.to(self.device) for b in batches]
         try:
-            loss_sum, grad_norm, finite = train_step(
+            result = train_step(
                 self.trained, on_device, n_tokens, self.optimizer, self.scheduler, self.cfg, self.dtype, self.world
             )
         except torch.OutOfMemoryError:
@@ -157,7 +157,7 @@ class Trainer:
         p.tgt_tokens += n_tokens
         local_tokens = sum(int((b.tgt_out != PAD).sum()) for b in batches)
         flops = self.flop_counter.of_batches(parts, self.src_lens, self.tgt_lens) if self.flop_counter else 0.0
-        self.window.add(loss_sum, grad_norm, finite, local_tokens, n_tokens, flops)
+        self.window.add(result, local_tokens, n_tokens, flops)
         self.bar.update(1)
         if p.step % t.log_every == 0 or (t.max_bad_steps and p.step % t.max_bad_steps == 0):
             self.log_window(write_scalars=p.step % t.log_every == 0)
@@ -251,19 +251,6 @@ def report_skips(window: MetricsWindow, p: Progress, writer, max_bad_steps: int)
         )
 
 
-def progress_postfix(figures: dict, time_left: Optional[float]) -> dict:
-    """What the progress bar shows after the step count: loss, learning rate, speed, MFU (CUDA), and
-    the time left under a time budget (where the step-count ETA means little)."""
-    postfix = dict(
-        loss=f"{figures['loss']:.3f}", lr=f"{figures['lr']:.2e}", tok_s=f"{figures['tgt_tokens_per_s']:,.0f}"
-    )
-    if "mfu" in figures:
-        postfix["mfu"] = f"{100 * figures['mfu']:.1f}%"
-    if time_left is not None:
-        postfix["time_left"] = tqdm.format_interval(max(time_left, 0))
-    return postfix
-
-
 def record_start(trainer: Trainer) -> None:
     """``config.yaml`` in the run folder, and what trains on what in the log."""
     cfg, p = trainer.cfg, trainer.progress
@@ -318,14 +305,17 @@ def run_summary(trainer: Trainer, stop_reason: str, epoch_batches: int) -> dict:
 
 
 def load_data(cfg: Config, main: bool) -> tuple:
-    """The tokenizer, the train split (memory-mapped) and the dev sentences validation reads. Rank 0
-    prepares data, tokenizer and Arrow caches; the other ranks wait, then read them."""
+    """The tokenizer, the train split (memory-mapped), the dev sentences validation reads and their
+    reference links (None if the corpus has none). Rank 0 prepares data, tokenizer and Arrow caches;
+    the other ranks wait, then read them."""
     if main:
         prepare_data(cfg)
     distributed.barrier()
     tokenizer = load_tokenizer(cfg.data.dir, cfg.tokenizer)
     dev = load_split(cfg.data.dir, "dev", tokenizer).head(cfg.train.max_dev_sentences)
-    return tokenizer, load_tokenized(cfg.data.dir, "train", tokenizer), dev
+    links_path = os.path.join(cfg.data.dir, "dev.align")
+    dev_links = read_pharaoh(links_path)[: len(dev)] if os.path.exists(links_path) else None
+    return tokenizer, load_tokenized(cfg.data.dir, "train", tokenizer), dev, dev_links
 
 
 def update_size(t: TrainConfig, world: int, accum: int, batch_tokens: int) -> str:
@@ -336,8 +326,14 @@ def update_size(t: TrainConfig, world: int, accum: int, batch_tokens: int) -> st
     )
 
 
-def check_run_folder(cfg: Config, last_path: str) -> None:
-    """A resumed run needs its last.pt; a new one must not overwrite another run's."""
+def check_settings(cfg: Config, last_path: str, world: int) -> None:
+    """A resumed run needs its last.pt; a new one must not overwrite another run's; out-of-memory
+    retries cut batches differently on each rank."""
+    if world > 1 and cfg.train.oom_retry:
+        raise UserError(
+            "train.oom_retry=true works in a single process only: with several ranks every "
+            "rank must cut the same batches; lower train.batch_tokens instead"
+        )
     if cfg.train.resume and not os.path.exists(last_path):
         raise UserError(f"train.resume=true but {last_path} does not exist")
     if not cfg.train.resume and os.path.exists(last_path):

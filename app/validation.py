@@ -9,14 +9,14 @@ import time
 import torch
 from tqdm import tqdm
 
-from app.alignment import attention_entropy, layer_views, monotonicity
+from app.alignment import attention_entropy, layer_views, monotonicity, score_alignments
 from app.config import Config
 from app.data.batching import sorted_batches
 from app.data.corpus import ParallelData
 from app.data.tokenizer import EOS, PAD, Tokenizer
 from app.decoding import decode_corpus
 from app.evaluation import score
-from app.step import sequence_loss
+from app.step import amp_dtype, sequence_loss
 from app.utils import autocast
 
 
@@ -64,19 +64,30 @@ def log_alignments(
     writer.add_scalar("dev/attention_monotonicity", sum(monotone) / n, step)
 
 
-def validate(model, dev: ParallelData, tokenizer: Tokenizer, cfg: Config, device, dtype, writer, progress) -> dict:
+def validate(model, dev: ParallelData, dev_links, tokenizer: Tokenizer, cfg: Config, writer, progress) -> dict:
     """One validation at ``progress.step``: scores and heatmaps to TensorBoard, recorded in ``progress``
     (best dev BLEU, early stopping), a line on the console; returns the scores and whether they are
-    the best so far."""
+    the best so far. With the dev split's reference links (``dev_links``), also the AER of the best
+    view of the attention (``dev/aer``)."""
+    device = next(model.parameters()).device
+    dtype = amp_dtype(cfg.train.amp, device)
     start, step = time.time(), progress.step
     metrics = dev_scores(model, dev, tokenizer, cfg, device, dtype)
     log_alignments(writer, model, dev, tokenizer, cfg, device, dtype, step)
-    for key in ("loss", "ppl", "bleu", "chrf"):
-        writer.add_scalar(f"dev/{key}", metrics[key], step)
+    aer = ""
+    if dev_links is not None:
+        score, _ = score_alignments(model, dev, dev_links, tokenizer, device, dtype, cfg.decode.batch_tokens)
+        if score is not None:
+            view = score.best()
+            metrics["aer"], metrics["aer_view"] = score.result(view)["aer"], view
+            aer = f" AER {metrics['aer']:.3f} ({view})"
+    for key in ("loss", "ppl", "bleu", "chrf", "aer"):
+        if key in metrics:
+            writer.add_scalar(f"dev/{key}", metrics[key], step)
     seconds = time.time() - start
     metrics["improved"] = progress.record_validation(metrics["bleu"], seconds)
     tqdm.write(
         f"step {step}: dev loss {metrics['loss']:.3f} ppl {metrics['ppl']:.2f} BLEU {metrics['bleu']:.2f} "
-        f"chrF {metrics['chrf']:.2f} ({seconds:.0f}s){' *best*' if metrics['improved'] else ''}"
+        f"chrF {metrics['chrf']:.2f}{aer} ({seconds:.0f}s){' *best*' if metrics['improved'] else ''}"
     )
     return metrics

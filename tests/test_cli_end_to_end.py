@@ -342,3 +342,47 @@ def test_a_new_users_files_corpus_trains_without_naming_it(workdir):
     assert len(prepared) == 1 and len(prepared[0]) == len("a_") + 6  # the train file's name and a digest
     counts = json.loads((workdir / "data" / prepared[0] / "prepare.json").read_text())["pairs"]
     assert counts == {"train": 120, "dev": 20, "test": len(rows) - 140}
+
+
+def test_a_corpus_with_reference_links_is_scored_and_guides_training(workdir):
+    """data.train_align carries links through preparation; training with train.align_weight logs its loss
+    and dev/aer; make eval scores AER against test.align without a setting, on the view chosen on dev."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    rows = [line.split("\t") for line in (workdir / "corpus.tsv").read_text(encoding="utf-8").splitlines()]
+    diagonal = [" ".join(f"{i}-{i}" for i in range(min(len(src.split()), len(tgt.split())))) for _, src, tgt in rows]
+    (workdir / "corpus.align").write_text("".join(line + "\n" for line in diagonal))
+    args = [a for a in TINY if not a.startswith(("name=", "data.name="))]
+    args += [
+        "data.name=linked",
+        "data.train_align=corpus.align",
+        "name=guided",
+        "train.max_steps=20",
+        "train.align_weight=1.0",
+        "train.log_every=10",
+        "model.align_layer=0",
+        "decode.beam_size=1",
+    ]
+    result = run_cli(workdir, "command=train", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    events = EventAccumulator(str(workdir / "checkpoints" / "guided" / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("dev/aer")] == [20] and 0 < events.Scalars("dev/aer")[0].value < 1
+    assert [e.step for e in events.Scalars("train/align_loss")] == [10, 20]
+    result = run_cli(workdir, "command=eval", "name=guided", "device=cpu", "decode.beam_size=1", "viz.eval_plots=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = workdir / "checkpoints" / "guided" / "eval" / "test"
+    alignment = json.loads((out / "metrics.json").read_text())["alignment"]
+    assert alignment["gold"] == "data/linked/test.align" and alignment["chosen_on"] == "dev"
+    assert alignment["view"] in alignment["aer_by_view"] and len(alignment["aer_by_view"]) == 1 * 2 + 1
+    assert alignment["aer"] == alignment["aer_by_view"][alignment["view"]]
+    row = json.loads((out / "alignments.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    assert row["alignment_view"] == {"view": alignment["view"], "chosen_on": "dev"}
+    assert (out / "alignments" / "0000_reference.png").exists() and (out / "alignments" / "0000.png").exists()
+    assert f"({alignment['view']}, chosen on dev)" in result.stdout
+
+
+def test_guided_alignment_without_links_is_a_one_line_error(workdir):
+    result = run_cli(workdir, "command=train", *TINY, "name=unguided", "train.align_weight=0.5")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "train.align_weight=0.5 needs reference links of the train split, data/tiny/train.align" in result.stderr

@@ -52,8 +52,8 @@ def train(compile: bool, **model):
     trained = compiled_for_training(model, cfg)
     losses, graphs = [], []
     for batch in batches(SHAPES if cfg.model.arch == "transformer" else RNN_SHAPES):
-        loss, _, _ = train_step(trained, [batch], int(batch.tgt_out.numel()), optimizer, scheduler, cfg, None)
-        losses.append(loss.item())
+        result = train_step(trained, [batch], int(batch.tgt_out.numel()), optimizer, scheduler, cfg, None)
+        losses.append(result.loss_sum.item())
         graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
     return model, losses, graphs
 

@@ -1,5 +1,6 @@
 """Reference word alignments from Strong's numbers: hand-written markup and real verses of the
 installed SWORD modules (Spanish RV1909 and the KJV, both tagged with Strong's numbers)."""
+
 import html
 import os
 import re
@@ -47,21 +48,37 @@ def words_and_numbers(raw: str) -> list[tuple[str, set[str]]]:
 
 def test_tag_spanning_words_tags_each_word():
     assert words_and_numbers('<w lemma="strong:H7225">EN el principio</w> <w lemma="strong:H1254">crió</w>') == [
-        ("EN", {"H7225"}), ("el", {"H7225"}), ("principio", {"H7225"}), ("crió", {"H1254"})]
+        ("EN", {"H7225"}),
+        ("el", {"H7225"}),
+        ("principio", {"H7225"}),
+        ("crió", {"H1254"}),
+    ]
 
 
 def test_untagged_words_have_no_numbers():
     raw = 'In the <w lemma="strong:H7225">beginning</w> <transChange type="added">was</transChange> it'
-    assert words_and_numbers(raw) == [("In", set()), ("the", set()), ("beginning", {"H7225"}), ("was", set()), ("it", set())]
+    assert words_and_numbers(raw) == [
+        ("In", set()),
+        ("the", set()),
+        ("beginning", {"H7225"}),
+        ("was", set()),
+        ("it", set()),
+    ]
 
 
 def test_punctuation_and_partial_tags_stay_with_their_word():
-    raw = ('<w lemma="strong:H8064">heaven</w> <w lemma="strong:H0776">earth</w>. '
-           '<w lemma="strong:H8010">Solomon</w><transChange type="added">’s</transChange> '
-           '<w lemma="strong:H1">Solo</w><w lemma="strong:H2">mon</w> x<w lemma="strong:H3">y</w>z')
+    raw = (
+        '<w lemma="strong:H8064">heaven</w> <w lemma="strong:H0776">earth</w>. '
+        '<w lemma="strong:H8010">Solomon</w><transChange type="added">’s</transChange> '
+        '<w lemma="strong:H1">Solo</w><w lemma="strong:H2">mon</w> x<w lemma="strong:H3">y</w>z'
+    )
     assert words_and_numbers(raw) == [
-        ("heaven", {"H8064"}), ("earth.", {"H776"}), ("Solomon’s", {"H8010"}), ("Solomon", {"H1", "H2"}),
-        ("xyz", {"H3"})]
+        ("heaven", {"H8064"}),
+        ("earth.", {"H776"}),
+        ("Solomon’s", {"H8010"}),
+        ("Solomon", {"H1", "H2"}),
+        ("xyz", {"H3"}),
+    ]
 
 
 def test_tagged_punctuation_before_a_space_joins_the_word_before():
@@ -70,20 +87,29 @@ def test_tagged_punctuation_before_a_space_joins_the_word_before():
 
 
 def test_notes_blocks_and_wrappers():
-    raw = ('<div sID="p1" type="x-p"/>¶ <w lemma="strong:H0430">God</w><note placement="foot">'
-           '<w lemma="strong:H9">not</w> a <reference>1:1</reference> note</note><w lemma="strong:H1254">created</w>'
-           '<l level="1"/><divineName><w lemma="strong:H3068">LORD</w></divineName> &amp; '
-           '<q who="Jesus"><w lemma="strong:G2424">Jesus</w> said</q>')
+    raw = (
+        '<div sID="p1" type="x-p"/>¶ <w lemma="strong:H0430">God</w><note placement="foot">'
+        '<w lemma="strong:H9">not</w> a <reference>1:1</reference> note</note><w lemma="strong:H1254">created</w>'
+        '<l level="1"/><divineName><w lemma="strong:H3068">LORD</w></divineName> &amp; '
+        '<q who="Jesus"><w lemma="strong:G2424">Jesus</w> said</q>'
+    )
     assert words_and_numbers(raw) == [
-        ("God", {"H430"}), ("created", {"H1254"}), ("LORD", {"H3068"}), ("&", set()), ("Jesus", {"G2424"}),
-        ("said", set())]
+        ("God", {"H430"}),
+        ("created", {"H1254"}),
+        ("LORD", {"H3068"}),
+        ("&", set()),
+        ("Jesus", {"G2424"}),
+        ("said", set()),
+    ]
 
 
 def test_lemma_lists_prefixes_and_zero_padding():
     # KJV style, RV1909 style (the prefix written once), other lemma kinds, unpadded numbers
     assert tagged_words('<w lemma="strong:H0430 strong:H1254">x</w>')[1] == [frozenset({"H430", "H1254"})]
     assert tagged_words('<w lemma="strong:G2424 G5547">x</w>')[1] == [frozenset({"G2424", "G5547"})]
-    assert tagged_words('<w lemma="lemma.TR:λόγος strong:G3056" morph="robinson:N-NSM">x</w>')[1] == [frozenset({"G3056"})]
+    assert tagged_words('<w lemma="lemma.TR:λόγος strong:G3056" morph="robinson:N-NSM">x</w>')[1] == [
+        frozenset({"G3056"})
+    ]
     assert tagged_words('<w lemma="strong:H430">x</w> <w lemma="strong:H00430">y</w>')[1] == [frozenset({"H430"})] * 2
     # only <w> carries numbers: a lemma on another element, or no lemma, gives none
     assert tagged_words('<seg lemma="strong:H1">x</seg> <w>y</w> <wx lemma="strong:H2">z</wx>')[1] == [frozenset()] * 3
@@ -134,8 +160,17 @@ def test_text_is_clean_osis_on_real_verses(module):
 
 def test_rv1909_genesis_1_1(rv):
     assert words_and_numbers(rv["Gen.1.1"]) == [
-        ("EN", {"H7225"}), ("el", {"H7225"}), ("principio", {"H7225"}), ("crió", {"H1254"}), ("Dios", {"H430"}),
-        ("los", {"H8064"}), ("cielos", {"H8064"}), ("y", {"H776"}), ("la", {"H776"}), ("tierra.", {"H776"})]
+        ("EN", {"H7225"}),
+        ("el", {"H7225"}),
+        ("principio", {"H7225"}),
+        ("crió", {"H1254"}),
+        ("Dios", {"H430"}),
+        ("los", {"H8064"}),
+        ("cielos", {"H8064"}),
+        ("y", {"H776"}),
+        ("la", {"H776"}),
+        ("tierra.", {"H776"}),
+    ]
 
 
 @needs_kjv
@@ -143,7 +178,13 @@ def test_kjv_genesis_1_2_italics_untagged(kjv):
     words = words_and_numbers(kjv["Gen.1.2"])
     # "darkness <transChange>was</transChange> upon the face": the added "was" carries no number
     k = [w for w, _ in words].index("darkness")
-    assert words[k:k + 5] == [("darkness", {"H2822"}), ("was", set()), ("upon", set()), ("the", set()), ("face", {"H6440"})]
+    assert words[k : k + 5] == [
+        ("darkness", {"H2822"}),
+        ("was", set()),
+        ("upon", set()),
+        ("the", set()),
+        ("face", {"H6440"}),
+    ]
     assert words[0] == ("And", set()) and words[3] == ("was", {"H1961"})
 
 
@@ -156,7 +197,13 @@ def test_kjv_tagged_word_inside_italics_keeps_its_number(kjv):
 @needs_kjv
 def test_kjv_divine_name_and_canonical_title(kjv):
     assert words_and_numbers(kjv["Ps.23.1"])[:6] == [
-        ("A", set()), ("Psalm", {"H4210"}), ("of", set()), ("David.", {"H1732"}), ("The", set()), ("LORD", {"H3068"})]
+        ("A", set()),
+        ("Psalm", {"H4210"}),
+        ("of", set()),
+        ("David.", {"H1732"}),
+        ("The", set()),
+        ("LORD", {"H3068"}),
+    ]
 
 
 # --- links -----------------------------------------------------------------------------------------
@@ -164,7 +211,14 @@ def test_kjv_divine_name_and_canonical_title(kjv):
 
 def test_links_sure_only_one_to_one():
     src = [frozenset({"H1"}), frozenset({"H2"}), frozenset({"H2"}), frozenset(), frozenset({"H3", "H4"})]
-    tgt = [frozenset({"H2"}), frozenset({"H1"}), frozenset({"H4"}), frozenset({"H3"}), frozenset({"H3"}), frozenset({"H9"})]
+    tgt = [
+        frozenset({"H2"}),
+        frozenset({"H1"}),
+        frozenset({"H4"}),
+        frozenset({"H3"}),
+        frozenset({"H3"}),
+        frozenset({"H9"}),
+    ]
     sure, possible = strong_links(src, tgt)
     assert sure == {(0, 1), (4, 2)}  # H1 and H4 are on one word each side; H3 is on two target words
     assert possible == sure | {(1, 0), (2, 0), (4, 3), (4, 4)}
@@ -188,8 +242,15 @@ def test_genesis_1_1_known_links(rv, kjv):
     assert named(sure) == {("crió", "created"), ("Dios", "God")}
     # "EN el principio" is one tag: all three words possibly link to "beginning"
     assert named(possible - sure) == {
-        ("EN", "beginning"), ("el", "beginning"), ("principio", "beginning"), ("los", "heaven"), ("cielos", "heaven"),
-        ("y", "earth."), ("la", "earth."), ("tierra.", "earth.")}
+        ("EN", "beginning"),
+        ("el", "beginning"),
+        ("principio", "beginning"),
+        ("los", "heaven"),
+        ("cielos", "heaven"),
+        ("y", "earth."),
+        ("la", "earth."),
+        ("tierra.", "earth."),
+    }
     assert pharaoh_line(sure, possible) == "0?2 1?2 2?2 3-4 4-3 5?6 6?6 7?9 8?9 9?9"
 
 

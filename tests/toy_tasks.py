@@ -11,6 +11,7 @@ import torch
 from app.data.batching import Batcher
 from app.data.tokenizer import PAD
 from app.decoding import greedy_decode
+from app.guided_alignment import guided_alignment_loss
 from app.step import sequence_loss
 
 FIRST_SYMBOL, SYMBOLS = 4, 12
@@ -26,8 +27,9 @@ def reversal_data(n: int, seed: int, min_len: int = 3, max_len: int = 8) -> tupl
 
 
 def train_on_reversal(
-    model: torch.nn.Module, steps: int, batch_size: int = 64, lr: float = 3e-3, seed: int = 0
+    model: torch.nn.Module, steps: int, batch_size: int = 64, lr: float = 3e-3, seed: int = 0, align=None
 ) -> None:
+    """``align``: (AlignmentTargets over this data, weight) to add guided alignment's loss."""
     torch.manual_seed(seed)
     src, tgt = reversal_data(steps * batch_size, seed)
     batcher = Batcher(src, tgt)
@@ -36,8 +38,16 @@ def train_on_reversal(
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps)
     model.train()
     for step in range(steps):
-        batch = batcher(list(range(step * batch_size, (step + 1) * batch_size)))
-        loss = sequence_loss(model(batch.src, batch.tgt_in), batch.tgt_out) / (batch.tgt_out != PAD).sum()
+        indices = list(range(step * batch_size, (step + 1) * batch_size))
+        batch = batcher(indices)
+        if align is None:
+            logits = model(batch.src, batch.tgt_in)
+        else:
+            logits, attention = model(batch.src, batch.tgt_in, alignment=True)
+        loss = sequence_loss(logits, batch.tgt_out) / (batch.tgt_out != PAD).sum()
+        if align is not None:
+            targets, weight = align
+            loss = loss + weight * guided_alignment_loss(attention, targets(indices, batch.src, batch.tgt_out))
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

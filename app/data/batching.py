@@ -28,6 +28,7 @@ class Batch:
     # (batch,) source lengths with EOS, kept on the host: RNN encoders pack by them, and reading them
     # back from the device would make every training step wait for the GPU
     src_lengths: Optional[torch.Tensor] = None
+    align: Optional[torch.Tensor] = None  # (batch, tgt_len, src_len) guided alignment targets, when trained on
 
     def to(self, device: torch.device, pin: bool = True) -> Batch:
         """Copies to ``device``. To a GPU they go through pinned host memory, so the copy is a DMA the
@@ -35,7 +36,9 @@ class Batch:
         next batch (``pin=False``: plain pageable copies, for comparison)."""
         pin = pin and device.type == "cuda"
         move = lambda t: None if t is None else (t.pin_memory() if pin else t).to(device, non_blocking=True)  # noqa: E731
-        return Batch(move(self.src), self.index, move(self.tgt_in), move(self.tgt_out), self.src_lengths)
+        return Batch(
+            move(self.src), self.index, move(self.tgt_in), move(self.tgt_out), self.src_lengths, move(self.align)
+        )
 
 
 def make_batches(

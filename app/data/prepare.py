@@ -70,7 +70,7 @@ class PairFilter:
         if reason:
             self.dropped[reason] += 1
             return None
-        return Pair(pair.id, src, tgt)
+        return Pair(pair.id, src, tgt, pair.links)  # whitespace words unchanged: the links still hold
 
 
 def filter_pairs(pairs: Iterable[Pair], rules: FilterConfig, dedup: bool) -> tuple[list[Pair], Counter]:
@@ -85,6 +85,7 @@ def _fingerprint(cfg: DataConfig) -> dict:
     paths = []
     if cfg.source == "files":
         paths = [p for split in SPLITS if getattr(cfg, split) for p in getattr(cfg, split).split(",")]
+        paths += [cfg.train_align] if cfg.train_align else []
     elif cfg.source == "bible":
         paths = [os.path.join(cfg.sword_path, "mods.d", f"{m.lower()}.conf") for m in (cfg.src_module, cfg.tgt_module)]
     elif cfg.source == "hf" and cfg.hf_path and os.path.exists(cfg.hf_path):  # a local dataset: every file in it
@@ -112,7 +113,7 @@ def prepare(cfg: DataConfig) -> dict:
     report_path = os.path.join(cfg.dir, "prepare.json")
     key = cache_key(cfg)
     report = cached(report_path, key, [os.path.join(cfg.dir, f"{s}.tsv") for s in SPLITS])
-    if report:
+    if report and all(os.path.exists(os.path.join(cfg.dir, f"{s}.align")) for s in report.get("aligned", [])):
         log.info("data: %s is up to date (%s)", cfg.dir, _counts_text(report))
         return report
 
@@ -127,12 +128,20 @@ def prepare(cfg: DataConfig) -> dict:
     full = lambda split: split == "train" and 0 < cfg.max_train_pairs <= kept["train"]  # noqa: E731
     with contextlib.ExitStack() as files:  # pairs stream from the source into the split files
         out = {s: files.enter_context(atomic_open(os.path.join(cfg.dir, f"{s}.tsv"), "w")) for s in SPLITS}
+        aligned = {}  # split -> its .align file, line for line with the .tsv: for sources that give links
 
         def write(split: str, pair: Pair) -> None:
             clean = filters[split](pair)
-            if clean is not None and not full(split):
-                out[split].write(f"{clean.id}\t{clean.src}\t{clean.tgt}\n")
-                kept[split] += 1
+            if clean is None or full(split):
+                return
+            if kept[split] and (clean.links is not None) != (split in aligned):  # the first pair decides
+                raise UserError(f"data: the {split} split mixes pairs with and without reference links")
+            if clean.links is not None and split not in aligned:
+                aligned[split] = files.enter_context(atomic_open(os.path.join(cfg.dir, f"{split}.align"), "w"))
+            out[split].write(f"{clean.id}\t{clean.src}\t{clean.tgt}\n")
+            if split in aligned:
+                aligned[split].write(clean.links + "\n")
+            kept[split] += 1
 
         for pair in tqdm(raw["train"], desc="preparing", unit=" pairs", mininterval=2, leave=False, disable=None):
             write(split_of(pair.id, dev_fraction, test_fraction), pair)
@@ -149,12 +158,16 @@ def prepare(cfg: DataConfig) -> dict:
                 )
     for split in SPLITS:
         log.info("data: %s: %d pairs kept, dropped %s", split, kept[split], dict(filters[split].dropped) or "none")
+        stale = os.path.join(cfg.dir, f"{split}.align")
+        if split not in aligned and os.path.exists(stale):  # links of an earlier preparation
+            os.remove(stale)
     return mark_done(
         report_path,
         key,
         source=cfg.source,
         dropped={s: dict(filters[s].dropped) for s in SPLITS},
         pairs={s: kept[s] for s in SPLITS},
+        aligned=sorted(aligned),
     )
 
 

@@ -30,6 +30,7 @@ class Pair:
     id: str
     src: str
     tgt: str
+    links: Optional[str] = None  # reference word links in the Pharaoh format (app.alignment.read_pharaoh)
 
 
 Splits = dict[str, Optional[Iterable[Pair]]]  # each split read lazily, once
@@ -39,7 +40,39 @@ def read_source(cfg: DataConfig) -> Splits:
     readers = {"bible": read_bible, "files": read_files, "hf": read_hf}
     if cfg.source not in readers:
         raise UserError(f"data.source={cfg.source!r} is unknown; choose one of {sorted(readers)}")
-    return readers[cfg.source](cfg)
+    if cfg.train_align and (cfg.source == "bible" or cfg.streaming):
+        raise UserError(
+            f"data.train_align links the lines of data.train: it does not apply to data.source="
+            f"{cfg.source}{' with data.streaming=true' if cfg.streaming else ''}"
+        )
+    splits = readers[cfg.source](cfg)
+    if cfg.train_align:
+        splits["train"] = with_links(splits["train"], cfg.train_align)
+    return splits
+
+
+def with_links(pairs: Iterable[Pair], path: str) -> Iterator[Pair]:
+    """The pairs, each with the links of its line of ``path`` (Pharaoh ``i-j`` sure / ``i?j`` possible,
+    over whitespace words, one line per pair); a malformed line or a count that differs is an error."""
+    if not os.path.isfile(path):
+        raise UserError(f"data.train_align={path!r}: file not found")
+    with open(path, encoding="utf-8") as f:
+        for n, (pair, line) in enumerate(zip_longest(pairs, f), start=1):
+            if pair is None or line is None:
+                raise UserError(
+                    f"{path}: {'more' if pair is None else 'fewer'} lines than data.train has pairs "
+                    f"(they differ from line {n} on)"
+                )
+            for link in line.split():
+                i, sep, j = link.partition("-") if "-" in link else link.partition("?")
+                if not (sep and i.isdigit() and j.isdigit()):
+                    raise UserError(f"{path}:{n}: {link!r} is not an i-j or i?j alignment link")
+                if int(i) >= len(pair.src.split()) or int(j) >= len(pair.tgt.split()):
+                    raise UserError(
+                        f"{path}:{n}: link {link} is past the end of the pair's words "
+                        f"({len(pair.src.split())} source, {len(pair.tgt.split())} target)"
+                    )
+            yield Pair(pair.id, pair.src, pair.tgt, line.strip())
 
 
 # --- bible ---------------------------------------------------------------------------------------
@@ -75,7 +108,7 @@ def clean_osis_context(raw: str) -> tuple[str, list[tuple[str, ...]]]:
     start_tags: list[str] = []
     start = 0
     for tag in [*_ANY_TAG.finditer(markup), None]:
-        node = html.unescape(markup[start:tag.start() if tag else len(markup)]).replace("¶", " ")
+        node = html.unescape(markup[start : tag.start() if tag else len(markup)]).replace("¶", " ")
         chars.append(node)
         context.extend([tuple(start_tags)] * len(node))
         if tag is None:
@@ -97,7 +130,7 @@ def clean_osis_context(raw: str) -> tuple[str, list[tuple[str, ...]]]:
             out.append(" ")
             out_context.append(())
         out.append(word.group())
-        out_context.extend(context[word.start():word.end()])
+        out_context.extend(context[word.start() : word.end()])
     return "".join(out), out_context
 
 
@@ -140,11 +173,21 @@ def bible_verses(sword_path: str, module: str, refs: Optional[Iterable[str]] = N
 
 
 def read_bible(cfg: DataConfig) -> Splits:
-    src = bible_verses(cfg.sword_path, cfg.src_module)
-    tgt = bible_verses(cfg.sword_path, cfg.tgt_module, refs=[ref for ref in src])
+    """Verse pairs by OSIS reference; with data.reference_links, each with the links between words that
+    carry the same Strong's number (app/data/strongs.py)."""
+    from app.data.strongs import pharaoh_line, strong_links, tagged_words
+
+    src = raw_verses(cfg.sword_path, cfg.src_module)
+    tgt = raw_verses(cfg.sword_path, cfg.tgt_module, refs=list(src))
+
+    def pair(ref: str) -> Pair:
+        if not cfg.reference_links:
+            return Pair(ref, clean_osis(src[ref]), clean_osis(tgt[ref]))
+        (src_text, src_tags), (tgt_text, tgt_tags) = tagged_words(src[ref]), tagged_words(tgt[ref])
+        return Pair(ref, src_text, tgt_text, pharaoh_line(*strong_links(src_tags, tgt_tags)))
+
     # Versifications differ (WEB adds the deuterocanon); only references present in both pair up.
-    pairs = (Pair(ref, src[ref], tgt[ref]) for ref in src if ref in tgt)
-    return {"train": pairs, "dev": None, "test": None}
+    return {"train": (pair(ref) for ref in src if ref in tgt), "dev": None, "test": None}
 
 
 # --- local files ---------------------------------------------------------------------------------

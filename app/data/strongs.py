@@ -7,12 +7,14 @@ each side has exactly one word with that number, a *possible* one otherwise. The
 the Pharaoh format that ``app.alignment.read_pharaoh`` reads, over the words of the cleaned verse texts
 (``app.data.sources.clean_osis``).
 """
+
 from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from functools import cache
-from typing import Iterable, Optional
+from typing import Optional
 
 from app.data.sources import clean_osis_context, raw_verses
 
@@ -52,7 +54,7 @@ def tagged_words(raw_osis: str) -> tuple[str, list[frozenset[str]]]:
     tags: list[frozenset[str]] = []
     start = 0
     for word in text.split(" ") if text else []:
-        start_tags = {tag for tags_of_char in set(context[start:start + len(word)]) for tag in tags_of_char}
+        start_tags = {tag for tags_of_char in set(context[start : start + len(word)]) for tag in tags_of_char}
         tags.append(frozenset().union(*map(_numbers, start_tags)))
         start += len(word) + 1
     return text, tags
@@ -82,8 +84,9 @@ def pharaoh_line(sure: Links, possible: Links) -> str:
     return " ".join(f"{i}-{j}" if (i, j) in sure else f"{i}?{j}" for i, j in sorted(sure | possible))
 
 
-def bible_links(sword_path: str, src_module: str, tgt_module: str,
-                refs: Optional[Iterable[str]] = None) -> dict[str, tuple[Links, Links]]:
+def bible_links(
+    sword_path: str, src_module: str, tgt_module: str, refs: Optional[Iterable[str]] = None
+) -> dict[str, tuple[Links, Links]]:
     """(sure, possible) links of each verse pair of two SWORD modules, keyed by OSIS reference, over
     ``refs`` or every verse of the source module. Word indices count the words of ``clean_osis``'s
     texts, which are those of ``read_bible``'s pairs."""

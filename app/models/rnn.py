@@ -302,6 +302,12 @@ class RNNSeq2Seq(nn.Module):
         return logits[:, 0], attention, state
 
     def forward(
-        self, src: torch.Tensor, tgt_in: torch.Tensor, src_lengths: Optional[torch.Tensor] = None
-    ) -> torch.Tensor:
-        return self.decode(self.encode(src, src_lengths=src_lengths), tgt_in)[0]
+        self,
+        src: torch.Tensor,
+        tgt_in: torch.Tensor,
+        src_lengths: Optional[torch.Tensor] = None,
+        alignment: bool = False,
+    ):
+        """Teacher-forced logits; with ``alignment``, also the attention (batch, tgt, src)."""
+        logits, attention = self.decode(self.encode(src, src_lengths=src_lengths), tgt_in, need_attention=alignment)
+        return (logits, attention) if alignment else logits

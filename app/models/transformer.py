@@ -228,16 +228,22 @@ class Transformer(nn.Module):
             x = layer(x, mask, rotation, bias)
         return Memory(self.enc_norm(x), src_mask)
 
-    def decode(self, memory: Memory, tgt_in: torch.Tensor, need_attention: bool = False):
+    def decode(self, memory: Memory, tgt_in: torch.Tensor, need_attention: bool = False, layer: Optional[int] = None):
+        """Teacher-forced logits and, with ``need_attention``, every layer's cross-attention; with
+        ``layer`` instead, that layer's alone (batch, heads, tgt, src): the others keep the fast kernels."""
         x = self.embed(self.tgt_embed, tgt_in)
         key_mask = memory.src_mask[:, None, None, :]
         rotation, bias = self.relative_positions(0, tgt_in.size(1))
+        only = None if layer is None else layer % len(self.decoder)
         attention = []
-        for layer in self.decoder:
-            x, weights = layer(x, memory.states, key_mask, need_weights=need_attention, rotation=rotation, bias=bias)
+        for i, block in enumerate(self.decoder):
+            weigh = need_attention or i == only
+            x, weights = block(x, memory.states, key_mask, need_weights=weigh, rotation=rotation, bias=bias)
             attention.append(weights)
         logits = self.out_proj(self.dec_norm(x))
-        return logits, torch.stack(attention, dim=1) if need_attention else None
+        if need_attention:
+            return logits, torch.stack(attention, dim=1)
+        return logits, None if only is None else attention[only]
 
     def step(
         self, memory: Memory, prev_tokens: torch.Tensor, state: Optional[DecoderState], need_attention: bool = False
@@ -269,8 +275,15 @@ class Transformer(nn.Module):
         return logits, torch.stack(attention, dim=1) if need_attention else None, state
 
     def forward(
-        self, src: torch.Tensor, tgt_in: torch.Tensor, src_lengths: Optional[torch.Tensor] = None
-    ) -> torch.Tensor:
-        """Teacher-forced logits (the training path: no attention weights materialized). ``src_lengths``
-        is part of the common API (RNN encoders pack by it); padding masks serve here."""
-        return self.decode(self.encode(src), tgt_in)[0]
+        self,
+        src: torch.Tensor,
+        tgt_in: torch.Tensor,
+        src_lengths: Optional[torch.Tensor] = None,
+        alignment: bool = False,
+    ):
+        """Teacher-forced logits (the training path: no attention weights materialized); with
+        ``alignment``, also the (batch, tgt, src) weights of the head guided alignment trains: head 0 of
+        layer ``model.align_layer``. ``src_lengths`` is part of the common API (RNN encoders pack by it);
+        padding masks serve here."""
+        logits, weights = self.decode(self.encode(src), tgt_in, layer=self.cfg.align_layer if alignment else None)
+        return (logits, weights[:, 0]) if alignment else logits
