@@ -58,12 +58,24 @@ lint: setup
 	$(PY) -m ruff check app tests
 	$(PY) -m ruff format --check app tests
 
+# The explorer's browser tests drive Debian's headless Chromium; where it cannot be installed they skip.
+TEST_PACKAGES := chromium
+BROWSER_STAMP := $(VENV)/.browser
+$(BROWSER_STAMP): | setup
+	@dpkg -s $(TEST_PACKAGES) >/dev/null 2>&1 || { \
+		sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		echo "installing Debian packages $(TEST_PACKAGES) (for the browser tests)"; \
+		$$sudo apt-get install -y -qq $(TEST_PACKAGES) >/dev/null 2>&1 || \
+		{ $$sudo apt-get update -qq && $$sudo apt-get install -y -qq $(TEST_PACKAGES) >/dev/null; } || \
+		echo "could not install $(TEST_PACKAGES): the browser tests will skip"; }
+	@touch $(BROWSER_STAMP)
+
 # pytest exits 5 when it collected no test: that is a failure here, like any non-zero code.
-test: lint
+test: lint $(BROWSER_STAMP)
 	$(PY) -m pytest tests $(ARGS)
 
 # The tests not marked slow (no CLI subprocesses, compiles, toy trainings or browsers): about a minute.
-test-fast: lint
+test-fast: lint $(BROWSER_STAMP)
 	$(PY) -m pytest tests -m "not slow" $(ARGS)
 
 # One Hydra multirun trains and evaluates every model of COMPARE_MODELS on the same data and budget,

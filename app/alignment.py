@@ -169,8 +169,8 @@ def score_alignments(
     model, data, gold: list[tuple[set, set]], tokenizer, device, dtype, batch_tokens: int, keep: int = 0
 ) -> tuple[Optional[AlignmentScore], dict]:
     """Every view of the teacher-forced attention of ``data`` (a ParallelData) scored against ``gold``
-    (per pair: sure, possible links), and the attention of the first ``keep`` pairs (for plots). None,
-    {} for a model without attention."""
+    (per pair: sure, possible links), and the attention of the first ``keep`` pairs (float16: for plots and
+    the explorer). None, {} for a model without attention."""
     from app.decoding import forced_attention
 
     if len(gold) != len(data):
@@ -184,5 +184,5 @@ def score_alignments(
         )
         score.add(links, *gold[i])
         if i < keep:
-            kept[i] = attention
+            kept[i] = attention.half()
     return score, kept

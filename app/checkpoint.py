@@ -67,6 +67,11 @@ def snapshot_steps(run_dir: str) -> list[int]:
     return sorted(int(m.group(1)) for m in found if m)
 
 
+def snapshot_step(name: str) -> int:
+    """The step of a snapshot's name or file name (``step_0001000`` -> 1000)."""
+    return int(SNAPSHOT.search(name if name.endswith(".pt") else f"{name}.pt").group(1))
+
+
 def snapshot_name(step: int) -> str:
     return f"step_{step:07d}"
 

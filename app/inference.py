@@ -13,13 +13,15 @@ from typing import Optional
 import torch
 
 from app.alignment import attention_views
-from app.checkpoint import checkpoint_path, load_checkpoint
+from app.board import log_eval, sentence_bleu
+from app.checkpoint import checkpoint_path, load_checkpoint, snapshot_step
 from app.config import Config, DecodeConfig, VizConfig, config_from_dict
 from app.data.corpus import load_split, load_tokenizer
 from app.data.tokenizer import EOS, Tokenizer
 from app.decoding import Hypotheses, decode_corpus
 from app.errors import UserError
 from app.evaluation import bleu_by_length, bleu_of_longest, score
+from app.explorer import evaluation_records, write_explorer
 from app.models import build_model
 from app.step import amp_dtype
 from app.utils import atomic_write, atomic_write_text, resolve_device
@@ -32,6 +34,7 @@ class TrainedModel:
     config: Config  # the configuration the model was trained with
     device: torch.device
     dtype: torch.dtype | None
+    step: int = 0  # the training step of the checkpoint (of the newest averaged snapshot)
 
     def translate(
         self, src: list[list[int]], decode: DecodeConfig, progress: bool = False, need_attention: bool = False
@@ -51,7 +54,12 @@ def load_trained(run_dir: str, which: str, device: torch.device) -> TrainedModel
     model = build_model(trained.model, tokenizer)
     model.load_state_dict(state["model"])
     model.to(device).eval()
-    return TrainedModel(model, tokenizer, trained, device, amp_dtype(trained.train.amp, device))
+    step = (
+        state["progress"]["step"]
+        if "progress" in state
+        else max(map(snapshot_step, state.get("averaged", [])), default=0)
+    )
+    return TrainedModel(model, tokenizer, trained, device, amp_dtype(trained.train.amp, device), step)
 
 
 def evaluate_run(cfg: Config) -> dict:
@@ -84,14 +92,20 @@ def evaluate_run(cfg: Config) -> dict:
     )
     out_dir = os.path.join(cfg.run_dir, "eval", cfg.eval.split)
     gold_path = cfg.eval.gold_align or reference_links(trained.config.data.dir, cfg.eval.split)
+    forced = None
     if gold_path:
-        alignment = evaluate_alignment(trained, data, gold_path, cfg, out_dir)
-        if alignment:
-            metrics["alignment"] = alignment
+        forced = evaluate_alignment(trained, data, gold_path, cfg, out_dir)
+        if forced:
+            metrics["alignment"] = forced.result
     atomic_write_text(os.path.join(out_dir, "hyp.txt"), "".join(t + "\n" for t in texts))
     atomic_write_text(os.path.join(out_dir, "metrics.json"), json.dumps(metrics, indent=2))
+    bleu = sentence_bleu(texts, data.tgt_texts)
     if hyps.attention is not None:
         write_alignments(out_dir, data, hyps, trained.tokenizer, cfg.viz, metrics.get("alignment"))
+        meta = explorer_meta(cfg, trained, metrics)
+        records = evaluation_records(data, hyps, texts, bleu, trained.tokenizer, forced)
+        write_explorer(os.path.join(out_dir, "alignments.html"), records, f"{cfg.name}: {cfg.eval.split}", meta)
+    tb = log_eval(cfg, trained.config, trained.step, data, texts, bleu, hyps, metrics, trained.tokenizer)
     print(
         f"{cfg.eval.split} ({metrics['decoding']}): BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}  "
         f"TER {metrics['ter']:.2f}  ({len(texts)} sentences, {metrics['sentences_per_s']} sent/s "
@@ -107,12 +121,31 @@ def evaluate_run(cfg: Config) -> dict:
     print(
         f"  wrote {out_dir}/hyp.txt, metrics.json"
         + (
-            ", alignments.jsonl and alignments/*.png"
+            ", alignments.html (open it in a browser), alignments.jsonl and alignments/*.png"
             if hyps.attention is not None
             else " (this model has no attention to plot)"
         )
+        + f"; TensorBoard: {tb} at step {trained.step}"
     )
     return metrics
+
+
+def explorer_meta(cfg: Config, trained: TrainedModel, metrics: dict) -> dict:
+    """The explorer's header: what was evaluated, how, and how well."""
+    model = trained.config.model
+    family = model.arch if model.arch == "transformer" else f"rnn {model.attention}"
+    meta = {
+        "run": cfg.name,
+        "model": f"{family} ({sum(p.numel() for p in trained.model.parameters()) / 1e6:.1f} M parameters)",
+        "checkpoint": f"{cfg.eval.checkpoint} (step {trained.step})",
+        "split": cfg.eval.split,
+        "decoding": metrics["decoding"],
+        "BLEU": f"{metrics['bleu']:.2f}",
+        "chrF": f"{metrics['chrf']:.2f}",
+    }
+    if a := metrics.get("alignment"):
+        meta["AER"] = f"{a['aer']:.3f} ({a['view']}, chosen on {a['chosen_on']})"
+    return meta
 
 
 def write_alignments(
@@ -158,7 +191,19 @@ def reference_links(data_dir: str, split: str) -> Optional[str]:
     return path if os.path.exists(path) else None
 
 
-def evaluate_alignment(trained: TrainedModel, data, gold_path: str, cfg: Config, out_dir: str) -> Optional[dict]:
+@dataclass
+class ForcedAlignment:
+    """What ``evaluate_alignment`` measured: the scores (metrics.json's ``alignment``), and per sentence the
+    teacher-forced attention (float16) and the reference links (sure, possible) it was scored against."""
+
+    result: dict
+    attention: dict[int, torch.Tensor]
+    links: list[tuple[set, set]]
+
+
+def evaluate_alignment(
+    trained: TrainedModel, data, gold_path: str, cfg: Config, out_dir: str
+) -> Optional[ForcedAlignment]:
     """AER of every view of the teacher-forced attention (each head of each layer, each layer's mean;
     an RNN's one map) against ``gold_path``. The view reported is the best on dev when the corpus has
     dev links (and the gold is its own), else the best on this split (said so: an optimistic choice).
@@ -172,7 +217,7 @@ def evaluate_alignment(trained: TrainedModel, data, gold_path: str, cfg: Config,
         trained.model, split_data, gold, tok, trained.device, trained.dtype, cfg.decode.batch_tokens, keep
     )
     gold = read_pharaoh(gold_path)
-    score, kept = run(data, gold, cfg.viz.eval_plots)
+    score, kept = run(data, gold, len(data))
     if score is None:
         if cfg.eval.gold_align:
             raise UserError("eval.gold_align: this model has no attention to align with")
@@ -184,7 +229,7 @@ def evaluate_alignment(trained: TrainedModel, data, gold_path: str, cfg: Config,
         view, chosen_on = run(dev, read_pharaoh(dev_path))[0].best(), "dev"
     plot_dir = os.path.join(out_dir, "alignments")
     shutil.rmtree(plot_dir, ignore_errors=True)  # plots of an earlier evaluation must not mix with these
-    for i, attention in kept.items():
+    for i, attention in list(kept.items())[: cfg.viz.eval_plots]:
         src, ref = tok.src_pieces(data.src[i] + [EOS]), tok.tgt_pieces(data.tgt[i] + [EOS])
         names, maps = attention_views(attention)
         links = [piece_links(links, src, ref) for links in (gold[i][0], gold[i][1] - gold[i][0])]
@@ -192,7 +237,8 @@ def evaluate_alignment(trained: TrainedModel, data, gold_path: str, cfg: Config,
         png = png_bytes(fig)
         atomic_write(os.path.join(plot_dir, f"{i:04d}_reference.png"), lambda f, png=png: f.write(png))
     views = {name: score.result(name)["aer"] for name in score.views}
-    return {**score.result(view), "view": view, "chosen_on": chosen_on, "gold": gold_path, "aer_by_view": views}
+    result = {**score.result(view), "view": view, "chosen_on": chosen_on, "gold": gold_path, "aer_by_view": views}
+    return ForcedAlignment(result, kept, gold)
 
 
 def translate_lines(cfg: Config) -> None:

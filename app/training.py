@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from app import distributed
 from app.alignment import read_pharaoh
+from app.board import training_figures, write_hparams
 from app.checkpoint import load_checkpoint, save_checkpoint, write_snapshot
 from app.config import Config, TrainConfig
 from app.data.batching import Batcher, make_batches, split_batch
@@ -226,10 +227,11 @@ class Trainer:
 
     def finish(self, stop_reason: str, epoch_batches: int) -> dict:
         summary = run_summary(self, stop_reason, epoch_batches)
-        self.writer.close()
         if self.main:
+            write_hparams(self.writer, self.cfg, training_figures(summary), summary["steps"])
             atomic_write_text(os.path.join(self.run_dir, "train_summary.json"), json.dumps(summary, indent=2))
             log.info("training stopped: %s. %s", stop_reason, json.dumps(summary))
+        self.writer.close()
         return summary
 
 

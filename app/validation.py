@@ -38,30 +38,38 @@ def dev_scores(model, dev: ParallelData, tokenizer: Tokenizer, cfg: Config, devi
 
 
 @torch.no_grad()
-def log_alignments(
-    writer, model, dev: ParallelData, tokenizer: Tokenizer, cfg: Config, device, dtype, step: int
-) -> None:
-    """Heatmaps of the first ``viz.sentences`` dev sentences (greedy decoding), and two scalars over
-    them: mean attention entropy and monotonicity (the step slider shows alignment emerging)."""
-    from app.plots import figures
+def log_samples(writer, model, dev: ParallelData, tokenizer: Tokenizer, cfg: Config, device, dtype, step: int) -> None:
+    """The same ``viz.sentences`` dev sentences at every validation, greedily translated: a text table
+    (source, reference, hypothesis, sentence BLEU) and their heatmaps, sized for TensorBoard's IMAGES
+    tab (sentences short enough for readable labels), and two scalars over them: mean attention
+    entropy and monotonicity (the step slider shows alignment emerging)."""
+    from app.board import sample_table, sentence_bleu, tensorboard_sentences
+    from app.plots import TENSORBOARD_WIDTH, figures
 
-    n = min(cfg.viz.sentences, len(dev))
-    if n == 0:
+    chosen = tensorboard_sentences(dev.src, min(cfg.viz.sentences, len(dev)))
+    if not chosen:
         return
-    hyps = decode_corpus(model, dev.src[:n], device, cfg.decode.greedy(), amp_dtype=dtype, need_attention=True)
+    src = [dev.src[i] for i in chosen]
+    hyps = decode_corpus(model, src, device, cfg.decode.greedy(), amp_dtype=dtype, need_attention=True)
+    texts, refs = tokenizer.decode_tgt(hyps.tokens), [dev.tgt_texts[i] for i in chosen]
+    table = sample_table(
+        [dev.ids[i] for i in chosen], [dev.src_texts[i] for i in chosen], refs, texts, sentence_bleu(texts, refs)
+    )
+    writer.add_text("dev/samples", table, step)
     if hyps.attention is None:  # a model without attention
         return
     entropy, monotone = [], []
-    for i, attention in enumerate(hyps.attention):
-        src_tokens = tokenizer.src_pieces(dev.src[i] + [EOS])
-        hyp_tokens = tokenizer.tgt_pieces(hyps.tokens[i] + [EOS])
-        for name, fig in figures(attention, src_tokens, hyp_tokens, cfg.viz.layer).items():
-            writer.add_figure(f"alignment/{i}/{name}", fig, step)  # closes the figure
+    for n, attention in enumerate(hyps.attention):
+        src_tokens = tokenizer.src_pieces(src[n] + [EOS])
+        hyp_tokens = tokenizer.tgt_pieces(hyps.tokens[n] + [EOS])
+        plots = figures(attention, src_tokens, hyp_tokens, cfg.viz.layer, width_px=TENSORBOARD_WIDTH)
+        for name, fig in plots.items():
+            writer.add_figure(f"alignment/{n}/{name}", fig, step)  # closes the figure
         weights = layer_views(attention, cfg.viz.layer)["weights"]
         entropy.append(attention_entropy(weights))
         monotone.append(monotonicity(weights))
-    writer.add_scalar("dev/attention_entropy", sum(entropy) / n, step)
-    writer.add_scalar("dev/attention_monotonicity", sum(monotone) / n, step)
+    writer.add_scalar("dev/attention_entropy", sum(entropy) / len(chosen), step)
+    writer.add_scalar("dev/attention_monotonicity", sum(monotone) / len(chosen), step)
 
 
 def validate(model, dev: ParallelData, dev_links, tokenizer: Tokenizer, cfg: Config, writer, progress) -> dict:
@@ -73,7 +81,7 @@ def validate(model, dev: ParallelData, dev_links, tokenizer: Tokenizer, cfg: Con
     dtype = amp_dtype(cfg.train.amp, device)
     start, step = time.time(), progress.step
     metrics = dev_scores(model, dev, tokenizer, cfg, device, dtype)
-    log_alignments(writer, model, dev, tokenizer, cfg, device, dtype, step)
+    log_samples(writer, model, dev, tokenizer, cfg, device, dtype, step)
     aer = ""
     if dev_links is not None:
         score, _ = score_alignments(model, dev, dev_links, tokenizer, device, dtype, cfg.decode.batch_tokens)

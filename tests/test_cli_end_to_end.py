@@ -200,19 +200,44 @@ def test_compare_labels_a_sweep_over_model_settings(workdir):
         assert row[header.index("KV cache MiB")] == f"{metrics['kv_cache_mib']:.3f}" and metrics["kv_cache_mib"] > 0
 
 
-def test_training_logs_alignment_images_and_scalars_to_tensorboard(workdir, monkeypatch):
+def tensorboard(run_dir):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    tb = str(workdir / "checkpoints" / "tiny" / "tb")
-    events = EventAccumulator(tb, size_guidance={"images": 0, "scalars": 0})
+    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
     events.Reload()
+    return events
+
+
+def text_at(events, tag: str, step: int) -> str:
+    from tensorboard.util import tensor_util
+
+    [event] = [e for e in events.Tensors(f"{tag}/text_summary") if e.step == step]  # where add_text puts it
+    return tensor_util.make_ndarray(event.tensor_proto).item().decode("utf-8")
+
+
+def hparams_record(events) -> dict:
+    """The HPARAMS tab's record of a run: its settings by name."""
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    data = plugin_data_pb2.HParamsPluginData.FromString(
+        events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    )
+    return {
+        name: value.WhichOneof("kind") and getattr(value, value.WhichOneof("kind"))
+        for name, value in data.session_start_info.hparams.items()
+    }
+
+
+def test_training_logs_alignment_images_and_scalars_to_tensorboard(workdir, monkeypatch):
+    events = tensorboard(workdir / "checkpoints" / "tiny")
     images = set(events.Tags()["images"])
-    for i in range(2):
-        assert {f"alignment/{i}/alignment", f"alignment/{i}/layers", f"alignment/{i}/heads"} <= images
+    for i in range(2):  # a 1-layer model: its layer's heads in one figure
+        assert {f"alignment/{i}/alignment", f"alignment/{i}/layers", f"alignment/{i}/heads_layer0"} <= images
     steps = [e.step for e in events.Images("alignment/0/alignment")]
     assert 20 in steps and 40 in steps  # one per validation: the slider shows alignment emerging
-    # the scalars of the validation at step 40: greedy decoding of the first 2 dev sentences by that model
+    # the scalars of the validation at step 40: greedy decoding of the 2 dev sentences shown, by that model
     from app.alignment import attention_entropy, layer_views, monotonicity
+    from app.board import tensorboard_sentences
     from app.config import DecodeConfig
     from app.data.corpus import load_split
     from app.decoding import decode_corpus
@@ -221,11 +246,89 @@ def test_training_logs_alignment_images_and_scalars_to_tensorboard(workdir, monk
     monkeypatch.chdir(workdir)  # the run's settings name its data folder relative to where it ran
     trained = load_trained("checkpoints/tiny", "step_0000040", torch.device("cpu"))
     dev = load_split("data/tiny", "dev", trained.tokenizer)
-    hyps = decode_corpus(trained.model, dev.src[:2], trained.device, DecodeConfig(beam_size=1), need_attention=True)
+    chosen = tensorboard_sentences(dev.src, 2)
+    src = [dev.src[i] for i in chosen]
+    hyps = decode_corpus(trained.model, src, trained.device, DecodeConfig(beam_size=1), need_attention=True)
     weights = [layer_views(a)["weights"] for a in hyps.attention]
     last = lambda tag: [e for e in events.Scalars(tag) if e.step == 40][0].value  # noqa: E731
     assert last("dev/attention_entropy") == pytest.approx(sum(map(attention_entropy, weights)) / 2, rel=1e-5)
     assert last("dev/attention_monotonicity") == pytest.approx(sum(map(monotonicity, weights)) / 2, rel=1e-5)
+    # the text table of the same sentences at each validation, with that model's translations at step 40
+    for step in (20, 40):
+        table = text_at(events, "dev/samples", step)
+        assert [dev.ids[i] in table for i in chosen] == [True, True]
+    assert all(text in text_at(events, "dev/samples", 40) for text in trained.tokenizer.decode_tgt(hyps.tokens))
+    # the run's settings and final figures in HPARAMS
+    record = hparams_record(events)
+    assert record["model.arch"] == "transformer" and record["model.d_model"] == 32 and record["name"] == "tiny"
+    summary = json.loads((workdir / "checkpoints" / "tiny" / "train_summary.json").read_text())
+    [dev_bleu] = [e.value for e in events.Scalars("hparams/dev_bleu") if e.step == summary["steps"]]
+    assert dev_bleu == pytest.approx(summary["best_dev_bleu"])
+
+
+def test_eval_logs_scores_figures_samples_and_hparams_into_the_runs_tensorboard(workdir):
+    run = workdir / "checkpoints" / "tiny"
+    result = run_cli(workdir, "command=eval", "name=tiny", "device=cpu", "viz.sentences=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    step = torch.load(run / "best.pt", weights_only=True)["progress"]["step"]  # the evaluated checkpoint's
+    metrics = json.loads((run / "eval" / "test" / "metrics.json").read_text())
+    events = tensorboard(run)
+    for key in ("bleu", "chrf", "ter"):
+        assert [(e.step, round(e.value, 2)) for e in events.Scalars(f"eval/test/{key}")][-1] == (step, metrics[key])
+    images = {tag for tag in events.Tags()["images"] if tag.startswith("eval/test/")}
+    assert images == {
+        f"eval/test/alignment/{i}/{name}" for i in range(2) for name in ("alignment", "layers", "heads_layer0")
+    }
+    assert events.Images("eval/test/alignment/0/heads_layer0")[-1].step == step
+    samples = text_at(events, "eval/test/samples", step)
+    assert "**best by sentence BLEU**" in samples and "**worst by sentence BLEU**" in samples
+    hyps = (run / "eval" / "test" / "hyp.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    rows = [line for line in samples.splitlines() if line.startswith("| ") and not line.startswith(("| id", "| ---"))]
+    assert len(rows) >= 10 and all(any(h.replace("|", "\\|") in row for h in hyps) for row in rows)
+    assert [e.value for e in events.Scalars("hparams/test_bleu") if e.step == step][-1] == pytest.approx(
+        metrics["bleu"]
+    )
+    assert hparams_record(events)["model.heads"] == 2
+
+
+def test_eval_writes_an_explorer_that_chromium_draws(workdir):
+    """The explorer of a real evaluation, in headless Chromium: the sentence and head of the hash, the
+    hypothesis tokens of alignments.jsonl as rows, and the colour of a cell from its weight."""
+    import io
+
+    import numpy as np
+    from browser import Browser, find_chromium
+    from matplotlib import colormaps
+    from PIL import Image
+
+    out = workdir / "checkpoints" / "tiny" / "eval" / "test"
+    result = run_cli(workdir, "command=eval", "name=tiny", "device=cpu", "viz.eval_plots=0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "alignments.html" in result.stdout
+    rows = [json.loads(line) for line in (out / "alignments.jsonl").read_text(encoding="utf-8").splitlines()]
+    if find_chromium() is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    viridis = (colormaps["viridis"](np.arange(256))[:, :3] * 255).round().astype(int)
+    with Browser(1280, 800) as b:
+        b.open(out / "alignments.html", "s=1&l=0&h=1")
+        b.wait_for("document.getElementById('view').dataset.shown === '1,0,1,hypothesis'", timeout=10)
+        assert b.evaluate("SENTENCES.length") == len(rows)
+        assert (
+            b.evaluate("[...document.querySelectorAll('#ylabels .tok')].map(e => e.textContent)")
+            == rows[1]["hyp_tokens"]
+        )
+        assert (
+            b.evaluate("[...document.querySelectorAll('#xlabels .tok')].map(e => e.textContent)")
+            == rows[1]["src_tokens"]
+        )
+        x, y, cell = b.evaluate(
+            "(() => { const r = document.getElementById('heat').getBoundingClientRect();"
+            " return [r.x, r.y, state.cell]; })()"
+        )
+        with Image.open(io.BytesIO(b.screenshot())) as image:
+            drawn = image.convert("RGB").getpixel((int(x + 0.5 * cell), int(y + 0.5 * cell)))
+    weight = rows[1]["head_weights"][1][0][0]  # layer 0, head 1: first hypothesis piece on the first source piece
+    assert all(abs(a - b) <= 3 for a, b in zip(drawn, viridis[round(weight * 255)])), (drawn, weight)
 
 
 def test_eval_writes_alignment_heatmaps_and_jsonl(workdir):
@@ -234,7 +337,7 @@ def test_eval_writes_alignment_heatmaps_and_jsonl(workdir):
     out = workdir / "checkpoints" / "tiny" / "eval" / "test"
     assert run_cli(workdir, "command=eval", "name=tiny", "device=cpu", "viz.eval_plots=2").returncode == 0
     pngs = sorted(os.listdir(out / "alignments"))
-    assert pngs == ["0000.png", "0000_heads.png", "0000_layers.png", "0001.png", "0001_heads.png", "0001_layers.png"]
+    assert pngs == [f"000{i}{name}.png" for i in range(2) for name in ("", "_heads_layer0", "_layers")]
     with Image.open(out / "alignments" / "0000.png") as image:
         assert image.size[0] >= 300 and image.size[1] >= 200
     rows = [json.loads(line) for line in (out / "alignments.jsonl").read_text(encoding="utf-8").splitlines()]
@@ -285,6 +388,13 @@ def test_eval_reports_alignment_error_rate_against_a_gold_file(workdir, gold_kin
     alignment = metrics["alignment"]
     assert {key: alignment[key] for key in expected} == expected
     assert alignment["links"] == sum(len(tgt.split()) for _, _, tgt in refs)  # one link per reference word
+    # the explorer holds each sentence's forced reference rows, with the links that have cells to draw
+    from test_explorer import read_explorer
+
+    _, meta, sentences = read_explorer(workdir / "checkpoints" / "tiny" / "eval" / "test" / "alignments.html")
+    assert meta["AER"].startswith(f"{alignment['aer']:.3f}") and len(sentences) == len(refs)
+    drawn = [len(s["ref"]["links"]["sure"]) + len(s["ref"]["links"]["possible"]) for s in sentences]
+    assert all(drawn) if gold_kind == "every pair possible" else not any(drawn)
 
 
 def test_bench_prints_and_writes_the_table(workdir):

@@ -1,0 +1,130 @@
+"""What goes to TensorBoard besides the training scalars: sample translations as text tables, a run's
+settings and results for the HPARAMS tab, and what ``make eval`` measured and drew, in the run's own
+event files (``checkpoints/<run>/tb``) at the step of the evaluated checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+
+from app.config import Config
+from app.plots import TENSORBOARD_WIDTH, figures, tensorboard_tokens
+
+# declared in every run's HPARAMS record, so that runs trained and evaluated at different times share columns
+HPARAM_METRICS = (
+    "dev_bleu steps tgt_tokens_per_s parameters_m test_bleu test_chrf test_ter test_aer decode_seconds".split()
+)
+
+
+def run_hparams(cfg: Config) -> dict:
+    """A run's settings as HPARAMS columns: the model family, its sizes and variant, the training settings."""
+    model = {f"model.{k}": v for k, v in dataclasses.asdict(cfg.model).items()}
+    keys = "batch_tokens lr warmup_steps label_smoothing max_steps max_minutes align_weight seed".split()
+    train = {f"train.{k}": getattr(cfg.train, k) for k in keys}
+    return {"name": cfg.name, "data": cfg.data.name, "tokenizer.vocab_size": cfg.tokenizer.vocab_size, **model, **train}
+
+
+def write_hparams(writer, cfg: Config, metrics: dict, step: int) -> None:
+    """The run's HPARAMS record and the values of ``metrics`` (names from HPARAM_METRICS) at ``step``.
+    Written by training (dev BLEU, steps, speed) and by each evaluation (test scores): the record is
+    the same every time, and the values add up in the run's event files."""
+    from torch.utils.tensorboard.summary import hparams
+
+    values = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in run_hparams(cfg).items()}
+    for summary in hparams(values, {f"hparams/{name}": 0.0 for name in HPARAM_METRICS}):
+        writer.file_writer.add_summary(summary)
+    for name, value in metrics.items():
+        if value is not None:
+            writer.add_scalar(f"hparams/{name}", value, step)
+
+
+def training_figures(summary: dict) -> dict:
+    """The HPARAMS values of a finished training run, from its train_summary.json."""
+    return {
+        "dev_bleu": summary["best_dev_bleu"],
+        "steps": summary["steps"],
+        "tgt_tokens_per_s": summary["tgt_tokens_per_s"],
+        "parameters_m": summary["parameters"] / 1e6,
+    }
+
+
+def tensorboard_sentences(src: list[list[int]], n: int) -> list[int]:
+    """Indices of ``n`` sentences whose maps TensorBoard shows with readable labels: the first ones with
+    a short enough source, then the shortest of the rest."""
+    fits = [i for i, s in enumerate(src) if len(s) + 1 <= tensorboard_tokens()]
+    rest = sorted((i for i in range(len(src)) if i not in set(fits[:n])), key=lambda i: len(src[i]))
+    return (fits[:n] + rest)[:n]
+
+
+def sample_table(
+    ids: list[str], sources: list[str], references: list[str], hypotheses: list[str], bleu: list[float], title: str = ""
+) -> str:
+    """A markdown table for TensorBoard's TEXT tab: one row per sentence."""
+    cell = lambda text: str(text).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    rows = [
+        f"| {cell(i)} | {cell(s)} | {cell(r)} | {cell(h)} | {b:.1f} |"
+        for i, s, r, h, b in zip(ids, sources, references, hypotheses, bleu)
+    ]
+    head = (f"**{title}**\n\n" if title else "") + "| id | source | reference | hypothesis | sentence BLEU |\n"
+    return head + "| --- | --- | --- | --- | --- |\n" + "\n".join(rows)
+
+
+def sentence_bleu(hypotheses: list[str], references: list[str]) -> list[float]:
+    from sacrebleu.metrics import BLEU
+
+    metric = BLEU(effective_order=True)
+    return [metric.sentence_score(h, [r]).score for h, r in zip(hypotheses, references)]
+
+
+def eval_samples(data, texts: list[str], bleu: list[float], per_group: int = 5) -> str:
+    """The best and the worst sentences by sentence BLEU (of at least 5 words) and a few at random."""
+    candidates = [i for i in range(len(texts)) if len(data.tgt_texts[i].split()) >= 5] or list(range(len(texts)))
+    ranked = sorted(candidates, key=lambda i: -bleu[i])
+    groups = {
+        "best": ranked[:per_group],
+        "worst": ranked[::-1][:per_group],
+        "random": sorted(random.Random(0).sample(candidates, min(per_group, len(candidates)))),
+    }
+    return "\n\n".join(
+        sample_table(
+            [data.ids[i] for i in idx],
+            [data.src_texts[i] for i in idx],
+            [data.tgt_texts[i] for i in idx],
+            [texts[i] for i in idx],
+            [bleu[i] for i in idx],
+            f"{name} by sentence BLEU" if name != "random" else "at random",
+        )
+        for name, idx in groups.items()
+    )
+
+
+def log_eval(
+    cfg: Config, trained: Config, step: int, data, texts: list[str], bleu: list[float], hyps, metrics: dict, tokenizer
+) -> str:
+    """``make eval`` (settings ``cfg``) of a run trained with ``trained`` into the run's TensorBoard:
+    scores as ``eval/<split>/...`` scalars, the alignment figures of ``viz.sentences`` readable sentences
+    (every layer's heads), a table of sample translations, and, for the test split, the scores in
+    HPARAMS. ``bleu``: each hypothesis's sentence BLEU. Returns the event folder."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from app.data.tokenizer import EOS
+
+    tb, split = os.path.join(cfg.run_dir, "tb"), cfg.eval.split
+    with SummaryWriter(tb) as writer:
+        for key in ("bleu", "chrf", "ter"):
+            writer.add_scalar(f"eval/{split}/{key}", metrics[key], step)
+        if "alignment" in metrics:
+            writer.add_scalar(f"eval/{split}/aer", metrics["alignment"]["aer"], step)
+        writer.add_text(f"eval/{split}/samples", eval_samples(data, texts, bleu), step)
+        if hyps.attention is not None:
+            for n, i in enumerate(tensorboard_sentences(data.src, cfg.viz.sentences)):
+                src, hyp = tokenizer.src_pieces(data.src[i] + [EOS]), tokenizer.tgt_pieces(hyps.tokens[i] + [EOS])
+                plots = figures(hyps.attention[i], src, hyp, cfg.viz.layer, True, TENSORBOARD_WIDTH)
+                for name, fig in plots.items():
+                    writer.add_figure(f"eval/{split}/alignment/{n}/{name}", fig, step)
+        if split == "test":
+            scores = {f"test_{k}": metrics[k] for k in ("bleu", "chrf", "ter")}
+            scores["test_aer"] = metrics.get("alignment", {}).get("aer")
+            write_hparams(writer, trained, {**scores, "decode_seconds": metrics["decode_seconds"]}, step)
+    return tb

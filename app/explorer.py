@@ -1,0 +1,205 @@
+"""A self-contained HTML attention explorer for an evaluated split: a searchable, sortable list of the
+sentences and, for the selected one, its attention heatmap (layer and head selectors for Transformers),
+with hover highlighting and the view in the URL hash (#s=<index>&l=<layer>&h=<head|mean>[&r=1]).
+
+A sentence shows the attention that produced its hypothesis and, where the corpus has reference word
+links, also the attention read while forcing the reference through the decoder (rows: reference pieces),
+with the links outlined over it; a toggle switches the rows.
+
+Everything is inline (no network). Each map set (a sentence's hypothesis attention, its forced
+attention) is quantized to uint8 (error <= 1/510), zlib-compressed and written as text (``text7``)
+separately; the page inflates one set when it is first shown with the browser's DecompressionStream,
+so opening the file parses only the sentence list.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import torch
+from matplotlib import colormaps
+
+from app.alignment import attention_entropy, piece_links, word_index
+from app.utils import atomic_write_text
+
+
+@dataclass
+class ExplorerRecord:
+    """One sentence of an evaluated split.
+
+    ``attention``: what produced the hypothesis, numpy or torch floats with rows summing to 1, (tgt, src)
+    for an RNN or (layers, heads, tgt, src) for a Transformer; tgt = len(tgt_tokens) (the hypothesis
+    pieces and EOS), src = len(src_tokens) (the source pieces and EOS).
+
+    ``ref_attention`` (optional): the attention read while forcing the reference through the decoder,
+    the same layout with rows = ``ref_tokens`` (the reference pieces and EOS) and the same layers and heads.
+    ``links`` (optional, needs ``ref_attention``): the reference word links of the sentence over
+    whitespace words, (source word, target word) pairs, given as ``(sure, possible)`` the way
+    ``app.alignment.read_pharaoh`` reads a line (possible includes sure) or as
+    ``{"sure": ..., "possible": ...}``; the page outlines the cells of their pieces (sure solid, the
+    possible-only ones dashed).
+    """
+
+    id: str
+    src_tokens: list[str]
+    tgt_tokens: list[str]
+    attention: Any
+    source: str = ""
+    hypothesis: str = ""
+    reference: str = ""
+    bleu: float | None = None  # sentence BLEU of the hypothesis
+    ref_tokens: list[str] | None = None
+    ref_attention: Any = None
+    links: Any = None
+
+
+def _maps(record_id: str, attention, rows: list[str], cols: list[str], name: str) -> tuple[np.ndarray, bool]:
+    """``attention`` as a float32 (layers, heads, rows, cols) array (an RNN's map becomes 1 x 1 x rows x
+    cols), and whether it was an RNN's (tgt, src) map."""
+    a = attention
+    a = (a.detach().float().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)).astype(np.float32)
+    expected = (len(rows), len(cols))
+    if a.ndim not in (2, 4) or a.shape[-2:] != expected:
+        raise ValueError(
+            f"sentence {record_id}: {name} of shape {a.shape}, expected (tgt, src) or "
+            f"(layers, heads, tgt, src) with (tgt, src) = {expected}"
+        )
+    return (a.reshape((1, 1) + a.shape), True) if a.ndim == 2 else (a, False)
+
+
+def text7(data: bytes) -> str:
+    """Bytes as text of 7 bits per character (base64 carries 6 in 8): most characters are one UTF-8 byte.
+    The three values an HTML parser alters or stops a <script> at (NUL, CR, '<') are written as
+    U+0100 + value; the page reads every character's low 7 bits."""
+    bits = np.unpackbits(np.frombuffer(data, np.uint8))
+    groups = np.concatenate([bits, np.zeros(-len(bits) % 7, np.uint8)]).reshape(-1, 7)
+    values = groups @ (1 << np.arange(6, -1, -1))
+    values += 0x100 * np.isin(values, (0x00, 0x0D, 0x3C))
+    return values.astype("<u2").tobytes().decode("utf-16-le")
+
+
+def _blob(maps: np.ndarray) -> str:
+    return text7(zlib.compress(np.rint(np.clip(maps, 0.0, 1.0) * 255).astype(np.uint8).tobytes()))
+
+
+def link_cells(record: ExplorerRecord) -> dict | None:
+    """The record's reference word links as the (target piece, source piece) cells the page outlines:
+    {"sure": [[t, s], ...], "possible": [[t, s], ...]} with possible holding the possible-only cells."""
+    if record.links is None:
+        return None
+    if isinstance(record.links, Mapping):
+        sure, possible = record.links.get("sure", ()), record.links.get("possible", ())
+    else:
+        sure, possible = record.links
+    sure, possible = ({(int(s), int(t)) for s, t in links} for links in (sure, possible))
+    src_words, ref_words = (
+        max(word_index(pieces), default=-1) + 1 for pieces in (record.src_tokens, record.ref_tokens)
+    )
+    if any(not (0 <= s < src_words and 0 <= t < ref_words) for s, t in sure | possible):
+        raise ValueError(
+            f"sentence {record.id}: a reference link is outside the {src_words} source x {ref_words} "
+            "reference words (links are over whitespace words, not pieces)"
+        )
+    cells = lambda links: [list(cell) for cell in piece_links(links, record.src_tokens, record.ref_tokens)]
+    return {"sure": cells(sure), "possible": cells(possible - sure)}
+
+
+def _reference(record: ExplorerRecord, maps: np.ndarray, rnn: bool, blobs: list[str]) -> dict | None:
+    """The page's entry for the forced attention (its blob appended to ``blobs``), or None."""
+    if record.ref_attention is None:
+        if record.ref_tokens is not None or record.links is not None:
+            raise ValueError(
+                f"sentence {record.id}: ref_tokens and links need ref_attention (the attention read while "
+                "forcing the reference): the hypothesis rows are not the reference words they link"
+            )
+        return None
+    if record.ref_tokens is None:
+        raise ValueError(f"sentence {record.id}: ref_attention needs ref_tokens (its rows)")
+    ref_maps, ref_rnn = _maps(record.id, record.ref_attention, record.ref_tokens, record.src_tokens, "ref_attention")
+    if ref_maps.shape[:2] != maps.shape[:2] or ref_rnn != rnn:
+        raise ValueError(
+            f"sentence {record.id}: ref_attention has {ref_maps.shape[:2]} (layers, heads), the attention "
+            f"{maps.shape[:2]}: both come from the same model"
+        )
+    blobs.append(_blob(ref_maps))
+    return {"tgt": list(record.ref_tokens), "links": link_cells(record)}
+
+
+def write_explorer(path: str, records: Iterable[ExplorerRecord | dict], title: str, meta: dict) -> None:
+    """Write the explorer HTML for ``records`` (ExplorerRecord or dicts of its fields; any iterable, read
+    once, so a generator need not hold every sentence's maps at once); ``meta`` (model, checkpoint, split,
+    corpus BLEU, alignment...) is shown as key: value pairs in the header."""
+    sentences, blobs, offset = [], [], 0
+    for record in records:
+        record = record if isinstance(record, ExplorerRecord) else ExplorerRecord(**record)
+        maps, rnn = _maps(record.id, record.attention, record.tgt_tokens, record.src_tokens, "attention")
+        blobs.append(_blob(maps))
+        sent = {
+            "id": str(record.id),
+            "src": list(record.src_tokens),
+            "tgt": list(record.tgt_tokens),
+            "source": record.source,
+            "hypothesis": record.hypothesis,
+            "reference": record.reference,
+            "bleu": None if record.bleu is None else round(float(record.bleu), 2),
+            "entropy": round(attention_entropy(torch.from_numpy(maps)), 4),  # of the hypothesis attention
+            "layers": maps.shape[0],
+            "heads": maps.shape[1],
+            "rnn": rnn,  # no layer/head selectors
+        }
+        sent["at"], offset = [offset, len(blobs[-1])], offset + len(blobs[-1])  # its slice of the maps block
+        if ref := _reference(record, maps, rnn, blobs):  # rows: the reference pieces, forced
+            ref["at"], offset = [offset, len(blobs[-1])], offset + len(blobs[-1])
+        sent["ref"] = ref
+        sentences.append(sent)
+
+    def script_json(value) -> str:  # JSON that cannot close the <script> element it sits in
+        return json.dumps(value, ensure_ascii=False, default=str).replace("<", "\\u003c")
+
+    viridis = (colormaps["viridis"](np.arange(256))[:, :3] * 255).round().astype(int)
+    parts = {
+        "TITLE": html.escape(title),
+        "META": script_json(meta),
+        "SENTENCES": script_json(sentences),
+        "MAPS": "".join(blobs),
+        "VIRIDIS": "".join(f"{r:02x}{g:02x}{b:02x}" for r, g, b in viridis),
+    }
+    template = resources.files("app").joinpath("explorer.html").read_text(encoding="utf-8")
+    # one pass over the template: a placeholder-like string inside the data is never replaced
+    atomic_write_text(path, re.sub(r"__(TITLE|META|SENTENCES|MAPS|VIRIDIS)__", lambda m: parts[m.group(1)], template))
+
+
+def evaluation_records(
+    data, hyps, texts: list[str], bleu: list[float], tokenizer, forced=None
+) -> Iterable[ExplorerRecord]:
+    """The explorer's records of an evaluated split (``make eval``), one sentence at a time: the
+    attention that produced each hypothesis and, when ``forced`` (inference.ForcedAlignment) is given,
+    the forced attention of the reference with its links (those inside the sentence's words: a gold file
+    made for other text scores its links as misses, but they have no cell to draw)."""
+    from app.data.tokenizer import EOS
+
+    for i, attention in enumerate(hyps.attention):
+        record = ExplorerRecord(
+            id=data.ids[i],
+            src_tokens=tokenizer.src_pieces(data.src[i] + [EOS]),
+            tgt_tokens=tokenizer.tgt_pieces(hyps.tokens[i] + [EOS]),
+            attention=attention,
+            source=data.src_texts[i],
+            hypothesis=texts[i],
+            reference=data.tgt_texts[i],
+            bleu=bleu[i],
+        )
+        if forced is not None:
+            record.ref_tokens = tokenizer.tgt_pieces(data.tgt[i] + [EOS])
+            record.ref_attention = forced.attention[i]
+            n_src, n_ref = len(data.src_texts[i].split()), len(data.tgt_texts[i].split())
+            record.links = tuple({(s, t) for s, t in links if s < n_src and t < n_ref} for links in forced.links[i])
+        yield record

@@ -1,0 +1,627 @@
+"""The HTML attention explorer: what the file holds (Python) and what a real browser shows (Chromium)."""
+
+import io
+import json
+import math
+import os
+import re
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from matplotlib import colormaps
+
+from app.alignment import attention_entropy, piece_links, word_index
+from app.explorer import ExplorerRecord, link_cells, text7, write_explorer
+
+VIRIDIS = (colormaps["viridis"](np.arange(256))[:, :3] * 255).round().astype(int)
+
+
+def softmax_rows(rng, *shape):
+    x = np.exp(rng.normal(0, 1.5, shape))
+    return (x / x.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def peaked_attention(rng, layers: int, heads: int, tgt: int, src: int) -> np.ndarray:
+    """Synthetic cross-attention shaped like a trained Transformer's: every head follows a roughly
+    monotone alignment path with jitter (offset by up to one token), lower layers diffuse, upper layers
+    peaked, a fifth of the heads sinking on the last source token (EOS), log-space noise on every cell."""
+    path = np.clip(np.arange(tgt) * src / tgt + np.cumsum(rng.normal(0, 0.6, tgt)), 0, src - 1)
+    shape = (layers, heads, 1, 1)
+    lower = np.arange(layers)[:, None, None, None] < layers // 3
+    sharpness = np.where(lower, rng.uniform(0.3, 1.0, shape), rng.uniform(1.5, 5.0, shape))
+    offset = rng.integers(-1, 2, shape)
+    distance = np.abs(np.arange(src) - path[:, None] - offset)  # (layers, heads, tgt, src)
+    logits = -sharpness * distance + rng.normal(0, 0.5, distance.shape)
+    logits[..., -1] += 4 * (rng.random((layers, heads, 1)) < 0.2)
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    return (w / w.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def synthetic_records(
+    n: int, layers: int = 6, heads: int = 8, lengths=(25, 55), seed: int = 0, forced: bool = False
+) -> list[ExplorerRecord]:
+    """n sentences of pseudo-word pieces with peaked_attention maps (synthetic, not a model's); with
+    ``forced`` also a reference of its own length, its forced attention and diagonal word links."""
+    rng = np.random.default_rng(seed)
+    vocab = np.array([f"▁w{i}" for i in range(4000)] + ["s", "ed", "ing", "ly", "▁,", "▁."])
+    records = []
+
+    def text(pieces):
+        return "".join(pieces[:-1]).replace("▁", " ").strip()
+
+    for i in range(n):
+        src_len = int(rng.integers(lengths[0], lengths[1] + 1))
+        tgt_len = max(2, round(src_len * rng.uniform(0.85, 1.15)))
+        src = list(vocab[rng.integers(len(vocab), size=src_len - 1)]) + ["</s>"]
+        tgt = list(vocab[rng.integers(len(vocab), size=tgt_len - 1)]) + ["</s>"]
+        record = ExplorerRecord(
+            id=f"test.{i}",
+            src_tokens=src,
+            tgt_tokens=tgt,
+            attention=peaked_attention(rng, layers, heads, tgt_len, src_len),
+            source=text(src),
+            hypothesis=text(tgt),
+            reference=text(tgt[::-1]),
+            bleu=round(float(rng.uniform(0, 60)), 2),
+        )
+        if forced:
+            ref_len = max(2, round(src_len * rng.uniform(0.85, 1.15)))
+            record.ref_tokens = list(vocab[rng.integers(len(vocab), size=ref_len - 1)]) + ["</s>"]
+            record.reference = text(record.ref_tokens)
+            record.ref_attention = peaked_attention(rng, layers, heads, ref_len, src_len)
+            src_words, ref_words = max(word_index(src)) + 1, max(word_index(record.ref_tokens)) + 1
+            sure = {(w, w) for w in range(min(src_words, ref_words)) if rng.random() < 0.7}
+            maybe = {(w, w + 1) for w in range(min(src_words, ref_words - 1)) if rng.random() < 0.2}
+            record.links = (sure, sure | maybe)
+        records.append(record)
+    return records
+
+
+def untext7(text: str) -> bytes:
+    """The inverse of app.explorer.text7, written independently: 7 bits from each character's low bits."""
+    codes = np.frombuffer(text.encode("utf-16-le"), "<u2") & 0x7F
+    bits = ((codes[:, None] >> np.arange(6, -1, -1)) & 1).astype(np.uint8).ravel()
+    return np.packbits(bits[: len(bits) // 8 * 8]).tobytes()
+
+
+def read_explorer(path) -> tuple[str, dict, list[dict]]:
+    """(page, meta, sentences) of an explorer file, each sentence with its uint8 "maps" (layers, heads, tgt,
+    src), and its "ref" (when it has forced attention) with the reference rows' "maps"."""
+    page = Path(path).read_text(encoding="utf-8")
+
+    def script(name):
+        return re.search(rf'<script id="{name}" type="[^"]+">(.*?)</script>', page, re.DOTALL).group(1)
+
+    sentences, maps = json.loads(script("sentences")), script("maps")
+    for sent in sentences:
+        for rows in filter(None, (sent, sent["ref"])):
+            start, length = rows["at"]
+            data = np.frombuffer(zlib.decompress(untext7(maps[start : start + length])), np.uint8)
+            rows["maps"] = data.reshape(sent["layers"], sent["heads"], len(rows["tgt"]), len(sent["src"]))
+    return page, json.loads(script("meta-data")), sentences
+
+
+# ---- the browser test's data: maps with known answers ----
+PERM = [1, 0, 3, 4]  # sentence 0, layer 1, head 2: target token t attends only to source token PERM[t]
+REF_PERM = [0, 1, 1, 2]  # sentence 1's forced reference, layer 1, head 2: reference piece t -> source PERM[t]
+# sentence 1's reference links over words (source "Y dijo", reference "And said" in pieces ▁And ▁sa id):
+# sure Y-And, dijo-said; possible (only) dijo-And. As read_pharaoh reads them: possible includes sure.
+LINKS = ({(0, 0), (1, 1)}, {(0, 0), (1, 1), (1, 0)})
+SURE_CELLS, POSSIBLE_CELLS = [[0, 0], [1, 1], [2, 1]], [[0, 1]]  # (reference piece, source piece)
+
+
+def known_records() -> list[ExplorerRecord]:
+    rng = np.random.default_rng(7)
+    first = softmax_rows(rng, 2, 3, 4, 5)
+    first[1, 2] = np.eye(5)[PERM]
+    second = softmax_rows(rng, 2, 3, 3, 3)
+    forced = softmax_rows(rng, 2, 3, 4, 3)
+    forced[1, 2] = np.eye(3)[REF_PERM]
+    return [
+        ExplorerRecord(
+            "Gen.1.1",
+            ["▁En", "▁el", "▁principio", "▁creó", "</s>"],
+            ["▁In", "▁the", "▁beginning", "</s>"],
+            first,
+            "En el principio creó",
+            "In the beginning",
+            "In the beginning God created",
+            30.0,
+        ),
+        ExplorerRecord(
+            "Gen.1.2",
+            ["▁Y", "▁dijo", "</s>"],
+            ["▁And", "▁spoke", "</s>"],
+            second,
+            "Y dijo",
+            "And spoke",
+            "And said",
+            10.0,
+            ref_tokens=["▁And", "▁sa", "id", "</s>"],
+            ref_attention=forced,
+            links=LINKS,
+        ),
+        # a larger map: its text uses (nearly) every 7-bit value, the escaped three included
+        ExplorerRecord(
+            "Gen.1.10",
+            [f"▁s{i}" for i in range(23)] + ["</s>"],
+            [f"▁t{i}" for i in range(21)] + ["</s>"],
+            softmax_rows(rng, 2, 3, 22, 24),
+            "y el firmamento",
+            "and the sky",
+            "and the firmament",
+            50.0,
+        ),
+        ExplorerRecord("Gen.1.9", ["▁a", "</s>"], ["▁b", "</s>"], softmax_rows(rng, 2, 3, 2, 2), "a", "b", "b", None),
+    ]
+
+
+# ---- Python level ----
+def test_the_file_is_self_contained(tmp_path):
+    path = tmp_path / "explorer.html"
+    write_explorer(str(path), known_records(), "test", {"model": "transformer"})
+    page = path.read_text(encoding="utf-8")
+    assert page.startswith("<!doctype html>") and '<meta charset="utf-8">' in page[:1024]
+    for network in ("http://", "https://", "src=", "href=", "<link", "@import", "url(", "fetch(", "XMLHttpRequest"):
+        assert network not in page, network
+    assert len(re.findall(r"<script\b", page)) == 4  # meta, sentences, maps (data) and the one inline program
+    assert not re.search(r"__[A-Z]+__", page)  # every placeholder filled
+
+
+def test_maps_decode_back_within_quantization_error(tmp_path):
+    records = known_records()
+    rnn = ExplorerRecord(
+        "rnn",
+        ["▁a", "▁b", "</s>"],
+        ["▁x", "</s>"],
+        torch.softmax(torch.randn(2, 3), -1),
+        ref_tokens=["▁y", "▁z", "</s>"],
+        ref_attention=torch.softmax(torch.randn(3, 3), -1),
+    )
+    path = tmp_path / "explorer.html"
+    write_explorer(str(path), [*records, rnn], "test", {"model": "transformer", "BLEU": 12.5})
+    _, meta, sentences = read_explorer(path)
+    assert meta == {"model": "transformer", "BLEU": 12.5}
+    assert [s["id"] for s in sentences] == ["Gen.1.1", "Gen.1.2", "Gen.1.10", "Gen.1.9", "rnn"]
+    for record, sent in zip(records, sentences):
+        assert sent["maps"].shape == record.attention.shape
+        assert np.abs(sent["maps"] / 255 - record.attention).max() <= 1 / 510 + 1e-6
+        assert (sent["src"], sent["tgt"]) == (record.src_tokens, record.tgt_tokens)
+        assert (sent["source"], sent["hypothesis"], sent["reference"], sent["bleu"]) == (
+            record.source,
+            record.hypothesis,
+            record.reference,
+            record.bleu,
+        )
+    # the forced reference: a second blob of its own rows, decoded alike
+    ref, forced = sentences[1]["ref"], records[1].ref_attention
+    assert ref["tgt"] == records[1].ref_tokens and ref["maps"].shape == forced.shape == (2, 3, 4, 3)
+    assert np.abs(ref["maps"] / 255 - forced).max() <= 1 / 510 + 1e-6
+    assert ref["at"][0] == sum(sentences[1]["at"])  # right after the sentence's hypothesis maps
+    assert sentences[-1]["rnn"] and sentences[-1]["maps"].shape == (1, 1, 2, 3)
+    assert np.abs(sentences[-1]["maps"][0, 0] / 255 - rnn.attention.numpy()).max() <= 1 / 510 + 1e-6
+    assert sentences[-1]["ref"]["maps"].shape == (1, 1, 3, 3) and sentences[-1]["ref"]["links"] is None
+    assert np.abs(sentences[-1]["ref"]["maps"][0, 0] / 255 - rnn.ref_attention.numpy()).max() <= 1 / 510 + 1e-6
+
+
+def test_a_sentence_without_forced_attention_has_no_reference_rows(tmp_path):
+    """Its "ref" is null: the page hides the rows toggle (checked in Chromium below) and has no second blob."""
+    records = known_records()
+    path = tmp_path / "explorer.html"
+    write_explorer(str(path), records, "test", {})
+    _, _, sentences = read_explorer(path)
+    assert [s["ref"] is None for s in sentences] == [True, False, True, True]
+    blobs = [s["at"] for s in sentences] + [sentences[1]["ref"]["at"]]
+    assert sum(length for _, length in blobs) == len(
+        re.search(
+            r'<script id="maps" type="text/plain">(.*?)</script>', path.read_text(encoding="utf-8"), re.DOTALL
+        ).group(1)
+    )
+
+
+def test_reference_word_links_become_the_cells_of_their_pieces(tmp_path):
+    """Word links -> (reference piece, source piece) cells through app.alignment.piece_links: every piece
+    of a linked word; sure cells, and the possible-only ones apart. Either form of links gives the same."""
+    records = known_records()
+    path = tmp_path / "explorer.html"
+    write_explorer(str(path), records, "test", {})
+    links = read_explorer(path)[2][1]["ref"]["links"]
+    assert links == {"sure": SURE_CELLS, "possible": POSSIBLE_CELLS}
+    src, ref = records[1].src_tokens, records[1].ref_tokens
+    assert [tuple(c) for c in links["sure"]] == piece_links(LINKS[0], src, ref)
+    as_dict = ExplorerRecord(**{**vars(records[1]), "links": {"sure": [[0, 0], [1, 1]], "possible": [[1, 0]]}})
+    assert link_cells(as_dict) == links  # possible given without the sure links: the same cells
+    casas = ExplorerRecord(
+        "x",
+        ["▁casa", "s", "▁blanca", "</s>"],
+        ["▁houses", "</s>"],
+        np.ones((2, 4)) / 4,
+        ref_tokens=["▁white", "▁house", "s", "</s>"],
+        ref_attention=np.ones((4, 4)) / 4,
+        links=({(0, 1), (1, 0)}, {(0, 1), (1, 0)}),
+    )
+    assert link_cells(casas) == {"sure": [[0, 2], [1, 0], [1, 1], [2, 0], [2, 1]], "possible": []}
+
+
+def test_entropy_is_the_hypothesis_attentions_mean_row_entropy_over_every_head(tmp_path):
+    """The list's entropy (a sort key): app.alignment.attention_entropy of the hypothesis attention, the
+    mean over every row of every layer and head; the forced attention does not change it."""
+    one_hot = np.eye(4, dtype=np.float32)[[0, 2, 1]]
+    uniform = np.full((3, 4), 0.25, dtype=np.float32)
+    tokens = ["▁a", "▁b", "▁c", "</s>"]
+    both = ExplorerRecord(
+        "both",
+        tokens,
+        tokens[1:],
+        np.stack([one_hot, uniform])[None],
+        ref_tokens=tokens[:3],
+        ref_attention=np.stack([uniform, uniform])[None],
+    )
+    records = [*known_records(), both]
+    path = tmp_path / "explorer.html"
+    write_explorer(str(path), records, "test", {})
+    sentences = read_explorer(path)[2]
+    assert sentences[-1]["entropy"] == pytest.approx(math.log(4) / 2, abs=1e-4)  # heads: 0 and log 4
+    for record, sent in zip(records, sentences):
+        assert sent["entropy"] == pytest.approx(attention_entropy(torch.as_tensor(record.attention)), abs=1e-4)
+    assert sentences[0]["entropy"] > 0  # a one-hot head among softmax heads: not 0
+
+
+def test_text7_round_trips_every_byte_and_avoids_what_html_changes():
+    data = bytes(range(256)) + np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8).tobytes()
+    text = text7(data)
+    assert untext7(text) == data
+    assert len(text) == math.ceil(len(data) * 8 / 7)
+    assert not {"\0", "\r", "<"} & set(text)
+    assert {"\u0100", "\u010d", "\u013c"} <= set(text)  # NUL, CR and '<' written escaped
+
+
+def test_data_that_looks_like_markup_or_placeholders_stays_data(tmp_path):
+    record = known_records()[3]
+    record.hypothesis, record.reference, record.id = "</script><script>alert(1)</script>", "__MAPS__ & __TITLE__", "<b>"
+    path = tmp_path / "explorer.html"
+    write_explorer(str(path), [record], "A <title> & more", {"note": "</script>"})
+    page, meta, (sent,) = read_explorer(path)
+    assert (sent["hypothesis"], sent["reference"], sent["id"]) == (record.hypothesis, record.reference, "<b>")
+    assert meta == {"note": "</script>"}
+    assert "<title>A &lt;title&gt; &amp; more</title>" in page
+    assert page.count("</script>") == 4
+
+
+def test_bad_records_are_refused(tmp_path):
+    path = str(tmp_path / "explorer.html")
+    good, linked = vars(known_records()[0]), vars(known_records()[1])
+    refused = {
+        "expected": [
+            {**good, "attention": good["attention"][..., :3]},
+            {**good, "attention": good["attention"][0]},  # (heads, tgt, src)
+            {**linked, "ref_attention": linked["ref_attention"][..., :3, :]},
+        ],  # rows != ref_tokens
+        "need ref_attention": [{**linked, "ref_attention": None}, {**good, "ref_tokens": ["▁x", "</s>"]}],
+        "needs ref_tokens": [{**linked, "ref_tokens": None, "links": None}],
+        "same model": [
+            {**linked, "ref_attention": linked["ref_attention"][:1]},  # 1 layer of 2
+            {**linked, "ref_attention": linked["ref_attention"][1, 2]},
+        ],  # an RNN's map
+        "outside": [
+            {**linked, "links": ({(2, 0)}, {(2, 0)})},  # source word 2 is </s>: not a word
+            {**linked, "links": ({(0, 2)}, {(0, 2)})},
+        ],  # "And said" has 2 words, not 3 (pieces)
+    }
+    for message, records in refused.items():
+        for record in records:
+            with pytest.raises(ValueError, match=message):
+                write_explorer(path, [record], "t", {})
+    assert not os.path.exists(path)
+
+
+# ---- in Chromium ----
+@pytest.fixture(scope="module")
+def browser():
+    from browser import Browser, find_chromium
+
+    if find_chromium() is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    with Browser(1280, 800) as b:
+        yield b
+
+
+def snapshot(b):
+    """The viewport as an RGB image (device scale 1: one pixel per CSS pixel)."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(b.screenshot())) as image:
+        return image.convert("RGB")
+
+
+def pixel(image, x: float, y: float) -> tuple:
+    return image.getpixel((int(x), int(y)))
+
+
+def close(rgb, expected, tolerance=2) -> bool:
+    return all(abs(a - b) <= tolerance for a, b in zip(rgb, expected))
+
+
+def cell_center(b, t: int, s: int) -> tuple[float, float]:
+    x, y, cell = b.evaluate(
+        "(() => { const r = document.getElementById('heat').getBoundingClientRect();"
+        " return [r.x, r.y, state.cell]; })()"
+    )
+    return x + (s + 0.5) * cell, y + (t + 0.5) * cell
+
+
+def label_alphas(b, axis: str) -> list[float]:
+    """The highlight opacity of every x (source) or y (target) label."""
+    colours = b.evaluate(
+        f"[...document.querySelectorAll('#{axis}labels .tok')].map(e => getComputedStyle(e).backgroundColor)"
+    )
+    alphas = []
+    for colour in colours:
+        numbers = [float(v) for v in re.findall(r"[\d.]+", colour)]
+        alphas.append(numbers[3] if len(numbers) == 4 else 1.0)
+    return alphas
+
+
+def texts(b, selector: str) -> list[str]:
+    return b.evaluate(f"[...document.querySelectorAll({json.dumps(selector)})].map(e => e.textContent)")
+
+
+def shown(b, expected: str) -> None:
+    b.wait_for(f"document.getElementById('view').dataset.shown === {json.dumps(expected)}", timeout=10)
+
+
+@pytest.mark.slow
+def test_explorer_in_chromium(browser, tmp_path):
+    b, records = browser, known_records()
+    path = tmp_path / "explorer.html"
+    write_explorer(str(path), records, "known maps", {"model": "test"})
+    page, _, sentences = read_explorer(path)
+    assert {"\u0100", "\u010d", "\u013c"} <= set(page)  # NUL, CR and '<' of the maps, escaped: decoded below
+
+    # the hash selects sentence, layer and head on load; this sentence has no forced reference: no rows toggle
+    b.open(path, "s=0&l=1&h=2")
+    shown(b, "0,1,2,hypothesis")
+    assert b.evaluate("document.getElementById('rows').hidden")
+    assert b.evaluate("[...inflated.keys()]") == ["0"]  # only the maps shown are inflated
+    assert texts(b, "#title")[0].startswith("Gen.1.1#0 · BLEU 30")
+    assert b.evaluate("[...document.querySelectorAll('#layers .active, #heads .active')].map(e => e.textContent)") == [
+        "1",
+        "2",
+    ]
+    assert texts(b, "#xlabels .tok") == records[0].src_tokens
+    assert texts(b, "#ylabels .tok") == records[0].tgt_tokens
+    assert b.evaluate("document.querySelector('.item.selected').dataset.i") == "0"
+
+    # the browser inflates every map set to the bytes Python wrote (escaped characters included)
+    assert b.evaluate(
+        "Promise.all(SENTENCES.flatMap((s, i) => [loadMaps(i), ...(s.ref ? [loadMaps(i, true)] : [])])"
+        ".map(p => p.then(m => Array.from(m))))"
+    ) == [rows["maps"].ravel().tolist() for s in sentences for rows in filter(None, (s, s["ref"]))]
+    b.evaluate("inflated.clear()")
+
+    # pixels: a weight of 1 in the top colour of the scale, 0 in the bottom one
+    png = snapshot(b)
+    for t in range(4):
+        for s in range(5):
+            expected = VIRIDIS[255] if PERM[t] == s else VIRIDIS[0]
+            assert close(pixel(png, *cell_center(b, t, s)), expected), (t, s)
+
+    # hovering a target token lights the source tokens by its weights; a source token, the targets on it
+    b.hover(*b.center("#ylabels .tok:nth-child(3)"))
+    assert label_alphas(b, "x") == [1.0 if s == PERM[2] else 0.0 for s in range(5)]
+    assert label_alphas(b, "y") == [0.0] * 4
+    assert b.evaluate("document.querySelector('#ylabels .tok:nth-child(3)').classList.contains('focus')")
+    assert texts(b, "#readout") == ["‘▁beginning’ attends most to ‘▁creó’ (1.000)"]
+    b.hover(*b.center("#xlabels .tok:nth-child(1)"))
+    assert label_alphas(b, "y") == [0.0, 1.0, 0.0, 0.0]  # only "▁the" attends to "▁En"
+    assert label_alphas(b, "x") == [0.0] * 5
+    b.hover(*cell_center(b, 0, 1))  # a cell counts as its target token
+    assert label_alphas(b, "x") == [0.0, 1.0, 0.0, 0.0, 0.0]
+    assert texts(b, "#readout") == ["‘▁In’ → ‘▁el’: 1.000"]
+
+    # the mean of the layer's heads: button, hash and colour of the mean weight
+    b.click(*b.center("#heads button[data-value='mean']"))
+    shown(b, "0,1,mean,hypothesis")
+    assert b.evaluate("location.hash") == "#s=0&l=1&h=mean"
+    mean = sentences[0]["maps"][1, :, 0, PERM[0]].mean() / 255
+    assert 1 / 3 < mean < 1
+    assert close(pixel(snapshot(b), *cell_center(b, 0, PERM[0])), VIRIDIS[round(mean * 255)], 1)
+    b.click(*b.center("#layers button[data-value='0']"))
+    shown(b, "0,0,mean,hypothesis")
+
+    # another sentence from the list keeps the layer and head and shows its hypothesis rows, without links
+    b.click(*b.center(".item[data-i='1']"))
+    shown(b, "1,0,mean,hypothesis")
+    assert b.evaluate("location.hash") == "#s=1&l=0&h=mean"
+    assert not b.evaluate("document.getElementById('rows').hidden")
+    assert texts(b, "#rows button") == ["hypothesis", "reference (forced)"]
+    assert texts(b, "#rows .active") == ["hypothesis"]
+    assert texts(b, "#ylabels .tok") == records[1].tgt_tokens
+    assert "reference (forced) rows" in texts(b, "#legend")[0]
+    assert not b.evaluate("inflated.has('1r')")  # the forced maps wait until they are shown
+    half = b.evaluate("state.cell") // 2
+
+    def red_pixels(png, t, s):  # pixels of the links' outline colour in a cell (less a pixel each side)
+        x, y = cell_center(b, t, s)
+        return sum(
+            close(pixel(png, x + dx, y + dy), (255, 45, 85), 40)
+            for dx in range(1 - half, half - 1)
+            for dy in range(1 - half, half - 1)
+        )
+
+    def all_red(rows: int) -> dict:
+        png = snapshot(b)
+        return {(t, s): red_pixels(png, t, s) for t in range(rows) for s in range(3)}
+
+    assert sum(all_red(3).values()) == 0
+
+    # the reference rows: forced attention, the links outlined (sure solid, possible dashed), r=1 in the hash
+    b.click(*b.center("#rows button[data-value='true']"))
+    shown(b, "1,0,mean,reference")
+    assert b.evaluate("location.hash") == "#s=1&l=0&h=mean&r=1"
+    assert b.evaluate("inflated.has('1r')")
+    assert texts(b, "#rows .active") == ["reference (forced)"]
+    assert texts(b, "#ylabels .tok") == records[1].ref_tokens
+    assert texts(b, "#title small")[0].endswith("3 source × 4 reference (forced) pieces")
+    assert texts(b, "#corner")[0].startswith("reference (forced) ↓")
+    assert texts(b, "#readout") == ["rows: the reference, forced through the decoder · hover a token or a cell"]
+    assert "sure" in texts(b, "#legend")[0]
+    red = all_red(4)
+    sure = [red.pop(tuple(cell)) for cell in SURE_CELLS]
+    possible = [red.pop(tuple(cell)) for cell in POSSIBLE_CELLS]
+    assert min(sure) > 20 and 5 < max(possible) < min(sure), (sure, possible)  # solid; dashed: fewer pixels
+    assert set(red.values()) == {0}, red  # no other cell is outlined
+
+    # the forced maps themselves, per layer and head (layer 1 head 2: one-hot); hover names the links
+    b.click(*b.center("#layers button[data-value='1']"))
+    b.click(*b.center("#heads button[data-value='2']"))
+    shown(b, "1,1,2,reference")
+    png = snapshot(b)
+    for t in range(4):
+        for s in range(3):
+            expected = VIRIDIS[255] if REF_PERM[t] == s else VIRIDIS[0]
+            assert close(pixel(png, *cell_center(b, t, s)), expected), (t, s)
+    b.hover(*cell_center(b, 2, 1))
+    assert texts(b, "#readout") == ["‘id’ → ‘▁dijo’: 1.000 (sure reference link)"]
+    b.hover(*cell_center(b, 0, 1))
+    assert texts(b, "#readout") == ["‘▁And’ → ‘▁dijo’: 0.000 (possible reference link)"]
+    b.hover(*b.center("#xlabels .tok:nth-child(2)"))  # "▁dijo" is attended by both pieces of "said"
+    assert label_alphas(b, "y") == [0.0, 1.0, 1.0, 0.0]
+
+    # a sentence without forced attention shows its hypothesis (no r in the hash); a typed hash with r=1
+    # opens the reference rows again, and the hypothesis button goes back
+    b.click(*b.center(".item[data-i='0']"))
+    shown(b, "0,1,2,hypothesis")
+    assert b.evaluate("location.hash") == "#s=0&l=1&h=2"
+    assert b.evaluate("document.getElementById('rows').hidden")
+    b.evaluate("location.hash = 's=1&l=0&h=mean&r=1'")
+    shown(b, "1,0,mean,reference")
+    b.click(*b.center("#rows button[data-value='false']"))
+    shown(b, "1,0,mean,hypothesis")
+    assert b.evaluate("location.hash") == "#s=1&l=0&h=mean"
+    assert texts(b, "#ylabels .tok") == records[1].tgt_tokens
+    assert sum(all_red(3).values()) == 0
+
+    # search over source / hypothesis / reference
+    b.click(*b.center("#search"))
+    b.type_text("FIRMAMENT")
+    assert texts(b, "#count") == ["1 of 4"]
+    assert b.evaluate("[...document.querySelectorAll('#list .item')].map(e => e.dataset.i)") == ["2"]
+    b.evaluate(
+        "(() => { const s = document.getElementById('search'); s.value = ''; s.dispatchEvent(new Event('input')); })()"
+    )
+
+    # sorting: ids in numeric order; BLEU both ways, a missing BLEU last
+    def order():
+        return [int(i) for i in b.evaluate("[...document.querySelectorAll('#list .item')].map(e => e.dataset.i)")]
+
+    def sort_by(key):
+        b.evaluate(
+            f"(() => {{ const s = document.getElementById('sort'); s.value = '{key}';"
+            " s.dispatchEvent(new Event('change')); })()"
+        )
+
+    assert order() == [0, 1, 3, 2]  # Gen.1.1, Gen.1.2, Gen.1.9, Gen.1.10
+    sort_by("bleu")
+    assert order() == [1, 0, 2, 3]
+    b.click(*b.center("#order"))
+    assert order() == [2, 0, 1, 3]
+    sort_by("entropy")
+    assert order() == sorted(range(4), key=lambda i: -sentences[i]["entropy"])
+    sort_by("length")
+    b.click(*b.center("#order"))
+    assert order() == [3, 1, 0, 2]  # 2, 3, 5, 24 source pieces
+
+    # ↓ moves to the next sentence of the list; a typed hash is followed
+    b.page("Input.dispatchKeyEvent", type="keyDown", key="ArrowDown", code="ArrowDown", windowsVirtualKeyCode=40)
+    shown(b, "0,0,mean,hypothesis")
+    b.evaluate("location.hash = 's=2&l=1&h=0'")
+    shown(b, "2,1,0,hypothesis")
+
+
+@pytest.mark.slow
+def test_rnn_map_in_chromium(browser, tmp_path):
+    path = tmp_path / "rnn.html"
+    weights = torch.eye(3)[[2, 0, 1]]
+    record = ExplorerRecord("1", ["▁a", "▁b", "</s>"], ["▁x", "▁y", "</s>"], weights)
+    write_explorer(str(path), [record], "rnn", {})
+    browser.open(path)
+    shown(browser, "0,0,mean,hypothesis")
+    assert browser.evaluate("location.hash") == "#s=0"
+    assert browser.evaluate("document.getElementById('layers').hidden && document.getElementById('heads').hidden")
+    png = snapshot(browser)
+    for t in range(3):
+        for s in range(3):
+            assert close(pixel(png, *cell_center(browser, t, s)), VIRIDIS[255 if weights[t, s] else 0]), (t, s)
+
+
+@pytest.mark.slow
+def test_screenshot_for_the_readme(browser, tmp_path):
+    """A README picture of a synthetic explorer, its reference rows with their links; $EXPLORER_SCREENSHOT
+    keeps it (tests/browser.py makes one of a real eval's explorer)."""
+    from browser import explorer_screenshot
+    from PIL import Image
+
+    path = tmp_path / "explorer.html"
+    meta = {"model": "transformer", "split": "test", "alignment": "AER 0.412 (layer 4 head 2, chosen on dev)"}
+    write_explorer(
+        str(path), synthetic_records(40, lengths=(14, 24), forced=True), "synthetic attention (not a model's)", meta
+    )
+    png = os.environ.get("EXPLORER_SCREENSHOT") or str(tmp_path / "explorer.png")
+    size = explorer_screenshot(str(path), png, "s=3&l=5&h=mean&r=1", browser=browser)
+    assert size == os.path.getsize(png) < 300_000
+    with Image.open(png) as image:
+        assert image.size == (1280, 800)
+        colours = [c for _, c in image.convert("RGB").getcolors(1280 * 800)]
+    assert (255, 255, 255) in colours and tuple(VIRIDIS[0]) in colours  # the page and the heatmap's zero
+    assert any(close(c, (255, 45, 85), 10) for c in colours)  # the reference links' outlines
+    assert browser.evaluate("document.getElementById('view').dataset.shown") == "3,5,mean,reference"
+    assert browser.evaluate("document.querySelectorAll('#ylabels .tok.focus').length") == 1  # hovered
+    assert "alignment: AER 0.412 (layer 4 head 2, chosen on dev)" in texts(browser, "#meta")[0]
+
+    smaller = tmp_path / "smaller.png"
+    assert (
+        explorer_screenshot(str(path), str(smaller), "s=3&l=5&h=mean&r=1", browser=browser, max_bytes=size - 1) < size
+    )
+    with Image.open(smaller) as image:
+        assert image.mode == "P" and image.size == (1280, 800)
+    explorer_screenshot(str(path), str(smaller), browser=browser)  # no hash: the first sentence, hypothesis rows
+    assert browser.evaluate("document.getElementById('view').dataset.shown") == "0,5,mean,hypothesis"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("forced", [False, True], ids=["hypothesis", "hypothesis+forced"])
+def test_a_full_test_set_opens_quickly(browser, tmp_path, capsys, forced):
+    """1000 sentences, 6 layers x 8 heads, 25-55 source pieces (synthetic peaked attention, not a
+    model's), with or without every sentence's forced reference maps: the file stays under 20 MB a map
+    set and the first heatmap shows within seconds, as opening parses only the list; the forced maps
+    are inflated when their rows are first shown."""
+    records = synthetic_records(1000, forced=forced)
+    floats = sum(r.attention.size + (0 if r.ref_attention is None else r.ref_attention.size) for r in records)
+    path = tmp_path / "explorer.html"
+    start = time.perf_counter()
+    write_explorer(str(path), records, "1000 sentences", {"model": "transformer"})
+    write_seconds = time.perf_counter() - start
+    megabytes = path.stat().st_size / 1e6
+    browser.open(path, "s=999&l=5&h=3")
+    shown(browser, "999,5,3,hypothesis")
+    first_render_ms = browser.evaluate("window.explorerReady")
+    timed = "(async () => {{ const t = performance.now(); await show({}); return performance.now() - t; }})()"
+    switch_ms = browser.evaluate(timed.format("500, 2, 'mean', false"))
+    report = (
+        f"\n{len(records)} sentences, {floats / 1e6:.1f} M floats{' (with forced maps)' * forced}:"
+        f" {megabytes:.1f} MB written in {write_seconds:.1f} s; first heatmap {first_render_ms:.0f} ms after"
+        f" navigation; another sentence {switch_ms:.0f} ms"
+    )
+    if forced:
+        reference_ms = browser.evaluate(timed.format("500, 2, 'mean', true"))
+        assert browser.evaluate("document.getElementById('view').dataset.shown") == "500,2,mean,reference"
+        report += f"; its reference rows {reference_ms:.0f} ms"
+    with capsys.disabled():
+        print(report)
+    assert megabytes < 20 * (1 + forced)
+    assert first_render_ms < 5000
