@@ -10,7 +10,7 @@ SWORD_PACKAGES := sword-text-sparv sword-text-web sword-text-kjv
 TORCH_CPU ?= torch==2.13.0
 TORCH_GPU ?= torch
 
-.PHONY: setup data train eval translate tensorboard lint test test-fast bench compare average clean gpu-wheels gpu-check
+.PHONY: setup data train eval translate export tensorboard lint test test-fast bench compare average clean gpu-wheels gpu-check
 COMPARE_MODELS ?= rnn_plain,rnn_bahdanau,rnn_luong,transformer
 COMPARE_EXPERIMENT ?= compare
 
@@ -50,6 +50,11 @@ eval: setup
 
 translate: setup
 	$(PY) -m app command=translate $(ARGS)
+
+# A run's Transformer as a CTranslate2 model in checkpoints/<run>/ct2 (export.quantization, default int8);
+# then translate.engine=ct2 / eval.engine=ct2 decode with it.
+export: setup
+	$(PY) -m app command=export $(ARGS)
 
 tensorboard: setup
 	$(VENV)/bin/tensorboard --logdir checkpoints $(ARGS)
@@ -95,7 +100,7 @@ bench: setup
 # A lent GPU machine (no internet, PyTorch but none of the packages below): `make gpu-wheels` here puts
 # them in .whl/ as Python 3.12 wheels; carry .whl and data/ there and run `make gpu-check PART=transformer`
 # (then PART=rnn, PART=bench, PART=ablation): scripts/gpu_check.sh says what each part measures.
-GPU_WHEELS ?= hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+GPU_WHEELS ?= hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 ctranslate2==4.8.5
 GPU_SDISTS ?= antlr4-python3-runtime==4.9.3 pysword==0.2.8
 gpu-wheels:
 	mkdir -p .whl

@@ -4,7 +4,8 @@ train.amp=, device=):
     make bench ARGS="model=rnn_bahdanau bench.steps=50 train.batch_tokens=64000"
 
 Times ``bench.steps`` training steps after ``bench.warmup`` untimed ones, then greedy and beam search
-(``decode.beam_size``) decoding of the test split; prints one table and writes it as JSON
+(``decode.beam_size``) decoding of the test split, ours and, for a Transformer, CTranslate2's (float32
+and int8; app/bench_decode.py), BLEU beside each; prints one table and writes it as JSON
 (``checkpoints/bench/<name>.json``).
 Decoding uses the weights of ``bench.checkpoint_path`` when given (an untrained model runs every sentence to
 the length limit, so its timings are an upper bound). ``bench.profile_steps=N`` profiles N more steps
@@ -29,35 +30,17 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from app.bench_decode import sync, time_decoding
 from app.checkpoint import check_compatible, load_checkpoint
-from app.config import Config, DecodeConfig
+from app.config import Config
 from app.data.batching import Batcher, make_batches
 from app.data.corpus import load_split, load_tokenized, prepare_data
 from app.data.tokenizer import PAD
-from app.decoding import decode_corpus
 from app.flops import peak_flops, training_flops
 from app.models import build_model, count_parameters
 from app.profiling import profile_steps
 from app.step import amp_dtype, compiled_for_training, make_optimizer, train_step
 from app.utils import atomic_write_text, resolve_device, seed_everything
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_decoding(model, src, device, decode: DecodeConfig, dtype) -> dict:
-    sync(device)
-    start = time.time()
-    hyps = decode_corpus(model, src, device, decode, amp_dtype=dtype)
-    sync(device)
-    seconds = time.time() - start
-    return {
-        "seconds": round(seconds, 2),
-        "sentences_per_s": round(len(src) / seconds, 1),
-        "tokens_per_s": round(sum(len(h) + 1 for h in hyps.tokens) / seconds),
-    }
 
 
 def time_training(
@@ -300,8 +283,7 @@ def bench(cfg: Config) -> dict:
         atomic_write_text(os.path.join("checkpoints", "bench", f"{cfg.name}_profile.txt"), table)
         print(table)
     result["decode_sentences"] = len(test)
-    for decode in [cfg.decode.greedy()] + ([cfg.decode] if cfg.decode.beam_size > 1 else []):
-        result[f"decode_beam{decode.beam_size}"] = time_decoding(model, test.src, device, decode, dtype)
+    result.update(time_decoding(model, cfg, tokenizer, test, device, dtype))
     print_table(result)
     if cfg.bench.ablate:
         del model, one_more_step  # free the first run's weights and optimizer state before the others

@@ -50,6 +50,12 @@ def translate_command(cfg: Config) -> None:
     translate_lines(cfg)
 
 
+def export_command(cfg: Config) -> None:
+    from app.export import export_run
+
+    export_run(cfg)
+
+
 def average_command(cfg: Config) -> None:
     from app.checkpoint import average_snapshots, save_checkpoint
 
@@ -81,6 +87,7 @@ COMMANDS: dict[str, Callable[[Config], None]] = {
     "train": train_command,
     "eval": eval_command,
     "translate": translate_command,
+    "export": export_command,
     "bench": bench_command,
     "compare": compare_command,
     "average": average_command,

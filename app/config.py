@@ -195,6 +195,7 @@ class EvalConfig:
     checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
     length_buckets: list[int] = field(default_factory=lambda: [10, 20, 30, 40, 50])  # source-word bucket edges
     gold_align: Optional[str] = None  # Pharaoh gold alignments for the split: AER/precision/recall in metrics.json
+    engine: str = "torch"  # torch | ct2 (the run's CTranslate2 export, make export)
 
 
 @dataclass
@@ -202,6 +203,14 @@ class TranslateConfig:
     input: Optional[str] = None  # file; default stdin
     output: Optional[str] = None  # file; default stdout
     checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
+    engine: str = "torch"  # torch | ct2 (the run's CTranslate2 export, make export; translate.checkpoint unused)
+
+
+@dataclass
+class ExportConfig:
+    checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
+    quantization: str = "int8"  # int8 | int8_float16 | float16 | none (float32)
+    dir: Optional[str] = None  # default <run_dir>/ct2
 
 
 @dataclass
@@ -209,6 +218,7 @@ class BenchConfig:
     steps: int = 50  # timed training steps
     warmup: int = 10  # untimed steps first (allocator, cuDNN/compile warm-up)
     decode_sentences: int = 0  # decode the first N test sentences (greedy and with decode.beam_size); 0 = all
+    decode_rounds: int = 1  # decode that many times, the engines taking turns; the best time of each is kept
     checkpoint_path: Optional[str] = None  # a trained run's .pt (same model= settings): decode timings of real output
     profile_steps: int = 0  # then profile this many more steps: time per kind of work, top ops, a Chrome trace
     ablate: bool = False  # also time training with each speed feature off in turn (and with train.compile)
@@ -245,6 +255,7 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     translate: TranslateConfig = field(default_factory=TranslateConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
     average: AverageConfig = field(default_factory=AverageConfig)

@@ -64,10 +64,15 @@ def load_trained(run_dir: str, which: str, device: torch.device) -> TrainedModel
 
 def evaluate_run(cfg: Config) -> dict:
     """Decode a split with a run's checkpoint, score it, write ``eval/<split>/{hyp.txt,metrics.json}``."""
+    check_engine("eval.engine", cfg.eval.engine)
     trained = load_trained(cfg.run_dir, cfg.eval.checkpoint, resolve_device(cfg.device))
     data = load_split(trained.config.data.dir, cfg.eval.split, trained.tokenizer)
+    ct2 = load_ct2(cfg, trained, "eval.engine") if cfg.eval.engine == "ct2" else None
     start = time.time()
-    hyps = trained.translate(data.src, cfg.decode, progress=True, need_attention=True)
+    if ct2:
+        hyps = ct2.translate(data.src, cfg.decode, need_attention=True)
+    else:
+        hyps = trained.translate(data.src, cfg.decode, progress=True, need_attention=True)
     seconds = time.time() - start
     texts = trained.tokenizer.decode_tgt(hyps.tokens)
     metrics = score(texts, data.tgt_texts)
@@ -89,6 +94,7 @@ def evaluate_run(cfg: Config) -> dict:
         sentences_per_s=round(len(texts) / seconds, 1),
         tokens_per_s=round(sum(len(h) + 1 for h in hyps.tokens) / seconds),
         device=torch.cuda.get_device_name(trained.device) if trained.device.type == "cuda" else "cpu",
+        engine=f"ctranslate2 {ct2.info['ctranslate2_version']}, {ct2.info['quantization']}" if ct2 else "torch",
     )
     out_dir = os.path.join(cfg.run_dir, "eval", cfg.eval.split)
     gold_path = cfg.eval.gold_align or reference_links(trained.config.data.dir, cfg.eval.split)
@@ -116,6 +122,12 @@ def evaluate_run(cfg: Config) -> dict:
         print(
             f"  alignment vs {a['gold']}: AER {a['aer']:.4f}  precision {a['precision']:.4f}  "
             f"recall {a['recall']:.4f}  ({a['view']}, chosen on {a['chosen_on']})"
+        )
+    if ct2:
+        print(
+            f"  decoded by CTranslate2 ({ct2.model_dir}, {ct2.info['quantization']}): its attention is the mean of the "
+            f"heads of decoder layer {ct2.info['alignment_layer']}, so alignments.jsonl and the explorer have no "
+            "per-head maps (eval.engine=torch has them); AER reads our model's attention, forced"
         )
     print(f"  {metrics['bleu_signature']}\n  {metrics['chrf_signature']}\n  {metrics['ter_signature']}")
     print(
@@ -244,21 +256,53 @@ def evaluate_alignment(
 def translate_lines(cfg: Config) -> None:
     """``make translate``: lines from translate.input (or stdin) to translate.output (or stdout); with
     decode.n_best > 1 in the Moses n-best format ``index ||| hypothesis ||| score``."""
+    check_engine("translate.engine", cfg.translate.engine)
     lines = read_translate_input(cfg.translate.input)  # bad input fails before the model loads
-    trained = load_trained(cfg.run_dir, cfg.translate.checkpoint, resolve_device(cfg.device))
-    hyps = trained.translate(trained.tokenizer.encode_src(lines), cfg.decode)
+    if cfg.translate.engine == "ct2":  # the export alone: no checkpoint, no training code
+        engine = load_ct2(cfg, None, "translate.engine")
+        tokenizer = engine.tokenizer()
+    else:
+        engine = load_trained(cfg.run_dir, cfg.translate.checkpoint, resolve_device(cfg.device))
+        tokenizer = engine.tokenizer
+    hyps = engine.translate(tokenizer.encode_src(lines), cfg.decode)
     if cfg.decode.n_best > 1:
         text = "".join(
-            f"{i} ||| {trained.tokenizer.decode_tgt([tokens])[0]} ||| {score:.4f}\n"
+            f"{i} ||| {tokenizer.decode_tgt([tokens])[0]} ||| {score:.4f}\n"
             for i, hypotheses in enumerate(hyps.nbest)
             for tokens, score in hypotheses
         )
     else:
-        text = "".join(t + "\n" for t in trained.tokenizer.decode_tgt(hyps.tokens))
+        text = "".join(t + "\n" for t in tokenizer.decode_tgt(hyps.tokens))
     if cfg.translate.output:
         atomic_write_text(cfg.translate.output, text)
     else:
         sys.stdout.write(text)
+
+
+def check_engine(setting: str, engine: str) -> None:
+    if engine not in ("torch", "ct2"):
+        raise UserError(f"{setting}={engine!r}: choose torch (this package) or ct2 (the run's CTranslate2 export)")
+
+
+def load_ct2(cfg: Config, trained: Optional[TrainedModel], setting: str):
+    """The run's CTranslate2 export (``make export``) on ``cfg.device``; with ``trained``, it must be an
+    export of that same checkpoint (an export left from an earlier checkpoint would be scored as this one)."""
+    from app.ct2_engine import CT2Translator
+    from app.export import EXPORT_INFO, export_dir
+
+    path = export_dir(cfg)
+    if not os.path.exists(os.path.join(path, EXPORT_INFO)):
+        raise UserError(f'{setting}=ct2: no CTranslate2 export in {path}; make export ARGS="name={cfg.name}" writes it')
+    device = trained.device if trained else resolve_device(cfg.device)
+    engine = CT2Translator(path, device=device.type, device_index=device.index or 0)
+    exported = engine.info.get("run", {})
+    if trained and exported.get("step") != trained.step:
+        raise UserError(
+            f"{setting}=ct2: {path} holds step {exported.get('step')} ({exported.get('checkpoint')}), "
+            f"eval.checkpoint={cfg.eval.checkpoint} is step {trained.step}: make export again "
+            f'(make export ARGS="name={cfg.name} export.checkpoint={cfg.eval.checkpoint}")'
+        )
+    return engine
 
 
 def read_translate_input(path: str | None) -> list[str]:

@@ -416,6 +416,9 @@ def test_bench_prints_and_writes_the_table(workdir):
     assert table["train_src_tgt_tokens_per_s"] > table["train_tgt_tokens_per_s"] > 0
     assert 0 <= table["padding_ratio"] < 1 and table["model_tflops_per_s"] > 0
     assert table["decode_sentences"] == 4 and table["decode_beam2"]["sentences_per_s"] > 0
+    for engine in ("float32", "int8"):  # the same beam by the CTranslate2 export of the same weights
+        row = table[f"decode_beam2_ct2_{engine}"]
+        assert row["seconds"] > 0 and row["speedup_vs_ours"] > 0 and 0 <= row["bleu"] <= 100
     assert "padding_ratio" in result.stdout and "decode_beam1 sentences_per_s" in result.stdout
     shares = table["profile"]["shares"]
     assert sum(shares.values()) == pytest.approx(1.0, abs=0.01) and shares["matrix multiply"] > 0.05
@@ -496,3 +499,45 @@ def test_guided_alignment_without_links_is_a_one_line_error(workdir):
     result = run_cli(workdir, "command=train", *TINY, "name=unguided", "train.align_weight=0.5")
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "train.align_weight=0.5 needs reference links of the train split, data/tiny/train.align" in result.stderr
+
+
+def test_export_to_ctranslate2_then_translate_and_eval_with_it(workdir):
+    run = workdir / "checkpoints" / "tiny"
+    result = run_cli(workdir, "command=export", "name=tiny", "export.quantization=none")
+    assert result.returncode == 0, result.stderr[-3000:]
+    info = json.loads((run / "ct2" / "export.json").read_text())
+    assert info["quantization"] == "none" and info["run"]["checkpoint"] == "best"
+    assert info["run"]["step"] == torch.load(run / "best.pt", weights_only=True)["progress"]["step"]
+    assert (run / "ct2" / "model.bin").stat().st_size > 0 and (run / "ct2" / "spm.model").exists()
+
+    # greedy float32: CTranslate2 translates as our decoder does
+    lines = "En el principio creó Dios los cielos y la tierra.\nY dijo Dios: Sea la luz.\n"
+    outputs = [
+        run_cli(
+            workdir, "command=translate", "name=tiny", "decode.beam_size=1", f"translate.engine={engine}", stdin=lines
+        )
+        for engine in ("torch", "ct2")
+    ]
+    assert [o.returncode for o in outputs] == [0, 0], outputs[1].stderr[-3000:]
+    assert outputs[0].stdout == outputs[1].stdout and len(outputs[1].stdout.splitlines()) == 2
+
+    hyps = {}
+    for engine in ("torch", "ct2"):
+        result = run_cli(workdir, "command=eval", "name=tiny", "decode.beam_size=1", f"eval.engine={engine}")
+        assert result.returncode == 0, result.stderr[-3000:]
+        metrics = json.loads((run / "eval" / "test" / "metrics.json").read_text())
+        hyps[engine] = (run / "eval" / "test" / "hyp.txt").read_text(encoding="utf-8").splitlines()
+    assert metrics["engine"].startswith("ctranslate2 ") and metrics["engine"].endswith(", none")
+    assert "no per-head maps" in result.stdout
+    assert sum(a == b for a, b in zip(hyps["torch"], hyps["ct2"])) >= 0.9 * len(hyps["torch"])
+    rows = [json.loads(line) for line in (run / "eval" / "test" / "alignments.jsonl").read_text().splitlines()]
+    assert "head_weights" not in rows[0] and len(rows[0]["weights"]) == len(rows[0]["hyp_tokens"])
+
+    # an export of another checkpoint is not scored as this one; a run without an export says how to make one
+    other = "step_0000040" if info["run"]["step"] == 20 else "step_0000020"
+    stale = run_cli(workdir, "command=eval", "name=tiny", "eval.engine=ct2", f"eval.checkpoint={other}")
+    assert stale.returncode == 2 and "make export again" in stale.stderr and len(stale.stderr.splitlines()) == 1
+    missing = run_cli(workdir, "command=translate", "name=nothing", "translate.engine=ct2", stdin="Hola.\n")
+    assert missing.returncode == 2 and 'make export ARGS="name=nothing"' in missing.stderr
+    wrong = run_cli(workdir, "command=eval", "name=tiny", "eval.engine=onnx")
+    assert wrong.returncode == 2 and wrong.stderr.startswith("error: eval.engine='onnx': choose torch")

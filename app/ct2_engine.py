@@ -1,0 +1,242 @@
+"""Translate with a CTranslate2 export (app/export.py) under the project's decoding settings.
+
+    CT2Translator(out_dir).translate(src_ids, decode_cfg)   app.decoding.Hypotheses
+
+docs/ctranslate2_export.md says how CTranslate2's decoding differs from ours and what is done about it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from typing import Optional
+
+import numpy as np
+import torch
+
+from app.data.tokenizer import Tokenizer
+from app.decoding import Hypotheses, check_source_lengths, length_penalty
+from app.errors import UserError
+from app.export import EXPORT_INFO
+
+
+class CT2Translator:
+    """A CTranslate2 export behind the project's decoding settings; results as app.decoding.Hypotheses.
+
+    ``nbest`` is scored as ours, log p(Y|X) / ((5 + |Y|) / 6)^α with |Y| counting EOS, except that
+    CTranslate2 removes <pad> and <s> before its softmax (suppress_sequences) where ours removes them
+    after: its log p is over the other tokens, higher than ours by Σ_t -log(1 - p_t(<pad>) - p_t(<s>)).
+    ``attention`` (need_attention): per sentence (target tokens + EOS, source tokens + EOS), the
+    encoder-decoder attention of the exported alignment_layer (default: the last decoder layer)
+    averaged over its heads (a hypothesis cut at the length limit gets its EOS row as ours does).
+    """
+
+    def __init__(
+        self,
+        model_dir: str,
+        device: str = "cpu",
+        compute_type: str = "default",
+        threads: int = 0,
+        device_index: int = 0,
+    ):
+        import ctranslate2
+
+        info_path = os.path.join(model_dir, EXPORT_INFO)
+        if not os.path.exists(info_path):
+            raise UserError(f"{model_dir}: no {EXPORT_INFO}; not a directory written by app.export.convert")
+        with open(info_path, encoding="utf-8") as f:
+            self.info = json.load(f)
+        self.model_dir, self.max_positions = model_dir, self.info["max_positions"]
+        self.translator = ctranslate2.Translator(
+            model_dir, device=device, device_index=device_index, compute_type=compute_type, intra_threads=threads
+        )
+        src_vocab = _read_vocab(model_dir, "source")
+        self.tgt_vocab = _read_vocab(model_dir, "target")
+        self.src_vocab, self.tgt_index = src_vocab, {piece: i for i, piece in enumerate(self.tgt_vocab)}
+
+    def tokenizer(self) -> Tokenizer:
+        """The exported SentencePiece model(s) as the project's Tokenizer (text <-> ids)."""
+        spm_files = self.info["spm"]
+        return Tokenizer(
+            os.path.join(self.model_dir, spm_files["source"]), os.path.join(self.model_dir, spm_files["target"])
+        )
+
+    def translate(self, src: list[list[int]], decode, need_attention: bool = False) -> Hypotheses:
+        """``decode``: a DecodeConfig (beam_size, n_best, length_penalty, max_len_ratio, max_len_extra,
+        batch_tokens), as app.inference.TrainedModel.translate takes."""
+        return self.translate_ids(
+            src,
+            decode.beam_size,
+            decode.n_best,
+            decode.length_penalty,
+            decode.max_len_ratio,
+            decode.max_len_extra,
+            decode.batch_tokens,
+            need_attention,
+        )
+
+    def translate_ids(
+        self,
+        src: list[list[int]],
+        beam_size: int = 5,
+        n_best: int = 1,
+        length_penalty: float = 1.0,
+        max_len_ratio: float = 1.5,
+        max_len_extra: int = 10,
+        batch_tokens: int = 16000,
+        need_attention: bool = False,
+        patience: float = 2.0,
+    ) -> Hypotheses:
+        """Source token ids without EOS (as app.decoding.decode_corpus takes them) -> target ids."""
+        hyps = self.translate_pieces(
+            [[self.src_vocab[i] for i in s] for s in src],
+            beam_size,
+            n_best,
+            length_penalty,
+            max_len_ratio,
+            max_len_extra,
+            batch_tokens,
+            need_attention,
+            patience,
+        )
+        ids = lambda pieces: [self.tgt_index[p] for p in pieces]  # noqa: E731
+        return Hypotheses(
+            [ids(t) for t in hyps.tokens],
+            hyps.attention,
+            [[(ids(t), s) for t, s in nbest] for nbest in hyps.nbest] if hyps.nbest is not None else None,
+        )
+
+    def translate_pieces(
+        self,
+        src: list[list[str]],
+        beam_size: int = 5,
+        n_best: int = 1,
+        length_penalty: float = 1.0,
+        max_len_ratio: float = 1.5,
+        max_len_extra: int = 10,
+        batch_tokens: int = 16000,
+        need_attention: bool = False,
+        patience: float = 2.0,
+    ) -> Hypotheses:
+        """Source SentencePiece pieces (no </s>) -> target pieces (no </s>), as Hypotheses of pieces.
+
+        The length limit is ours, ratio × (source length + EOS) + extra below model.max_len, per sentence:
+        CTranslate2 takes one max_decoding_length per translate_batch call, so sentences are grouped by
+        their limit, one call per group (each batched by CTranslate2 within batch_tokens / beam_size).
+
+        Beam search stops differently: ours when beam_size hypotheses have ended and no live beam can
+        still beat them under the length penalty, CTranslate2 once beam_size × ``patience`` hypotheses
+        have ended (Kasai et al. 2022). All of these come back and are ranked by our penalty; a larger
+        patience searches longer and agrees with ours more often (measured in tests/test_export.py).
+        """
+        if beam_size < 1 or n_best > beam_size:
+            raise UserError(f"decode.beam_size={beam_size} must be >= 1 and >= decode.n_best={n_best}")
+        check_source_lengths(self, src)
+        patience = patience if beam_size > 1 else 1.0
+        groups = defaultdict(list)
+        for i, sentence in enumerate(src):
+            groups[self.max_output_length(len(sentence), max_len_ratio, max_len_extra)].append(i)
+        tokens: list = [None] * len(src)
+        nbest: list = [None] * len(src)
+        attention: list = [None] * len(src)
+        common = dict(
+            max_batch_size=max(batch_tokens // beam_size, 1),
+            batch_type="tokens",
+            max_input_length=0,
+            min_decoding_length=0,
+            suppress_sequences=[["<pad>"], ["<s>"]],
+            return_end_token=True,
+        )
+        for limit, indices in groups.items():
+            batch = [src[i] for i in indices]
+            first_rows = [None] * len(batch)
+            if need_attention and beam_size > 1:
+                # CTranslate2 (4.8, CPU) returns the wrong first attention row for all but the first sentence
+                # of a beam search batch: step 0 runs before the beams are expanded, and its attention is
+                # gathered with batch indices into beam-expanded rows (src/decoding.cc, BeamSearch::search).
+                # Every hypothesis starts from <s>, so one greedy step gives the right row.
+                first = self.translator.translate_batch(
+                    batch, beam_size=1, max_decoding_length=1, return_attention=True, **common
+                )
+                first_rows = [r.attention[0][0] if r.attention[0] else None for r in first]
+            results = self.translator.translate_batch(
+                batch,
+                beam_size=beam_size,
+                patience=patience,
+                # every ended hypothesis comes back (up to the last step's surplus), to be ranked by our penalty
+                num_hypotheses=max(round(beam_size * patience), 1),
+                # CTranslate2 divides by |Y|^α (src/decoding.cc, finalize_hypothesis_score), which _rank
+                # undoes; with α = 0 it stops once the best beam has ended (and num_hypotheses have)
+                length_penalty=length_penalty,
+                max_decoding_length=max(limit, 1),
+                return_scores=True,
+                return_attention=need_attention,
+                **common,
+            )
+            for i, result, first_row in zip(indices, results, first_rows):
+                ranked = _rank(result, length_penalty, need_attention, first_row)[:n_best]
+                tokens[i] = ranked[0][0]
+                nbest[i] = [(t, s) for t, s, _ in ranked]
+                if need_attention:
+                    attention[i] = ranked[0][2]
+        if need_attention:
+            self._add_final_rows(src, tokens, attention, common)
+        return Hypotheses(tokens, attention if need_attention else None, nbest if beam_size > 1 else None)
+
+    def _add_final_rows(self, src: list[list[str]], tokens: list, attention: list, common: dict) -> None:
+        """Give each hypothesis cut at the length limit (it has no </s>, so CTranslate2 returned no row
+        for it) the attention row ours has: the step after its last token, here read by forcing the
+        hypothesis as a target prefix and decoding one more step."""
+        cut = [i for i, rows in enumerate(attention) if rows.shape[0] == len(tokens[i])]
+        if not cut:
+            return
+        results = self.translator.translate_batch(
+            [src[i] for i in cut],
+            target_prefix=[tokens[i] for i in cut],
+            beam_size=1,
+            max_decoding_length=max(len(tokens[i]) for i in cut) + 1,
+            return_attention=True,
+            **common,
+        )
+        for i, result in zip(cut, results):
+            row = torch.tensor(result.attention[0][len(tokens[i])], dtype=torch.float32)
+            row = torch.cat([row, (1 - row.sum(-1, keepdim=True)).clamp(min=0)])  # the </s> column, as in _rank
+            attention[i] = torch.cat([attention[i], row[None]])
+
+    def max_output_length(self, src_len: int, ratio: float, extra: int) -> int:
+        """app.decoding.max_output_lengths for one sentence of ``src_len`` tokens (+ EOS), in float32 as there."""
+        return min(int(np.float32(src_len + 1) * np.float32(ratio)) + extra, self.max_positions - 1)
+
+
+def _rank(
+    result, alpha: float, with_attention: bool, first_row: Optional[list[float]] = None
+) -> list[tuple[list[str], float, Optional[torch.Tensor]]]:
+    """(pieces without </s>, our GNMT score, attention (|Y| + 1, src + EOS) or None), best first;
+    ``first_row`` replaces every hypothesis' first attention row."""
+    ranked = []
+    for k, (hyp, score) in enumerate(zip(result.hypotheses, result.scores)):
+        ended = bool(hyp) and hyp[-1] == "</s>"
+        pieces = hyp[:-1] if ended else hyp
+        log_p = score * len(hyp) ** alpha  # CTranslate2's score is log p / |hyp|^α, </s> included
+        weights = None
+        if with_attention and not hyp:  # an empty source: CTranslate2 skips it (an empty output, score 0)
+            weights = torch.ones(1, 1)  # its one EOS row over its one EOS column
+        elif with_attention:
+            weights = torch.tensor(result.attention[k], dtype=torch.float32).reshape(len(hyp), -1)
+            if first_row is not None:
+                weights[0] = torch.tensor(first_row)
+            # CTranslate2 drops the column of the </s> it appends to the source; rows sum to 1, so it is the rest
+            weights = torch.cat([weights, (1 - weights.sum(-1, keepdim=True)).clamp(min=0)], dim=-1)
+        # a hypothesis cut at the length limit has no </s>: ours adds one there, with log p 0
+        ranked.append((pieces, log_p / length_penalty(len(pieces) + 1, alpha), weights))
+    return sorted(ranked, key=lambda r: -r[1])  # stable: CTranslate2's order among equal scores
+
+
+def _read_vocab(model_dir: str, side: str) -> list[str]:
+    for name in (f"{side}_vocabulary.json", "shared_vocabulary.json"):
+        path = os.path.join(model_dir, name)
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+    raise UserError(f"{model_dir}: no {side}_vocabulary.json or shared_vocabulary.json")
