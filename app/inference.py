@@ -241,7 +241,8 @@ def evaluate_alignment(
         view, chosen_on = run(dev, read_pharaoh(dev_path))[0].best(), "dev"
     plot_dir = os.path.join(out_dir, "alignments")
     shutil.rmtree(plot_dir, ignore_errors=True)  # plots of an earlier evaluation must not mix with these
-    for i, attention in list(kept.items())[: cfg.viz.eval_plots]:
+    for i in range(min(cfg.viz.eval_plots, len(data))):
+        attention = kept[i]
         src, ref = tok.src_pieces(data.src[i] + [EOS]), tok.tgt_pieces(data.tgt[i] + [EOS])
         names, maps = attention_views(attention)
         links = [piece_links(links, src, ref) for links in (gold[i][0], gold[i][1] - gold[i][0])]

@@ -211,7 +211,8 @@ def tensorboard(run_dir):
 def text_at(events, tag: str, step: int) -> str:
     from tensorboard.util import tensor_util
 
-    [event] = [e for e in events.Tensors(f"{tag}/text_summary") if e.step == step]  # where add_text puts it
+    # where add_text puts it; the newest of the events at that step (each eval of a checkpoint writes one)
+    event = [e for e in events.Tensors(f"{tag}/text_summary") if e.step == step][-1]
     return tensor_util.make_ndarray(event.tensor_proto).item().decode("utf-8")
 
 
@@ -275,10 +276,8 @@ def test_eval_logs_scores_figures_samples_and_hparams_into_the_runs_tensorboard(
     events = tensorboard(run)
     for key in ("bleu", "chrf", "ter"):
         assert [(e.step, round(e.value, 2)) for e in events.Scalars(f"eval/test/{key}")][-1] == (step, metrics[key])
-    images = {tag for tag in events.Tags()["images"] if tag.startswith("eval/test/")}
-    assert images == {
-        f"eval/test/alignment/{i}/{name}" for i in range(2) for name in ("alignment", "layers", "heads_layer0")
-    }
+    expected = {f"eval/test/alignment/{i}/{name}" for i in range(2) for name in ("alignment", "layers", "heads_layer0")}
+    assert expected <= set(events.Tags()["images"])  # (an earlier eval of this module may have shown more sentences)
     assert events.Images("eval/test/alignment/0/heads_layer0")[-1].step == step
     samples = text_at(events, "eval/test/samples", step)
     assert "**best by sentence BLEU**" in samples and "**worst by sentence BLEU**" in samples
