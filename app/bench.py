@@ -283,6 +283,8 @@ def bench(cfg: Config) -> dict:
         atomic_write_text(os.path.join("checkpoints", "bench", f"{cfg.name}_profile.txt"), table)
         print(table)
     result["decode_sentences"] = len(test)
+    if cfg.bench.checkpoint_path:  # the timed steps updated the weights: decode (and score) the checkpoint's
+        model.load_state_dict(state["model"])
     result.update(time_decoding(model, cfg, tokenizer, test, device, dtype))
     print_table(result)
     if cfg.bench.ablate:

@@ -396,7 +396,7 @@ def test_eval_reports_alignment_error_rate_against_a_gold_file(workdir, gold_kin
     assert all(drawn) if gold_kind == "every pair possible" else not any(drawn)
 
 
-def test_bench_prints_and_writes_the_table(workdir):
+def test_bench_prints_and_writes_the_table(workdir, monkeypatch):
     result = run_cli(
         workdir,
         "command=bench",
@@ -415,6 +415,18 @@ def test_bench_prints_and_writes_the_table(workdir):
     assert table["train_src_tgt_tokens_per_s"] > table["train_tgt_tokens_per_s"] > 0
     assert 0 <= table["padding_ratio"] < 1 and table["model_tflops_per_s"] > 0
     assert table["decode_sentences"] == 4 and table["decode_beam2"]["sentences_per_s"] > 0
+    # the decoding rows score the checkpoint's weights, not the ones the timed training steps left
+    from app.config import DecodeConfig
+    from app.data.corpus import load_split
+    from app.decoding import decode_corpus
+    from app.inference import load_trained
+
+    monkeypatch.chdir(workdir)
+    trained = load_trained("checkpoints/tiny", "best", torch.device("cpu"))
+    test = load_split("data/tiny", "test", trained.tokenizer).head(4)
+    hyps = decode_corpus(trained.model, test.src, trained.device, DecodeConfig(beam_size=2)).tokens
+    bleu = sacrebleu.corpus_bleu(trained.tokenizer.decode_tgt(hyps), [test.tgt_texts]).score
+    assert table["decode_beam2"]["bleu"] == round(bleu, 2)
     for engine in ("float32", "int8"):  # the same beam by the CTranslate2 export of the same weights
         row = table[f"decode_beam2_ct2_{engine}"]
         assert row["seconds"] > 0 and row["speedup_vs_ours"] > 0 and 0 <= row["bleu"] <= 100
