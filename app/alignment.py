@@ -128,16 +128,29 @@ def attention_views(attention: torch.Tensor) -> tuple[list[str], torch.Tensor]:
     return names, torch.cat([attention.flatten(0, 1), attention.mean(1)])
 
 
+ALIGN_SCOPES = ("all", "linked")
+
+
 class AlignmentScore:
     """AER, precision and recall (Och & Ney 2003) of several views of the attention at once, over a
-    corpus: AER = 1 - (|A∩S| + |A∩P|) / (|A| + |S|); precision = |A∩P| / |A|; recall = |A∩S| / |S|."""
+    corpus: AER = 1 - (|A∩S| + |A∩P|) / (|A| + |S|); precision = |A∩P| / |A|; recall = |A∩S| / |S|.
 
-    def __init__(self, views: list[str]):
-        self.views = views
+    ``scope``: "all" counts the predicted link of every target word (a gold file that annotates every
+    word, a word without links being unaligned); "linked" only those of target words the gold links
+    (a partial reference, such as Strong's numbers, which leave function words untagged: a link from
+    "the" is then unknown, not wrong)."""
+
+    def __init__(self, views: list[str], scope: str = "all"):
+        if scope not in ALIGN_SCOPES:
+            raise UserError(f"alignment scope {scope!r}: choose {' or '.join(ALIGN_SCOPES)}")
+        self.views, self.scope = views, scope
         self.counts = np.zeros((len(views), 4), dtype=np.int64)  # |A|, |S|, |A∩S|, |A∩P| per view
 
     def add(self, links: list[set], sure: set, possible: set) -> None:
         """One sentence: each view's predicted links against the gold ones (possible includes sure)."""
+        if self.scope == "linked":
+            linked = {t for _, t in possible}
+            links = [{(s, t) for s, t in predicted if t in linked} for predicted in links]
         for counts, predicted in zip(self.counts, links):
             counts += (len(predicted), len(sure), len(predicted & sure), len(predicted & possible))
 
@@ -155,22 +168,30 @@ class AlignmentScore:
         return min(self.views, key=lambda view: self.result(view)["aer"])
 
 
-def alignment_error_rate(predicted: list[set], gold: list[tuple[set, set]]) -> dict:
+def alignment_error_rate(predicted: list[set], gold: list[tuple[set, set]], scope: str = "all") -> dict:
     """AER, precision and recall of one set of predicted links per sentence."""
     if len(predicted) != len(gold):
         raise UserError(f"{len(predicted)} sentences to align but the gold file has {len(gold)} lines")
-    score = AlignmentScore(["links"])
+    score = AlignmentScore(["links"], scope)
     for links, (sure, possible) in zip(predicted, gold):
         score.add([links], sure, possible)
     return score.result("links")
 
 
 def score_alignments(
-    model, data, gold: list[tuple[set, set]], tokenizer, device, dtype, batch_tokens: int, keep: int = 0
+    model,
+    data,
+    gold: list[tuple[set, set]],
+    tokenizer,
+    device,
+    dtype,
+    batch_tokens: int,
+    keep: int = 0,
+    scope: str = "all",
 ) -> tuple[Optional[AlignmentScore], dict]:
     """Every view of the teacher-forced attention of ``data`` (a ParallelData) scored against ``gold``
-    (per pair: sure, possible links), and the attention of the first ``keep`` pairs (float16: for plots and
-    the explorer). None, {} for a model without attention."""
+    (per pair: sure, possible links; ``scope`` as AlignmentScore's), and the attention of the first
+    ``keep`` pairs (float16: for plots and the explorer). None, {} for a model without attention."""
     from app.decoding import forced_attention
 
     if len(gold) != len(data):
@@ -178,7 +199,7 @@ def score_alignments(
     score, kept = None, {}
     for i, attention in forced_attention(model, data.src, data.tgt, device, batch_tokens, dtype):
         names, maps = attention_views(attention)
-        score = score or AlignmentScore(names)
+        score = score or AlignmentScore(names, scope)
         links = hard_alignments(
             maps.numpy(), tokenizer.src_pieces(data.src[i] + [EOS]), tokenizer.tgt_pieces(data.tgt[i] + [EOS])
         )

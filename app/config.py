@@ -196,6 +196,9 @@ class EvalConfig:
     length_buckets: list[int] = field(default_factory=lambda: [10, 20, 30, 40, 50])  # source-word bucket edges
     gold_align: Optional[str] = None  # Pharaoh gold alignments for the split: AER/precision/recall in metrics.json
     engine: str = "torch"  # torch | ct2 (the run's CTranslate2 export, make export)
+    # AER counts the link of every target word (all) or of the words the reference links (linked); unset:
+    # linked for the corpus's own reference links (Strong's numbers leave function words untagged), all for gold_align
+    align_scope: Optional[str] = None
 
 
 @dataclass

@@ -121,7 +121,7 @@ def evaluate_run(cfg: Config) -> dict:
         a = metrics["alignment"]
         print(
             f"  alignment vs {a['gold']}: AER {a['aer']:.4f}  precision {a['precision']:.4f}  "
-            f"recall {a['recall']:.4f}  ({a['view']}, chosen on {a['chosen_on']})"
+            f"recall {a['recall']:.4f}  ({a['view']}, chosen on {a['chosen_on']}; {a['scope']} target words)"
         )
     if ct2:
         print(
@@ -156,7 +156,7 @@ def explorer_meta(cfg: Config, trained: TrainedModel, metrics: dict) -> dict:
         "chrF": f"{metrics['chrf']:.2f}",
     }
     if a := metrics.get("alignment"):
-        meta["AER"] = f"{a['aer']:.3f} ({a['view']}, chosen on {a['chosen_on']})"
+        meta["AER"] = f"{a['aer']:.3f} ({a['view']}, chosen on {a['chosen_on']}; {a['scope']} target words)"
     return meta
 
 
@@ -225,8 +225,9 @@ def evaluate_alignment(
     from app.plots import alignment_figure, png_bytes
 
     tok = trained.tokenizer
+    scope = cfg.eval.align_scope or ("all" if cfg.eval.gold_align else "linked")
     run = lambda split_data, gold, keep=0: score_alignments(  # noqa: E731
-        trained.model, split_data, gold, tok, trained.device, trained.dtype, cfg.decode.batch_tokens, keep
+        trained.model, split_data, gold, tok, trained.device, trained.dtype, cfg.decode.batch_tokens, keep, scope
     )
     gold = read_pharaoh(gold_path)
     score, kept = run(data, gold, len(data))
@@ -250,7 +251,8 @@ def evaluate_alignment(
         png = png_bytes(fig)
         atomic_write(os.path.join(plot_dir, f"{i:04d}_reference.png"), lambda f, png=png: f.write(png))
     views = {name: score.result(name)["aer"] for name in score.views}
-    result = {**score.result(view), "view": view, "chosen_on": chosen_on, "gold": gold_path, "aer_by_view": views}
+    result = {**score.result(view), "view": view, "chosen_on": chosen_on, "gold": gold_path, "scope": scope}
+    result["aer_by_view"] = views
     return ForcedAlignment(result, kept, gold)
 
 

@@ -84,7 +84,10 @@ def validate(model, dev: ParallelData, dev_links, tokenizer: Tokenizer, cfg: Con
     log_samples(writer, model, dev, tokenizer, cfg, device, dtype, step)
     aer = ""
     if dev_links is not None:
-        score, _ = score_alignments(model, dev, dev_links, tokenizer, device, dtype, cfg.decode.batch_tokens)
+        scope = cfg.eval.align_scope or "linked"  # the corpus's own reference links (as make eval scores them)
+        score, _ = score_alignments(
+            model, dev, dev_links, tokenizer, device, dtype, cfg.decode.batch_tokens, scope=scope
+        )
         if score is not None:
             view = score.best()
             metrics["aer"], metrics["aer_view"] = score.result(view)["aer"], view

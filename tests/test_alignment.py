@@ -38,6 +38,10 @@ def test_aer_hand_computed(tmp_path):
     scores = alignment_error_rate(predicted, gold)
     assert scores["aer"] == pytest.approx(round(1 - 5 / 7, 4))
     assert scores["precision"] == pytest.approx(0.75) and scores["recall"] == pytest.approx(round(2 / 3, 4))
+    # a partial reference scores only the target words it links: target word 2 has no gold link
+    linked = alignment_error_rate(predicted, gold, scope="linked")  # A loses (2,2): 3, A∩S 2, A∩P 3
+    assert linked["aer"] == pytest.approx(round(1 - 5 / 6, 4)) and linked["precision"] == 1.0
+    assert linked["links"] == 3 and scores["links"] == 4
     path.write_text("0-0 1~1\n")
     with pytest.raises(UserError, match="gold.txt:1"):
         read_pharaoh(str(path))
