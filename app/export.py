@@ -318,7 +318,7 @@ vocabularies list its pieces in id order). `</s>` is appended to the source by C
     out = tr.translate_batch([sp.encode("...", out_type=str)], beam_size=5, max_input_length=0,
                              min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]])
 
-`app.export.CT2Translator` does this with the project's decoding settings (GNMT length penalty,
+`app.ct2_engine.CT2Translator` does this with the project's decoding settings (GNMT length penalty,
 length limit ratio · source length + extra). Inputs longer than {info["max_positions"] - 1} tokens
 are out of this model's range. `export.json` holds the full model settings.
 """
