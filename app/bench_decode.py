@@ -5,6 +5,7 @@ change on a shared machine hits all of them alike) and the best time of each is 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 from collections.abc import Callable
@@ -30,7 +31,9 @@ def decoders(model, cfg: Config, tokenizer, device, dtype) -> dict[str, Callable
         runs[f"decode_beam{decode.beam_size}"] = lambda src, d=decode: (
             decode_corpus(model, src, device, d, amp_dtype=dtype).tokens
         )
-    if cfg.model.arch == "transformer":
+    if cfg.model.arch == "transformer" and importlib.util.find_spec("ctranslate2") is None:
+        print("no CTranslate2 rows: ctranslate2 is not installed (a lent GPU machine: see make gpu-wheels)")
+    elif cfg.model.arch == "transformer":
         from app.ct2_engine import CT2Translator
         from app.export import convert
 
