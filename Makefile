@@ -100,8 +100,8 @@ bench: setup
 # A lent GPU machine (no internet, PyTorch but none of the packages below): `make gpu-wheels` here puts
 # them in .whl/ as Python 3.12 wheels; carry .whl and data/ there and run `make gpu-check PART=transformer`
 # (then PART=rnn, PART=bench, PART=ablation): scripts/gpu_check.sh says what each part measures.
-# ctranslate2 (43 MB: with data/ over the 64 MiB a call carries) only where the CTranslate2 rows are wanted:
-# make gpu-wheels GPU_WHEELS_EXTRA=ctranslate2==4.8.5, and carry data/<corpus>/tokenized and the tokenizer only.
+# ctranslate2 (a 43 MB wheel: with data/ it passes the 64 MiB a call carries) only on request, for a call
+# that times the CTranslate2 rows: make gpu-wheels GPU_WHEELS_EXTRA=ctranslate2==4.8.5
 GPU_WHEELS ?= hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 $(GPU_WHEELS_EXTRA)
 GPU_SDISTS ?= antlr4-python3-runtime==4.9.3 pysword==0.2.8
 gpu-wheels:
