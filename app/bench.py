@@ -270,6 +270,8 @@ def bench(cfg: Config) -> dict:
         "compiled": cfg.train.compile,
         "timed_steps": steps,
     }
+    if device.type == "cpu":
+        result["threads"] = {"torch": torch.get_num_threads(), "ctranslate2": cfg.bench.ct2_threads}
     figures, one_more_step = time_training(model, cfg, data, device, dtype, steps, warmup)
     result.update(figures)
     os.makedirs(os.path.join("checkpoints", "bench"), exist_ok=True)

@@ -37,8 +37,7 @@ def decoders(model, cfg: Config, tokenizer, device, dtype) -> dict[str, Callable
         from app.ct2_engine import CT2Translator
         from app.export import convert
 
-        # CTranslate2 threads on a CPU: as many as torch uses, so that the rows compare engines, not thread counts
-        threads = torch.get_num_threads() if device.type == "cpu" else 0
+        threads = cfg.bench.ct2_threads if device.type == "cpu" else 0
         for name, quantization in CT2_QUANTIZATIONS.items():
             out = os.path.join("checkpoints", "bench", f"{cfg.name}_ct2_{name}")
             convert(model, cfg.model, tokenizer.src_path, tokenizer.tgt_path, out, quantization, {"bench": cfg.name})

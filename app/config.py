@@ -222,6 +222,9 @@ class BenchConfig:
     warmup: int = 10  # untimed steps first (allocator, cuDNN/compile warm-up)
     decode_sentences: int = 0  # decode the first N test sentences (greedy and with decode.beam_size); 0 = all
     decode_rounds: int = 1  # decode that many times, the engines taking turns; the best time of each is kept
+    # CTranslate2's threads on a CPU (0: its default). It decodes one call per group of sentences with the same
+    # length limit: on the 2-core CPU a second OpenMP thread made that 3x slower (int8 beam 5: 48 s, 15 s on one)
+    ct2_threads: int = 1
     checkpoint_path: Optional[str] = None  # a trained run's .pt (same model= settings): decode timings of real output
     profile_steps: int = 0  # then profile this many more steps: time per kind of work, top ops, a Chrome trace
     ablate: bool = False  # also time training with each speed feature off in turn (and with train.compile)

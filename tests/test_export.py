@@ -383,3 +383,16 @@ def test_trained_variant_greedy_matches(name, genesis, tmp_path, one_thread):
     engine = export(model, cfg, genesis, tmp_path)
     ours = decode_corpus(model, genesis["src"], CPU, DecodeConfig(beam_size=1)).tokens
     assert equal_share(ours, engine.translate_ids(genesis["src"], beam_size=1).tokens) >= 0.99
+
+
+def test_loading_an_export_leaves_torchs_thread_count_alone(genesis, tmp_path):
+    """CTranslate2 sets the OpenMP thread count torch shares: our decoding would run on its one thread."""
+    cfg = model_cfg()
+    vocab = genesis["sp"].get_piece_size()
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        export(build(cfg, vocab, vocab), cfg, genesis, tmp_path)  # a CT2Translator of intra_threads=1
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
