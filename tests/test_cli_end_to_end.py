@@ -503,7 +503,8 @@ def test_a_corpus_with_reference_links_is_scored_and_guides_training(workdir):
     row = json.loads((out / "alignments.jsonl").read_text(encoding="utf-8").splitlines()[0])
     assert row["alignment_view"] == {"view": alignment["view"], "chosen_on": "dev"}
     assert (out / "alignments" / "0000_reference.png").exists() and (out / "alignments" / "0000.png").exists()
-    assert f"({alignment['view']}, chosen on dev)" in result.stdout
+    assert alignment["scope"] == "linked"  # the corpus's own links: only the target words they link count
+    assert f"({alignment['view']}, chosen on dev; linked target words)" in result.stdout
 
 
 def test_guided_alignment_without_links_is_a_one_line_error(workdir):
