@@ -53,7 +53,8 @@ def tensorboard_sentences(src: list[list[int]], n: int) -> list[int]:
     """Indices of ``n`` sentences whose maps TensorBoard shows with readable labels: the first ones with
     a short enough source, then the shortest of the rest."""
     fits = [i for i, s in enumerate(src) if len(s) + 1 <= tensorboard_tokens()]
-    rest = sorted((i for i in range(len(src)) if i not in set(fits[:n])), key=lambda i: len(src[i]))
+    shown = set(fits[:n])
+    rest = sorted((i for i in range(len(src)) if i not in shown), key=lambda i: len(src[i]))
     return (fits[:n] + rest)[:n]
 
 

@@ -15,6 +15,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from app.config import DecodeConfig
 from app.data.tokenizer import Tokenizer
 from app.decoding import Hypotheses, check_source_lengths, length_penalty
 from app.errors import UserError
@@ -66,44 +67,12 @@ class CT2Translator:
             os.path.join(self.model_dir, spm_files["source"]), os.path.join(self.model_dir, spm_files["target"])
         )
 
-    def translate(self, src: list[list[int]], decode, need_attention: bool = False) -> Hypotheses:
-        """``decode``: a DecodeConfig (beam_size, n_best, length_penalty, max_len_ratio, max_len_extra,
-        batch_tokens), as app.inference.TrainedModel.translate takes."""
-        return self.translate_ids(
-            src,
-            decode.beam_size,
-            decode.n_best,
-            decode.length_penalty,
-            decode.max_len_ratio,
-            decode.max_len_extra,
-            decode.batch_tokens,
-            need_attention,
-        )
-
-    def translate_ids(
-        self,
-        src: list[list[int]],
-        beam_size: int = 5,
-        n_best: int = 1,
-        length_penalty: float = 1.0,
-        max_len_ratio: float = 1.5,
-        max_len_extra: int = 10,
-        batch_tokens: int = 16000,
-        need_attention: bool = False,
-        patience: float = 2.0,
+    def translate(
+        self, src: list[list[int]], decode: DecodeConfig, need_attention: bool = False, patience: float = 2.0
     ) -> Hypotheses:
-        """Source token ids without EOS (as app.decoding.decode_corpus takes them) -> target ids."""
-        hyps = self.translate_pieces(
-            [[self.src_vocab[i] for i in s] for s in src],
-            beam_size,
-            n_best,
-            length_penalty,
-            max_len_ratio,
-            max_len_extra,
-            batch_tokens,
-            need_attention,
-            patience,
-        )
+        """Source token ids without EOS (as app.decoding.decode_corpus takes them) -> target ids, under the
+        settings of ``decode`` (as app.inference.TrainedModel.translate takes them)."""
+        hyps = self._translate_pieces([[self.src_vocab[i] for i in s] for s in src], decode, need_attention, patience)
         ids = lambda pieces: [self.tgt_index[p] for p in pieces]  # noqa: E731
         return Hypotheses(
             [ids(t) for t in hyps.tokens],
@@ -111,17 +80,8 @@ class CT2Translator:
             [[(ids(t), s) for t, s in nbest] for nbest in hyps.nbest] if hyps.nbest is not None else None,
         )
 
-    def translate_pieces(
-        self,
-        src: list[list[str]],
-        beam_size: int = 5,
-        n_best: int = 1,
-        length_penalty: float = 1.0,
-        max_len_ratio: float = 1.5,
-        max_len_extra: int = 10,
-        batch_tokens: int = 16000,
-        need_attention: bool = False,
-        patience: float = 2.0,
+    def _translate_pieces(
+        self, src: list[list[str]], decode: DecodeConfig, need_attention: bool, patience: float
     ) -> Hypotheses:
         """Source SentencePiece pieces (no </s>) -> target pieces (no </s>), as Hypotheses of pieces.
 
@@ -134,18 +94,19 @@ class CT2Translator:
         have ended (Kasai et al. 2022). All of these come back and are ranked by our penalty; a larger
         patience searches longer and agrees with ours more often (measured in tests/test_export.py).
         """
+        beam_size, n_best, length_penalty = decode.beam_size, decode.n_best, decode.length_penalty
         if beam_size < 1 or n_best > beam_size:
             raise UserError(f"decode.beam_size={beam_size} must be >= 1 and >= decode.n_best={n_best}")
         check_source_lengths(self, src)
         patience = patience if beam_size > 1 else 1.0
         groups = defaultdict(list)
         for i, sentence in enumerate(src):
-            groups[self.max_output_length(len(sentence), max_len_ratio, max_len_extra)].append(i)
+            groups[self.max_output_length(len(sentence), decode.max_len_ratio, decode.max_len_extra)].append(i)
         tokens: list = [None] * len(src)
         nbest: list = [None] * len(src)
         attention: list = [None] * len(src)
         common = dict(
-            max_batch_size=max(batch_tokens // beam_size, 1),
+            max_batch_size=max(decode.batch_tokens // beam_size, 1),
             batch_type="tokens",
             max_input_length=0,
             min_decoding_length=0,

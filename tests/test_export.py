@@ -237,8 +237,8 @@ def test_empty_source_gives_empty_output(genesis, tmp_path):
     """CTranslate2 skips an empty input (ours would decode from the lone EOS): empty output, score 0."""
     cfg = model_cfg()
     model = build(cfg, genesis["sp"].get_piece_size(), genesis["sp"].get_piece_size())
-    hyps = export(model, cfg, genesis, tmp_path).translate_ids(
-        [[], genesis["src"][0]], beam_size=2, need_attention=True
+    hyps = export(model, cfg, genesis, tmp_path).translate(
+        [[], genesis["src"][0]], DecodeConfig(beam_size=2), need_attention=True
     )
     assert hyps.tokens[0] == [] and hyps.nbest[0][0] == ([], 0.0) and hyps.attention[0].tolist() == [[1.0]]
     assert hyps.tokens[1] and hyps.attention[1].shape[-1] == len(genesis["src"][0]) + 1
@@ -249,7 +249,7 @@ def test_too_long_input_is_refused_as_ours(genesis, tmp_path):
     model = build(cfg, genesis["sp"].get_piece_size(), genesis["sp"].get_piece_size())
     engine = export(model, cfg, genesis, tmp_path)
     with pytest.raises(UserError, match="model.max_len=16"):
-        engine.translate_ids([[5] * 16], beam_size=1)
+        engine.translate([[5] * 16], DecodeConfig(beam_size=1))
 
 
 # ---- trained models (slow) ----
@@ -299,7 +299,7 @@ def test_trained_greedy_and_attention_match(trained, genesis, tmp_path):
     (cfg, model), src = trained, genesis["src"]
     engine = export(model, cfg, genesis, tmp_path)
     ours = decode_corpus(model, src, CPU, DecodeConfig(beam_size=1), need_attention=True)
-    theirs = engine.translate_ids(src, beam_size=1, need_attention=True)
+    theirs = engine.translate(src, DecodeConfig(beam_size=1), need_attention=True)
     assert equal_share(ours.tokens, theirs.tokens) >= 0.99
     compared = 0
     for mine, other, tokens, other_tokens in zip(ours.attention, theirs.attention, ours.tokens, theirs.tokens):
@@ -318,7 +318,7 @@ def test_trained_beam_search_matches(alpha, trained, genesis, tmp_path):
     ours = decode_corpus(
         model, src, CPU, DecodeConfig(beam_size=5, length_penalty=alpha, n_best=3), need_attention=True
     )
-    theirs = engine.translate_ids(src, beam_size=5, length_penalty=alpha, n_best=3, need_attention=True)
+    theirs = engine.translate(src, DecodeConfig(beam_size=5, length_penalty=alpha, n_best=3), need_attention=True)
     ours_bleu, their_bleu = (bleu(sp, hyps.tokens, genesis["references"]) for hyps in (ours, theirs))
     print(
         f"alpha {alpha}: same best hypothesis {equal_share(ours.tokens, theirs.tokens):.1%}, BLEU ours "
@@ -352,7 +352,8 @@ def test_longer_patience_agrees_more(trained, genesis, tmp_path):
     engine = export(model, cfg, genesis, tmp_path)
     ours = decode_corpus(model, src, CPU, DecodeConfig(beam_size=5, length_penalty=1.0)).tokens
     agreement = [
-        equal_share(ours, engine.translate_ids(src, beam_size=5, length_penalty=1.0, patience=p).tokens) for p in (1, 4)
+        equal_share(ours, engine.translate(src, DecodeConfig(beam_size=5, length_penalty=1.0), patience=p).tokens)
+        for p in (1, 4)
     ]
     print(f"same best hypothesis as ours: patience 1 {agreement[0]:.1%}, patience 4 {agreement[1]:.1%}")
     assert agreement[1] > agreement[0] and agreement[1] >= 0.95
@@ -364,7 +365,7 @@ def test_quantized_exports(quantization, min_agreement, max_bleu_drop, trained, 
     (cfg, model), src, sp = trained, genesis["src"], genesis["sp"]
     engine = export(model, cfg, genesis, tmp_path, quantization=quantization)
     ours = decode_corpus(model, src, CPU, DecodeConfig(beam_size=1)).tokens
-    theirs = engine.translate_ids(src, beam_size=1).tokens
+    theirs = engine.translate(src, DecodeConfig(beam_size=1)).tokens
     print(
         f"{quantization}: same greedy output {equal_share(ours, theirs):.1%}, BLEU ours "
         f"{bleu(sp, ours, genesis['references']):.2f}, CTranslate2 {bleu(sp, theirs, genesis['references']):.2f}"
@@ -382,7 +383,7 @@ def test_trained_variant_greedy_matches(name, genesis, tmp_path, one_thread):
     model = train(build(cfg, vocab, vocab).train(), genesis["src"], genesis["tgt"], steps=150)
     engine = export(model, cfg, genesis, tmp_path)
     ours = decode_corpus(model, genesis["src"], CPU, DecodeConfig(beam_size=1)).tokens
-    assert equal_share(ours, engine.translate_ids(genesis["src"], beam_size=1).tokens) >= 0.99
+    assert equal_share(ours, engine.translate(genesis["src"], DecodeConfig(beam_size=1)).tokens) >= 0.99
 
 
 def test_loading_an_export_leaves_torchs_thread_count_alone(genesis, tmp_path):
