@@ -83,11 +83,15 @@ test: lint $(BROWSER_STAMP)
 test-fast: lint $(BROWSER_STAMP)
 	$(PY) -m pytest tests -m "not slow" $(ARGS)
 
-# One Hydra multirun trains and evaluates every model of COMPARE_MODELS on the same data and budget,
-# then one report: checkpoints/compare/<stamp>/compare.md and bleu_by_length.png.
+# One Hydra multirun trains and evaluates every model of COMPARE_MODELS on the same data and budget, then
+# one report over every run in the folder: COMPARE_DIR/compare.md and bleu_by_length.png. A run's folder is
+# named by its settings, so the same command again continues a cut sweep (finished runs are kept, a cut one
+# resumes from its last.pt), and later calls into the same COMPARE_DIR add runs, e.g. one model per call:
+#   make compare COMPARE_DIR=checkpoints/compare_h100 COMPARE_MODELS=rnn_plain ARGS="train.max_minutes=4"
 compare: setup
-	@dir=checkpoints/compare/$$(date +%Y-%m-%d_%H-%M-%S); \
-	$(PY) -m app --multirun command=train model=$(COMPARE_MODELS) experiment=$(COMPARE_EXPERIMENT) hydra.sweep.dir=$$dir $(ARGS) && \
+	@dir=$(or $(COMPARE_DIR),checkpoints/compare/$$(date +%Y-%m-%d_%H-%M-%S)); \
+	$(PY) -m app --multirun command=train model=$(COMPARE_MODELS) experiment=$(COMPARE_EXPERIMENT) hydra.sweep.dir=$$dir \
+	  train.evaluate=true train.auto_resume=true $(ARGS) && \
 	$(PY) -m app command=compare compare.dir=$$dir $(filter eval.% decode.%,$(ARGS))
 
 # Average the newest snapshots of a run: make average ARGS="name=<run> average.last=5" -> averaged.pt

@@ -54,6 +54,18 @@ def monotonicity(weights: torch.Tensor) -> float:
     return float((argmax[1:] >= argmax[:-1]).float().mean())
 
 
+def attention_shape(attentions: list[torch.Tensor], layer: int = -1) -> dict:
+    """Mean entropy and monotonicity over sentences of the map plots show (an RNN's attention, a
+    Transformer layer's head average): how sharp and how diagonal attention is, one number each."""
+    views = [layer_views(a, layer) for a in attentions]
+    maps = [v["weights"] for v in views]
+    return {
+        "view": f"layer {views[0]['layer']} mean" if "layer" in views[0] else "attention",
+        "entropy": round(sum(map(attention_entropy, maps)) / len(maps), 6),
+        "monotonicity": round(sum(map(monotonicity, maps)) / len(maps), 6),
+    }
+
+
 WORD_START = "▁"  # SentencePiece marks the first piece of each whitespace word
 
 

@@ -6,6 +6,7 @@ Hydra's own record of a run (``.hydra/<command>/``) says which command ran with 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections.abc import Callable
@@ -30,11 +31,15 @@ def prepare_command(cfg: Config) -> None:
 
 
 def train_command(cfg: Config) -> None:
-    from app.inference import evaluate_run
-    from app.training import train
+    from app.inference import evaluate_run, evaluated
+    from app.training import finished, train
 
-    train(cfg)
-    if cfg.train.evaluate and distributed.is_main():  # under torchrun: once, on rank 0
+    keep = cfg.train.auto_resume and finished(cfg.run_dir)
+    if keep:
+        print(f"{cfg.run_dir}: finished earlier (train_summary.json), kept as it is (train.auto_resume=true)")
+    else:
+        train(cfg)
+    if cfg.train.evaluate and distributed.is_main() and not (keep and evaluated(cfg)):  # under torchrun: on rank 0
         evaluate_run(cfg)
 
 
@@ -105,6 +110,17 @@ def checked(cfg: DictConfig) -> Config:
     return config
 
 
+def job_dir(overrides: str) -> str:
+    """A sweep run's folder from its settings (Hydra's override_dirname): readable, and a short hash where
+    the settings hold a path or are too long for a folder name."""
+    if not overrides:
+        return "defaults"
+    name = overrides.replace("/", "_")
+    if name != overrides or len(name) > 120:
+        name = f"{name[:100]}-{hashlib.sha1(overrides.encode()).hexdigest()[:8]}"
+    return name
+
+
 def _rank() -> int:
     return int(os.environ.get("RANK", 0))
 
@@ -114,6 +130,7 @@ OmegaConf.register_new_resolver("app_run_dir", lambda command, name: NO_RUN_DIRS
 OmegaConf.register_new_resolver(
     "app_record_dir", lambda command: None if command in NO_RUN_DIRS or _rank() > 0 else f".hydra/{command}"
 )
+OmegaConf.register_new_resolver("app_job_dir", lambda overrides: job_dir(overrides))
 OmegaConf.register_new_resolver(
     "app_log_file", lambda folder, job: os.devnull if _rank() > 0 else os.path.join(folder, f"{job}.log")
 )

@@ -18,10 +18,12 @@ from app.utils import atomic_write, atomic_write_text
 
 
 def load_runs(sweep_dir: str, split: str = "test") -> list[dict]:
+    """Every trained and evaluated run in ``sweep_dir``, in the order they were first started (so runs
+    added to the folder by later calls come after the earlier ones)."""
     if not os.path.isdir(sweep_dir):
         raise UserError(f"compare.dir={sweep_dir!r} is not a folder")
     runs = []
-    for name in sorted(os.listdir(sweep_dir), key=lambda n: (len(n), n)):
+    for name in os.listdir(sweep_dir):
         run = os.path.join(sweep_dir, name)
         summary_path, metrics_path = (
             os.path.join(run, "train_summary.json"),
@@ -31,31 +33,83 @@ def load_runs(sweep_dir: str, split: str = "test") -> list[dict]:
             continue
         overrides_path = os.path.join(run, ".hydra", "train", "overrides.yaml")
         overrides = yaml.safe_load(open(overrides_path)) if os.path.exists(overrides_path) else []
+        overrides = [o for o in overrides if not o.startswith(IDENTITY_FREE)]
         with open(summary_path) as f, open(metrics_path) as g:
             runs.append({"dir": name, "overrides": overrides, "summary": json.load(f), "metrics": json.load(g)})
     if not runs:
         raise UserError(f"{sweep_dir}: no run with train_summary.json and eval/{split}/metrics.json")
-    # label each run by the overrides that differ between runs (what the sweep varied)
+    runs.sort(key=lambda r: (r["summary"].get("started", ""), r["dir"]))
+    check_same_test_set(runs, split)
+    # label each run by the overrides that differ between runs (what the sweep varied); a run that
+    # differs in none of its own (the baseline of runs that add settings) by its model preset
     common = set.intersection(*(set(r["overrides"]) for r in runs))
     for r in runs:
-        r["label"] = " ".join(o for o in r["overrides"] if o not in common) or r["dir"]
+        differing = [o for o in r["overrides"] if o not in common]
+        model = [o for o in r["overrides"] if o.startswith("model=")]
+        r["label"] = " ".join(differing or model) or r["dir"]
     return runs
 
 
+# settings that say how a run was started, not what it is
+IDENTITY_FREE = ("command=", "train.resume=", "train.auto_resume=")
+
+
+def check_same_test_set(runs: list[dict], split: str) -> None:
+    """The rows compare only if every run decoded the same sentences, bucketed alike."""
+
+    def shape(r):
+        return r["metrics"]["sentences"], [(b["bucket"], b["sentences"]) for b in r["metrics"]["bleu_by_source_length"]]
+
+    first = runs[0]
+    for r in runs[1:]:
+        if shape(r) != shape(first):
+            raise UserError(
+                f"{r['dir']} and {first['dir']} were evaluated on different {split} sentences or length buckets "
+                f"({shape(r)[0]} vs {shape(first)[0]} sentences): evaluate them alike, or compare them apart"
+            )
+
+
+COLUMNS = [  # (header, cell of a run)
+    ("run", lambda r: r["label"]),
+    ("params", lambda r: f"{r['summary']['parameters'] / 1e6:.2f} M"),
+    ("updates", lambda r: f"{r['summary']['steps']:,}"),
+    ("train min", lambda r: f"{r['summary']['train_minutes']}"),
+    ("tgt tokens/s", lambda r: f"{r['summary']['tgt_tokens_per_s']:,}"),
+    ("best dev BLEU", lambda r: f"{r['summary']['best_dev_bleu']:.2f}"),
+    ("test BLEU", lambda r: f"{r['metrics']['bleu']:.2f}"),
+    ("test chrF", lambda r: f"{r['metrics']['chrf']:.2f}"),
+    ("BLEU longest 10 %", lambda r: _cell(r["metrics"].get("bleu_longest_10pct"), ".2f")),
+    ("attention entropy", lambda r: _cell(r["metrics"].get("attention", {}).get("entropy"), ".3f")),
+    ("monotonicity", lambda r: _cell(r["metrics"].get("attention", {}).get("monotonicity"), ".3f")),
+    ("decoding", lambda r: r["metrics"]["decoding"]),
+    ("decode s", lambda r: f"{r['metrics']['decode_seconds']}"),
+    ("sent/s", lambda r: f"{r['metrics']['sentences_per_s']}"),
+    ("KV cache MiB", lambda r: _cell(r["metrics"].get("kv_cache_mib"), ".3f")),
+    ("device", lambda r: r["metrics"]["device"]),
+]
+
+
 def markdown_table(runs: list[dict]) -> str:
-    head = (
-        "| run | params | train min | tgt tokens/s | best dev BLEU | test BLEU | test chrF | BLEU longest 10 % | "
-        "decoding | decode s | sent/s | KV cache MiB | device |\n" + "|---" * 13 + "|\n"
-    )
+    head = "| " + " | ".join(h for h, _ in COLUMNS) + " |\n" + "|---" * len(COLUMNS) + "|\n"
+    return head + "".join("| " + " | ".join(cell(r) for _, cell in COLUMNS) + " |\n" for r in runs)
+
+
+def length_table(runs: list[dict]) -> str:
+    """Test BLEU per source-length bucket, one row per run; the header counts each bucket's sentences."""
+    buckets = runs[0]["metrics"]["bleu_by_source_length"]
+    head = "| run | " + " | ".join(f"{b['bucket']} ({b['sentences']})" for b in buckets) + " |\n"
     rows = "".join(
-        f"| {r['label']} | {r['summary']['parameters'] / 1e6:.2f} M | {r['summary']['train_minutes']} | "
-        f"{r['summary']['tgt_tokens_per_s']:,} | {r['summary']['best_dev_bleu']:.2f} | {r['metrics']['bleu']:.2f} | "
-        f"{r['metrics']['chrf']:.2f} | {_cell(r['metrics'].get('bleu_longest_10pct'), '.2f')} | "
-        f"{r['metrics']['decoding']} | {r['metrics']['decode_seconds']} | {r['metrics']['sentences_per_s']} | "
-        f"{_cell(r['metrics'].get('kv_cache_mib'), '.3f')} | {r['metrics']['device']} |\n"
+        f"| {r['label']} | "
+        + " | ".join(_cell(b.get("bleu"), ".2f") for b in r["metrics"]["bleu_by_source_length"])
+        + " |\n"
         for r in runs
     )
-    return head + rows
+    return head + "|---" * (len(buckets) + 1) + "|\n" + rows
+
+
+def commands(runs: list[dict]) -> str:
+    """How each run was trained (Hydra's record of its overrides), and where its files are."""
+    return "".join(f"- `{r['dir']}`: `python -m app command=train {' '.join(r['overrides'])}`\n" for r in runs)
 
 
 def _cell(value, spec: str) -> str:
@@ -70,11 +124,12 @@ def length_figure(runs: list[dict]):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    names = [b["bucket"] for b in runs[0]["metrics"]["bleu_by_source_length"]]  # every bucket, in order
+    every = runs[0]["metrics"]["bleu_by_source_length"]  # every bucket, in order
+    names = [b["bucket"] for b in every]
     for r in runs:
         buckets = [b for b in r["metrics"]["bleu_by_source_length"] if "bleu" in b]
         ax.plot([names.index(b["bucket"]) for b in buckets], [b["bleu"] for b in buckets], marker="o", label=r["label"])
-    ax.set_xticks(range(len(names)), names)
+    ax.set_xticks(range(len(names)), [f"{b['bucket']}\n{b['sentences']} sent." for b in every])
     ax.set_xlabel("source sentence length (words)")
     ax.set_ylabel("test BLEU")
     ax.set_title("BLEU by source sentence length")
@@ -89,7 +144,11 @@ def compare_report(sweep_dir: str, split: str = "test") -> str:
 
     runs = load_runs(sweep_dir, split)
     table = markdown_table(runs)
-    atomic_write_text(os.path.join(sweep_dir, "compare.md"), f"# Comparison: {sweep_dir}\n\n{table}")
+    report = (
+        f"# Comparison: {sweep_dir}\n\n{table}\n## {split} BLEU by source length (words; sentences per bucket)\n\n"
+        f"{length_table(runs)}\n## Runs\n\n{commands(runs)}"
+    )
+    atomic_write_text(os.path.join(sweep_dir, "compare.md"), report)
     fig = length_figure(runs)
     atomic_write(os.path.join(sweep_dir, "bleu_by_length.png"), lambda f: fig.savefig(f, format="png"))
     with SummaryWriter(os.path.join(sweep_dir, "tb")) as writer:

@@ -163,6 +163,9 @@ class TrainConfig:
     log_every: int = 100
     patience: int = 10  # validations without a better dev BLEU before stopping; 0 = never
     resume: bool = False
+    # resume where last.pt exists, else start; a finished run (train_summary.json newer than last.pt) is
+    # left as it is: what lets make compare continue a cut sweep or add runs to an existing one
+    auto_resume: bool = False
     amp: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
     max_dev_sentences: int = 0  # validate on the first N dev pairs only; 0 = all
     evaluate: bool = False  # after training, evaluate best.pt on eval.split (what make compare uses)

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from app.alignment import attention_views
+from app.alignment import attention_shape, attention_views
 from app.board import log_eval, sentence_bleu
 from app.checkpoint import checkpoint_path, load_checkpoint, snapshot_step
 from app.config import Config, DecodeConfig, VizConfig, config_from_dict
@@ -62,6 +62,13 @@ def load_trained(run_dir: str, which: str, device: torch.device) -> TrainedModel
     return TrainedModel(model, tokenizer, trained, device, amp_dtype(trained.train.amp, device), step)
 
 
+def evaluated(cfg: Config) -> bool:
+    """Whether eval/<split>/metrics.json is newer than the checkpoint it would evaluate."""
+    metrics = os.path.join(cfg.run_dir, "eval", cfg.eval.split, "metrics.json")
+    checkpoint = checkpoint_path(cfg.run_dir, cfg.eval.checkpoint)
+    return all(map(os.path.exists, (metrics, checkpoint))) and os.path.getmtime(metrics) >= os.path.getmtime(checkpoint)
+
+
 def evaluate_run(cfg: Config) -> dict:
     """Decode a split with a run's checkpoint, score it, write ``eval/<split>/{hyp.txt,metrics.json}``."""
     check_engine("eval.engine", cfg.eval.engine)
@@ -96,6 +103,8 @@ def evaluate_run(cfg: Config) -> dict:
         device=torch.cuda.get_device_name(trained.device) if trained.device.type == "cuda" else "cpu",
         engine=f"ctranslate2 {ct2.info['ctranslate2_version']}, {ct2.info['quantization']}" if ct2 else "torch",
     )
+    if hyps.attention is not None:  # of the hypotheses' attention, the map plots show (viz.layer)
+        metrics["attention"] = attention_shape(hyps.attention, cfg.viz.layer)
     out_dir = os.path.join(cfg.run_dir, "eval", cfg.eval.split)
     gold_path = cfg.eval.gold_align or reference_links(trained.config.data.dir, cfg.eval.split)
     forced = None

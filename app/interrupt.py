@@ -71,14 +71,20 @@ class StopRules:
     def check(self, step: int, elapsed: float, signalled: bool, reason: Optional[str]) -> tuple[Optional[str], bool]:
         """After a step: why training stops now (``reason``, an early stop, if already set; None: go on),
         and whether a signal asks it to save and leave instead."""
-        out_of_time = self.budget is not None and elapsed >= self.budget
+        out_of_time = self.out_of_time(elapsed)
         if self.world > 1:
             agree = step % self.CHECK_EVERY == 0 or step >= self.max_steps
             out_of_time, signalled = (
                 distributed.any_rank([out_of_time, signalled], self.device) if agree else (False, False)
             )
-        if step >= self.max_steps:
-            reason = reason or "max_steps"
-        elif out_of_time:
-            reason = reason or f"time budget of {self.max_minutes} min"
+        reason = reason or self.reached(step, out_of_time)
         return reason, signalled and reason is None
+
+    def out_of_time(self, elapsed: float) -> bool:
+        return self.budget is not None and elapsed >= self.budget
+
+    def reached(self, step: int, out_of_time: bool) -> Optional[str]:
+        """Which limit a run at ``step`` has reached, if any (a resumed run may start there)."""
+        if step >= self.max_steps:
+            return "max_steps"
+        return f"time budget of {self.max_minutes} min" if out_of_time else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Optional
 
 import torch
@@ -33,6 +34,7 @@ class Progress:
     batch_tokens: int = 0  # token budget in force (halved on out-of-memory with train.oom_retry)
     epoch_batch_tokens: int = 0  # the budget the current epoch's batches were cut with
     validations: list = field(default_factory=list)  # [step, dev BLEU] of every validation
+    started: str = ""  # when the run first started (ISO, local time); a resume keeps it
 
     def record_validation(self, bleu: float, seconds: float) -> bool:
         """Note a validation at the current step; returns whether its dev BLEU is the best so far."""
@@ -59,7 +61,9 @@ class TrainingState:
     def __post_init__(self) -> None:
         self.config = asdict(self.cfg)
         self.progress = self.progress or Progress(
-            batch_tokens=self.cfg.train.batch_tokens, epoch_batch_tokens=self.cfg.train.batch_tokens
+            batch_tokens=self.cfg.train.batch_tokens,
+            epoch_batch_tokens=self.cfg.train.batch_tokens,
+            started=datetime.now().isoformat(timespec="seconds"),
         )
 
     def checkpoint(self, rng_ranks: Optional[list] = None) -> dict:

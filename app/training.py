@@ -47,7 +47,8 @@ class Trainer:
         self.last_path, self.best_path = os.path.join(self.run_dir, "last.pt"), os.path.join(self.run_dir, "best.pt")
         self.device = distributed.setup(resolve_device(cfg.device))
         self.rank, self.world, self.main = distributed.rank(), distributed.world_size(), distributed.is_main()
-        check_settings(cfg, self.last_path, self.world)  # before any data work
+        self.resuming = resuming(cfg.train, self.last_path)
+        check_settings(cfg, self.last_path, self.world, self.resuming)  # before any data work
         self.accum = accumulation_steps(cfg.train, self.world)
         self.dtype = amp_dtype(cfg.train.amp, self.device)
         seed_everything(cfg.train.seed)
@@ -57,7 +58,7 @@ class Trainer:
         self.state = TrainingState(
             self.model, self.optimizer, self.scheduler, cfg, self.tokenizer.fingerprint(), self.device
         )
-        if cfg.train.resume:
+        if self.resuming:
             self.state.restore(load_checkpoint(self.last_path, self.device), self.last_path, self.rank, self.world)
         elif self.world > 1:  # same initial weights (DDP broadcasts rank 0's), different dropout per rank
             torch.manual_seed(cfg.train.seed + self.rank)
@@ -178,7 +179,8 @@ class Trainer:
         cfg, p = self.cfg, self.progress
         if self.main:
             record_start(self)
-        last_eval_step, stop_reason, batches = -1, "max_steps" if p.step >= cfg.train.max_steps else None, []
+        stop_reason = self.limits.reached(p.step, self.limits.out_of_time(p.elapsed_seconds))  # resumed: maybe done
+        last_eval_step, batches = -1, []
         self.model.train()
         self.window.reset()
         crossed = lambda every, before: every > 0 and p.step // every > before // every  # noqa: E731
@@ -287,6 +289,7 @@ def run_summary(trainer: Trainer, stop_reason: str, epoch_batches: int) -> dict:
     p, device = trainer.progress, trainer.device
     summary = {
         "stopped": stop_reason,
+        "started": p.started,
         "steps": p.step,
         "epochs": round(p.epoch + p.batch_in_epoch / max(epoch_batches, 1), 3),
         "train_minutes": round(p.elapsed_seconds / 60, 2),
@@ -328,7 +331,18 @@ def update_size(t: TrainConfig, world: int, accum: int, batch_tokens: int) -> st
     )
 
 
-def check_settings(cfg: Config, last_path: str, world: int) -> None:
+def resuming(t: TrainConfig, last_path: str) -> bool:
+    return t.resume or (t.auto_resume and os.path.exists(last_path))
+
+
+def finished(run_dir: str) -> bool:
+    """Whether a run has ended: train_summary.json is written after the final last.pt, and a resumed
+    run that saves again makes last.pt the newer one."""
+    summary, last = os.path.join(run_dir, "train_summary.json"), os.path.join(run_dir, "last.pt")
+    return os.path.exists(summary) and os.path.exists(last) and os.path.getmtime(summary) >= os.path.getmtime(last)
+
+
+def check_settings(cfg: Config, last_path: str, world: int, resume: bool) -> None:
     """A resumed run needs its last.pt; a new one must not overwrite another run's; out-of-memory
     retries cut batches differently on each rank."""
     if world > 1 and cfg.train.oom_retry:
@@ -336,9 +350,9 @@ def check_settings(cfg: Config, last_path: str, world: int) -> None:
             "train.oom_retry=true works in a single process only: with several ranks every "
             "rank must cut the same batches; lower train.batch_tokens instead"
         )
-    if cfg.train.resume and not os.path.exists(last_path):
+    if resume and not os.path.exists(last_path):
         raise UserError(f"train.resume=true but {last_path} does not exist")
-    if not cfg.train.resume and os.path.exists(last_path):
+    if not resume and os.path.exists(last_path):
         raise UserError(
             f"{last_path} exists: continue that run with train.resume=true, "
             "or train under another name= (or delete the folder)"

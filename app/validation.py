@@ -9,7 +9,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from app.alignment import attention_entropy, layer_views, monotonicity, score_alignments
+from app.alignment import attention_shape, score_alignments
 from app.config import Config
 from app.data.batching import sorted_batches
 from app.data.corpus import ParallelData
@@ -58,18 +58,15 @@ def log_samples(writer, model, dev: ParallelData, tokenizer: Tokenizer, cfg: Con
     writer.add_text("dev/samples", table, step)
     if hyps.attention is None:  # a model without attention
         return
-    entropy, monotone = [], []
     for n, attention in enumerate(hyps.attention):
         src_tokens = tokenizer.src_pieces(src[n] + [EOS])
         hyp_tokens = tokenizer.tgt_pieces(hyps.tokens[n] + [EOS])
         plots = figures(attention, src_tokens, hyp_tokens, cfg.viz.layer, width_px=TENSORBOARD_WIDTH)
         for name, fig in plots.items():
             writer.add_figure(f"alignment/{n}/{name}", fig, step)  # closes the figure
-        weights = layer_views(attention, cfg.viz.layer)["weights"]
-        entropy.append(attention_entropy(weights))
-        monotone.append(monotonicity(weights))
-    writer.add_scalar("dev/attention_entropy", sum(entropy) / len(chosen), step)
-    writer.add_scalar("dev/attention_monotonicity", sum(monotone) / len(chosen), step)
+    shape = attention_shape(hyps.attention, cfg.viz.layer)
+    writer.add_scalar("dev/attention_entropy", shape["entropy"], step)
+    writer.add_scalar("dev/attention_monotonicity", shape["monotonicity"], step)
 
 
 def validate(model, dev: ParallelData, dev_links, tokenizer: Tokenizer, cfg: Config, writer, progress) -> dict:

@@ -112,9 +112,17 @@ def test_rnn_presets_train_and_evaluate_through_the_cli(workdir, preset):
 
 
 def sweep_and_compare(workdir, sweep, *overrides) -> str:
-    """``--multirun command=train`` with the compare experiment into ``sweep``, then ``compare``; returns compare.md."""
+    """What ``make compare`` runs: ``--multirun command=train`` with the compare experiment into ``sweep``,
+    then ``compare``; returns compare.md."""
     result = run_cli(
-        workdir, "--multirun", "command=train", "experiment=compare", f"hydra.sweep.dir={sweep}", *overrides
+        workdir,
+        "--multirun",
+        "command=train",
+        "experiment=compare",
+        f"hydra.sweep.dir={sweep}",
+        "train.evaluate=true",
+        "train.auto_resume=true",
+        *overrides,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     result = run_cli(workdir, "command=compare", f"compare.dir={sweep}")
@@ -141,7 +149,7 @@ def test_compare_trains_evaluates_and_reports_a_sweep_over_families(workdir):
         "decode.beam_size=2",
     ]
     table = sweep_and_compare(workdir, sweep, "model=tiny_rnn,tiny_transformer", *overrides)
-    rows = [line for line in table.splitlines() if line.startswith("| model=")]
+    rows = [line for line in table.split("\n## ")[0].splitlines() if line.startswith("| model=")]
     assert [row.split(" | ")[0] for row in rows] == ["| model=tiny_rnn", "| model=tiny_transformer"]
     assert rows[0].split(" | ")[-2] == "-" and float(rows[1].split(" | ")[-2]) > 0  # KV cache: Transformers only
     assert "beam 2" in table
@@ -178,9 +186,10 @@ def test_transformer_variant_trains_and_evaluates_through_the_cli(workdir):
     assert metrics["kv_cache_mib"] > 0
 
 
-def test_compare_labels_a_sweep_over_model_settings(workdir):
-    """A sweep that varies model.pos (with grouped-query attention throughout): one row per value,
-    labelled by it, with the longest-sentence BLEU and the KV cache of each run."""
+def test_compare_assembles_runs_trained_by_separate_calls(workdir):
+    """A sweep over model.pos trained one value per call into one folder (as on a lent GPU, a call per
+    model): one row per value in the order trained, labelled by it, with each run's own longest-sentence
+    BLEU and KV cache; the same call again keeps the finished run as it is."""
     sweep = workdir / "checkpoints" / "compare" / "positions"
     overrides = [a for a in TINY if not a.startswith("name=")] + [
         "model.heads=4",
@@ -189,15 +198,28 @@ def test_compare_labels_a_sweep_over_model_settings(workdir):
         "train.eval_every=10",
         "decode.beam_size=1",
     ]
-    lines = sweep_and_compare(workdir, sweep, "model.pos=learned,alibi", *overrides).splitlines()
+    sweep_and_compare(workdir, sweep, "model.pos=learned", *overrides)
+    report = sweep_and_compare(workdir, sweep, "model.pos=alibi", *overrides)
+    lines = report.split("\n## ")[0].splitlines()  # the main table; the length table follows
     header = next(line for line in lines if line.startswith("| run |")).split(" | ")
     rows = [line.split(" | ") for line in lines if line.startswith("| model.pos=")]
     assert [row[0] for row in rows] == ["| model.pos=learned", "| model.pos=alibi"]
-    for job, row in enumerate(rows):  # each cell is its run's own figure
-        run = next(sweep.glob(f"{job}_*"))
-        metrics = json.loads((run / "eval" / "test" / "metrics.json").read_text())
+    folders = [p for p in sweep.iterdir() if (p / "train_summary.json").exists()]
+    assert len(folders) == 2 and not any(p.name[0].isdigit() for p in folders)  # named by settings, not numbers
+
+    def run_of(setting):
+        return next(p for p in folders if setting in (p / ".hydra/train/overrides.yaml").read_text())
+
+    for row in rows:  # each cell is its run's own figure
+        metrics = json.loads((run_of(row[0][2:]) / "eval" / "test" / "metrics.json").read_text())
         assert row[header.index("BLEU longest 10 %")] == f"{metrics['bleu_longest_10pct']:.2f}"
         assert row[header.index("KV cache MiB")] == f"{metrics['kv_cache_mib']:.3f}" and metrics["kv_cache_mib"] > 0
+        assert row[header.index("attention entropy")] == f"{metrics['attention']['entropy']:.3f}"
+    learned = run_of("model.pos=learned")
+    before = {f: (learned / f).stat().st_mtime_ns for f in ("last.pt", "eval/test/metrics.json")}
+    again = sweep_and_compare(workdir, sweep, "model.pos=learned", *overrides)
+    assert again.count("| model.pos=") == 4  # the main table and the length table, two runs each
+    assert {f: (learned / f).stat().st_mtime_ns for f in before} == before
 
 
 def tensorboard(run_dir):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from app.alignment import attention_entropy, layer_views, monotonicity
+from app.alignment import attention_entropy, attention_shape, layer_views, monotonicity
 from app.plots import READABLE_PT, TENSORBOARD_WIDTH, figures, png_bytes, tensorboard_tokens
 
 
@@ -43,6 +43,18 @@ def test_entropy_and_monotonicity_known_answers():
     assert monotonicity(one_hot) == 1.0  # diagonal
     assert monotonicity(torch.eye(3).flip(0)) == 0.0  # anti-diagonal: always moving back
     assert monotonicity(torch.tensor([[1.0, 0, 0], [0, 0, 1], [0, 1, 0]])) == 0.5
+
+
+def test_attention_shape_averages_the_plotted_map_over_sentences():
+    """Eval's metrics.json and the dev scalars: the mean over sentences of the map plots show."""
+    diagonal, uniform = torch.eye(3), torch.full((2, 4), 0.25)
+    rnn = attention_shape([diagonal, uniform])
+    assert rnn["view"] == "attention"
+    assert rnn["entropy"] == pytest.approx(torch.log(torch.tensor(4.0)).item() / 2, abs=1e-6)
+    assert rnn["monotonicity"] == 1.0  # the uniform map's argmax never moves
+    layers = torch.stack([torch.eye(3).flip(0).expand(2, 3, 3), torch.eye(3).expand(2, 3, 3)])  # (layers, heads, t, s)
+    assert attention_shape([layers], layer=0) == {"view": "layer 0 mean", "entropy": 0.0, "monotonicity": 0.0}
+    assert attention_shape([layers], layer=-1) == {"view": "layer 1 mean", "entropy": 0.0, "monotonicity": 1.0}
 
 
 def panels(fig) -> list:

@@ -26,10 +26,10 @@ RUN = [a for a in TINY if not a.startswith(("train.eval_every", "train.save_ever
 STEPS = 60
 
 
-def start_training(cwd, name, log):
+def start_training(cwd, name, log, *extra):
     env = {**os.environ, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0"}
     return subprocess.Popen(
-        [sys.executable, "-m", "app", "command=train", *RUN, f"name={name}", f"train.max_steps={STEPS}"],
+        [sys.executable, "-m", "app", "command=train", *RUN, f"name={name}", f"train.max_steps={STEPS}", *extra],
         cwd=cwd,
         stdout=log,
         stderr=log,
@@ -108,6 +108,39 @@ def test_sigkill_loses_only_the_steps_since_the_last_checkpoint(workdir):
     assert f"at step {saved} " in result.stdout + result.stderr
     for key, value in weights(workdir / "checkpoints/full/last.pt").items():
         assert torch.equal(value, weights(run / "last.pt")[key]), key
+
+
+def test_auto_resume_continues_a_killed_run_and_keeps_a_finished_one(workdir):
+    """What lets make compare continue a cut sweep: the same command again resumes a killed run from its
+    last.pt, then leaves the finished run (and its evaluation) as it is, and evaluates it if that was cut."""
+    name, auto = "auto", ("train.auto_resume=true", "train.evaluate=true")
+    run = workdir / "checkpoints" / name
+    with open(workdir / f"{name}.log", "w") as log:
+        process = start_training(workdir, name, log, *auto)
+        wait_for(run / "last.pt", process)
+        time.sleep(random.uniform(0.0, 0.4))
+        process.kill()
+        process.wait(timeout=60)
+    saved = torch.load(run / "last.pt", weights_only=True)["progress"]["step"]
+    again = [*RUN, f"name={name}", f"train.max_steps={STEPS}", *auto]
+    result = run_cli(workdir, "command=train", *again)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resumed from {run / 'last.pt'} at step {saved} " in result.stdout + result.stderr
+    for key, value in weights(workdir / "checkpoints/full/last.pt").items():
+        assert torch.equal(value, weights(run / "last.pt")[key]), key  # as if never killed
+    metrics = run / "eval" / "test" / "metrics.json"
+    kept = {path: path.stat().st_mtime_ns for path in (run / "last.pt", run / "train_summary.json", metrics)}
+
+    result = run_cli(workdir, "command=train", *again)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "finished earlier" in result.stdout and "resumed from" not in result.stdout + result.stderr
+    assert {path: path.stat().st_mtime_ns for path in kept} == kept  # neither trained nor evaluated again
+
+    metrics.unlink()  # cut during its evaluation
+    result = run_cli(workdir, "command=train", *again)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "finished earlier" in result.stdout and metrics.exists()
+    assert (run / "last.pt").stat().st_mtime_ns == kept[run / "last.pt"]
 
 
 def test_training_again_into_a_finished_run_is_refused(workdir):

@@ -1,0 +1,119 @@
+"""How a comparison is assembled: run folders named by their settings, runs in the order they were
+started whatever call trained them, the report's columns and length table, and the rules that let a
+cut sweep continue (a spent budget takes no step, a finished run is recognised)."""
+
+import json
+import os
+import time
+
+import pytest
+import torch
+import yaml
+
+from app.cli import job_dir
+from app.compare import compare_report, load_runs
+from app.config import TrainConfig
+from app.errors import UserError
+from app.interrupt import StopRules
+from app.training import finished
+
+BUCKETS = [("0-10", 3, 20.0), ("10-20", 5, 10.0), ("20+", 1, None)]  # the last has too few words for BLEU
+
+
+def write_run(sweep, folder, overrides, started, bleu, buckets=BUCKETS, attention=None):
+    run = sweep / folder
+    (run / ".hydra" / "train").mkdir(parents=True)
+    (run / "eval" / "test").mkdir(parents=True)
+    (run / ".hydra" / "train" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    summary = {"started": started, "steps": 1234, "train_minutes": 4.0, "tgt_tokens_per_s": 50000}
+    summary.update(best_dev_bleu=bleu - 1, parameters=2_500_000)
+    (run / "train_summary.json").write_text(json.dumps(summary))
+    by_length = [{"bucket": b, "sentences": n, **({} if v is None else {"bleu": v + bleu})} for b, n, v in buckets]
+    metrics = {
+        "sentences": sum(n for _, n, _ in buckets),
+        "bleu": bleu,
+        "chrf": 40.0,
+        "bleu_by_source_length": by_length,
+    }
+    metrics.update(decoding="beam 5, length penalty 1.0", decode_seconds=1.2, sentences_per_s=800.0, device="cpu")
+    if attention:
+        metrics["attention"] = attention
+    (run / "eval" / "test" / "metrics.json").write_text(json.dumps(metrics))
+    return run
+
+
+def test_run_folders_are_named_by_their_settings():
+    assert job_dir("model=rnn_plain,train.max_minutes=4") == "model=rnn_plain,train.max_minutes=4"
+    assert job_dir("") == "defaults"
+    with_path = job_dir("data.train=/corpora/a.tsv,model=rnn_plain")
+    assert "/" not in with_path and with_path.startswith("data.train=_corpora_a.tsv,model=rnn_plain-")
+    assert with_path != job_dir("data.train=_corpora_a.tsv,model=rnn_plain")  # the hash tells them apart
+    long_a, long_b = ",".join(f"k{i}=value{i}" for i in range(30)), ",".join(f"k{i}=value{i}" for i in range(31))
+    assert len(job_dir(long_a)) <= 120 and job_dir(long_a) != job_dir(long_b)
+    assert job_dir(long_a) == job_dir(long_a)  # the same settings find the same folder in every call
+
+
+def test_runs_come_in_the_order_they_were_started_labelled_by_what_differs(tmp_path):
+    common = ["command=train", "experiment=compare", "train.max_minutes=4", "train.auto_resume=true"]
+    # folder names sort the other way round: the order must come from when each run started
+    write_run(tmp_path, "b_later", [*common, "model=rnn_bahdanau"], "2026-11-24T10:05:00", 30.0)
+    write_run(tmp_path, "a_first", [*common, "model=rnn_plain"], "2026-11-24T10:00:00", 20.0)
+    (tmp_path / "not_evaluated").mkdir()  # a run still training: left out
+    runs = load_runs(str(tmp_path))
+    assert [r["dir"] for r in runs] == ["a_first", "b_later"]
+    assert [r["label"] for r in runs] == ["model=rnn_plain", "model=rnn_bahdanau"]
+
+
+def test_a_run_without_a_differing_setting_is_labelled_by_its_model(tmp_path):
+    base = ["command=train", "model=rnn_luong", "train.max_minutes=4"]
+    write_run(tmp_path, "general", base, "2026-11-24T10:00:00", 20.0)
+    write_run(tmp_path, "dot", [*base, "model.score=dot"], "2026-11-24T10:05:00", 25.0)
+    assert [r["label"] for r in load_runs(str(tmp_path))] == ["model=rnn_luong", "model.score=dot"]
+
+
+def test_report_has_the_columns_the_length_table_and_the_commands(tmp_path):
+    shape = {"view": "attention", "entropy": 1.23456, "monotonicity": 0.875}
+    write_run(tmp_path, "plain", ["command=train", "model=rnn_plain"], "2026-11-24T10:00:00", 20.0)
+    write_run(tmp_path, "att", ["command=train", "model=rnn_bahdanau"], "2026-11-24T10:01:00", 30.0, attention=shape)
+    text = compare_report(str(tmp_path))
+    report = (tmp_path / "compare.md").read_text()
+    assert text in report
+    header = next(line for line in report.splitlines() if line.startswith("| run | params")).split(" | ")
+    plain, att = (line.split(" | ") for line in text.splitlines() if line.startswith("| model=rnn_"))
+    assert att[header.index("updates")] == "1,234"
+    assert att[header.index("attention entropy")] == "1.235" and att[header.index("monotonicity")] == "0.875"
+    assert plain[header.index("attention entropy")] == "-"  # no attention: no figure, not a zero
+    assert "| run | 0-10 (3) | 10-20 (5) | 20+ (1) |" in report
+    assert (
+        "| model=rnn_plain | 40.00 | 30.00 | - |" in report and "| model=rnn_bahdanau | 50.00 | 40.00 | - |" in report
+    )
+    assert "- `plain`: `python -m app command=train model=rnn_plain`" in report
+    assert (tmp_path / "bleu_by_length.png").stat().st_size > 10_000
+
+
+def test_runs_decoded_on_other_sentences_are_refused(tmp_path):
+    write_run(tmp_path, "one", ["model=rnn_plain"], "2026-11-24T10:00:00", 20.0)
+    write_run(tmp_path, "two", ["model=rnn_bahdanau"], "2026-11-24T10:01:00", 30.0, buckets=BUCKETS[:2])
+    with pytest.raises(UserError, match="two and one were evaluated on different test sentences"):
+        load_runs(str(tmp_path))
+
+
+def test_a_resumed_run_whose_budget_is_spent_takes_no_step():
+    rules = StopRules(TrainConfig(max_steps=100, max_minutes=1.0), world=1, device=torch.device("cpu"))
+    assert rules.reached(5, rules.out_of_time(59.0)) is None
+    assert rules.reached(5, rules.out_of_time(60.0)) == "time budget of 1.0 min"
+    assert rules.reached(100, False) == "max_steps"
+    unlimited = StopRules(TrainConfig(max_steps=100), world=1, device=torch.device("cpu"))
+    assert not unlimited.out_of_time(1e9)
+
+
+def test_a_run_is_finished_once_its_summary_is_newer_than_its_last_checkpoint(tmp_path):
+    last, summary = tmp_path / "last.pt", tmp_path / "train_summary.json"
+    assert not finished(str(tmp_path))
+    last.write_bytes(b"x")
+    assert not finished(str(tmp_path))  # cut before the end
+    summary.write_text("{}")
+    os.utime(summary, (time.time() + 1, time.time() + 1))
+    assert finished(str(tmp_path))
+    os.utime(last, (time.time() + 2, time.time() + 2))  # resumed and saved again after that summary
+    assert not finished(str(tmp_path))
