@@ -102,8 +102,8 @@ bench: setup
 	$(PY) -m app command=bench $(ARGS)
 
 # A lent GPU machine (no internet, PyTorch but none of the packages below): `make gpu-wheels` here puts
-# them in .whl/ as Python 3.12 wheels; carry .whl and data/ there and run `make gpu-check PART=transformer`
-# (then PART=rnn, PART=bench, PART=ablation): scripts/gpu_check.sh says what each part measures.
+# them in .whl/ as Python 3.12 wheels; carry .whl and data/ there and run `make gpu-check PART=paths` first
+# (then transformer, rnn, bench, ablation, compare): scripts/gpu_check.sh says what each part measures.
 # ctranslate2 (a 43 MB wheel: with data/ it passes the 64 MiB a call carries) only on request, for a call
 # that times the CTranslate2 rows: make gpu-wheels GPU_WHEELS_EXTRA=ctranslate2==4.8.5
 GPU_WHEELS ?= hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 $(GPU_WHEELS_EXTRA)
