@@ -32,7 +32,8 @@ def prepare_command(cfg: Config) -> None:
 
 def train_command(cfg: Config) -> None:
     from app.inference import evaluate_run, evaluated
-    from app.training import finished, train
+    from app.train_state import finished
+    from app.training import train
 
     keep = cfg.train.auto_resume and finished(cfg.run_dir)
     if keep:

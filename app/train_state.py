@@ -1,9 +1,11 @@
 """What a checkpoint holds of a training run (model, optimizer, schedule, progress, random generators,
-settings, vocabulary) and how a run resumes from it exactly."""
+settings, vocabulary), how a run resumes from it exactly, and whether a run folder is new, to be
+resumed or finished."""
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Optional
@@ -11,7 +13,8 @@ from typing import Optional
 import torch
 
 from app.checkpoint import check_compatible
-from app.config import Config
+from app.config import Config, TrainConfig
+from app.errors import UserError
 from app.utils import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -110,3 +113,31 @@ class TrainingState:
         if saved_budget != self.cfg.train.batch_tokens:  # the user changed it: from the next batches on
             p.batch_tokens = self.cfg.train.batch_tokens
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, p.step, p.epoch, p.batch_in_epoch)
+
+
+def resuming(t: TrainConfig, last_path: str) -> bool:
+    return t.resume or (t.auto_resume and os.path.exists(last_path))
+
+
+def finished(run_dir: str) -> bool:
+    """Whether a run has ended: train_summary.json is written after the final last.pt, and a resumed
+    run that saves again makes last.pt the newer one."""
+    summary, last = os.path.join(run_dir, "train_summary.json"), os.path.join(run_dir, "last.pt")
+    return os.path.exists(summary) and os.path.exists(last) and os.path.getmtime(summary) >= os.path.getmtime(last)
+
+
+def check_settings(cfg: Config, last_path: str, world: int, resume: bool) -> None:
+    """A resumed run needs its last.pt; a new one must not overwrite another run's; out-of-memory
+    retries cut batches differently on each rank."""
+    if world > 1 and cfg.train.oom_retry:
+        raise UserError(
+            "train.oom_retry=true works in a single process only: with several ranks every "
+            "rank must cut the same batches; lower train.batch_tokens instead"
+        )
+    if resume and not os.path.exists(last_path):
+        raise UserError(f"train.resume=true but {last_path} does not exist")
+    if not resume and os.path.exists(last_path):
+        raise UserError(
+            f"{last_path} exists: continue that run with train.resume=true, "
+            "or train under another name= (or delete the folder)"
+        )

@@ -32,7 +32,7 @@ from app.interrupt import StopRequest, StopRules, TrainingInterrupted
 from app.metrics_window import MetricsWindow, progress_postfix
 from app.models import build_model, count_parameters
 from app.step import amp_dtype, compiled_for_training, make_optimizer, train_step
-from app.train_state import Progress, TrainingState
+from app.train_state import Progress, TrainingState, check_settings, resuming
 from app.utils import atomic_write_text, resolve_device, rng_state, seed_everything
 from app.validation import validate
 
@@ -329,34 +329,6 @@ def update_size(t: TrainConfig, world: int, accum: int, batch_tokens: int) -> st
         f"{world * accum * batch_tokens} padded tokens"
         + (f" (train.tokens_per_update={t.tokens_per_update})" if t.tokens_per_update else "")
     )
-
-
-def resuming(t: TrainConfig, last_path: str) -> bool:
-    return t.resume or (t.auto_resume and os.path.exists(last_path))
-
-
-def finished(run_dir: str) -> bool:
-    """Whether a run has ended: train_summary.json is written after the final last.pt, and a resumed
-    run that saves again makes last.pt the newer one."""
-    summary, last = os.path.join(run_dir, "train_summary.json"), os.path.join(run_dir, "last.pt")
-    return os.path.exists(summary) and os.path.exists(last) and os.path.getmtime(summary) >= os.path.getmtime(last)
-
-
-def check_settings(cfg: Config, last_path: str, world: int, resume: bool) -> None:
-    """A resumed run needs its last.pt; a new one must not overwrite another run's; out-of-memory
-    retries cut batches differently on each rank."""
-    if world > 1 and cfg.train.oom_retry:
-        raise UserError(
-            "train.oom_retry=true works in a single process only: with several ranks every "
-            "rank must cut the same batches; lower train.batch_tokens instead"
-        )
-    if resume and not os.path.exists(last_path):
-        raise UserError(f"train.resume=true but {last_path} does not exist")
-    if not resume and os.path.exists(last_path):
-        raise UserError(
-            f"{last_path} exists: continue that run with train.resume=true, "
-            "or train under another name= (or delete the folder)"
-        )
 
 
 def resume_hint() -> str:

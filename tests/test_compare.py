@@ -15,7 +15,7 @@ from app.compare import compare_report, load_runs
 from app.config import TrainConfig
 from app.errors import UserError
 from app.interrupt import StopRules
-from app.training import finished
+from app.train_state import finished
 
 BUCKETS = [("0-10", 3, 20.0), ("10-20", 5, 10.0), ("20+", 1, None)]  # the last has too few words for BLEU
 
