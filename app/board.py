@@ -39,6 +39,19 @@ def write_hparams(writer, cfg: Config, metrics: dict, step: int) -> None:
             writer.add_scalar(f"hparams/{name}", value, step)
 
 
+def add_alignment_figures(
+    writer, tag: str, pairs: list[tuple], tokenizer, layer: int, step: int, every_layer: bool = False
+) -> None:
+    """The heatmaps of each (source ids, hypothesis ids, attention) of ``pairs`` as ``<tag>/<n>/<figure>``,
+    sized for the IMAGES tab: validation's and evaluation's one way to put attention in TensorBoard."""
+    from app.data.tokenizer import EOS
+
+    for n, (src, hyp, attention) in enumerate(pairs):
+        src_tokens, hyp_tokens = tokenizer.src_pieces(src + [EOS]), tokenizer.tgt_pieces(hyp + [EOS])
+        for name, fig in figures(attention, src_tokens, hyp_tokens, layer, every_layer, TENSORBOARD_WIDTH).items():
+            writer.add_figure(f"{tag}/{n}/{name}", fig, step)  # closes the figure
+
+
 def training_figures(summary: dict) -> dict:
     """The HPARAMS values of a finished training run, from its train_summary.json."""
     return {
@@ -109,8 +122,6 @@ def log_eval(
     HPARAMS. ``bleu``: each hypothesis's sentence BLEU. Returns the event folder."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from app.data.tokenizer import EOS
-
     tb, split = os.path.join(cfg.run_dir, "tb"), cfg.eval.split
     with SummaryWriter(tb) as writer:
         for key in ("bleu", "chrf", "ter"):
@@ -119,11 +130,9 @@ def log_eval(
             writer.add_scalar(f"eval/{split}/aer", metrics["alignment"]["aer"], step)
         writer.add_text(f"eval/{split}/samples", eval_samples(data, texts, bleu), step)
         if hyps.attention is not None:
-            for n, i in enumerate(tensorboard_sentences(data.src, cfg.viz.sentences)):
-                src, hyp = tokenizer.src_pieces(data.src[i] + [EOS]), tokenizer.tgt_pieces(hyps.tokens[i] + [EOS])
-                plots = figures(hyps.attention[i], src, hyp, cfg.viz.layer, True, TENSORBOARD_WIDTH)
-                for name, fig in plots.items():
-                    writer.add_figure(f"eval/{split}/alignment/{n}/{name}", fig, step)
+            chosen = tensorboard_sentences(data.src, cfg.viz.sentences)
+            pairs = [(data.src[i], hyps.tokens[i], hyps.attention[i]) for i in chosen]
+            add_alignment_figures(writer, f"eval/{split}/alignment", pairs, tokenizer, cfg.viz.layer, step, True)
         if split == "test":
             scores = {f"test_{k}": metrics[k] for k in ("bleu", "chrf", "ter")}
             scores["test_aer"] = metrics.get("alignment", {}).get("aer")

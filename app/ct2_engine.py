@@ -12,12 +12,11 @@ import os
 from collections import defaultdict
 from typing import Optional
 
-import numpy as np
 import torch
 
 from app.config import DecodeConfig
 from app.data.tokenizer import Tokenizer
-from app.decoding import Hypotheses, check_source_lengths, length_penalty
+from app.decoding import Hypotheses, check_source_lengths, length_limits, length_penalty
 from app.errors import UserError
 from app.export import EXPORT_INFO
 
@@ -100,8 +99,8 @@ class CT2Translator:
         check_source_lengths(self, src)
         patience = patience if beam_size > 1 else 1.0
         groups = defaultdict(list)
-        for i, sentence in enumerate(src):
-            groups[self.max_output_length(len(sentence), decode.max_len_ratio, decode.max_len_extra)].append(i)
+        for i, limit in enumerate(self.length_limits(src, decode).tolist()):
+            groups[limit].append(i)
         tokens: list = [None] * len(src)
         nbest: list = [None] * len(src)
         attention: list = [None] * len(src)
@@ -169,9 +168,10 @@ class CT2Translator:
             row = torch.cat([row, (1 - row.sum(-1, keepdim=True)).clamp(min=0)])  # the </s> column, as in _rank
             attention[i] = torch.cat([attention[i], row[None]])
 
-    def max_output_length(self, src_len: int, ratio: float, extra: int) -> int:
-        """app.decoding.max_output_lengths for one sentence of ``src_len`` tokens (+ EOS), in float32 as there."""
-        return min(int(np.float32(src_len + 1) * np.float32(ratio)) + extra, self.max_positions - 1)
+    def length_limits(self, src: list[list], decode: DecodeConfig) -> torch.Tensor:
+        """Each sentence's output length limit, as our decoder computes it (sources without EOS)."""
+        lengths = torch.tensor([len(sentence) + 1 for sentence in src])
+        return length_limits(lengths, decode.max_len_ratio, decode.max_len_extra, self.max_positions)
 
 
 def _rank(

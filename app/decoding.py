@@ -40,8 +40,12 @@ def next_token_scores(logits: torch.Tensor) -> torch.Tensor:
 
 def max_output_lengths(model, src_mask: torch.Tensor, ratio: float, extra: int) -> torch.Tensor:
     """ratio × source length + extra, within the positions the model has (``max_positions``, if any)."""
-    limits = (src_mask.sum(-1).float() * ratio).long() + extra
-    max_positions = getattr(model, "max_positions", None)
+    return length_limits(src_mask.sum(-1), ratio, extra, getattr(model, "max_positions", None))
+
+
+def length_limits(src_lengths: torch.Tensor, ratio: float, extra: int, max_positions: Optional[int]) -> torch.Tensor:
+    """The output length limits of sources of ``src_lengths`` tokens (EOS included); every decoder's."""
+    limits = (src_lengths.float() * ratio).long() + extra
     return limits if max_positions is None else limits.clamp(max=max_positions - 1)
 
 

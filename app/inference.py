@@ -22,7 +22,7 @@ from app.decoding import Hypotheses, decode_corpus
 from app.errors import UserError
 from app.evaluation import bleu_by_length, bleu_of_longest, score
 from app.explorer import evaluation_records, write_explorer
-from app.models import build_model
+from app.models import build_model, count_parameters
 from app.step import amp_dtype
 from app.utils import atomic_write, atomic_write_text, resolve_device
 
@@ -157,7 +157,7 @@ def explorer_meta(cfg: Config, trained: TrainedModel, metrics: dict) -> dict:
     family = model.arch if model.arch == "transformer" else f"rnn {model.attention}"
     meta = {
         "run": cfg.name,
-        "model": f"{family} ({sum(p.numel() for p in trained.model.parameters()) / 1e6:.1f} M parameters)",
+        "model": f"{family} ({count_parameters(trained.model) / 1e6:.1f} M parameters)",
         "checkpoint": f"{cfg.eval.checkpoint} (step {trained.step})",
         "split": cfg.eval.split,
         "decoding": metrics["decoding"],

@@ -13,7 +13,7 @@ from app.alignment import attention_shape, score_alignments
 from app.config import Config
 from app.data.batching import sorted_batches
 from app.data.corpus import ParallelData
-from app.data.tokenizer import EOS, PAD, Tokenizer
+from app.data.tokenizer import PAD, Tokenizer
 from app.decoding import decode_corpus
 from app.evaluation import score
 from app.step import amp_dtype, sequence_loss
@@ -43,8 +43,7 @@ def log_samples(writer, model, dev: ParallelData, tokenizer: Tokenizer, cfg: Con
     (source, reference, hypothesis, sentence BLEU) and their heatmaps, sized for TensorBoard's IMAGES
     tab (sentences short enough for readable labels), and two scalars over them: mean attention
     entropy and monotonicity (the step slider shows alignment emerging)."""
-    from app.board import sample_table, sentence_bleu, tensorboard_sentences
-    from app.plots import TENSORBOARD_WIDTH, figures
+    from app.board import add_alignment_figures, sample_table, sentence_bleu, tensorboard_sentences
 
     chosen = tensorboard_sentences(dev.src, min(cfg.viz.sentences, len(dev)))
     if not chosen:
@@ -58,12 +57,8 @@ def log_samples(writer, model, dev: ParallelData, tokenizer: Tokenizer, cfg: Con
     writer.add_text("dev/samples", table, step)
     if hyps.attention is None:  # a model without attention
         return
-    for n, attention in enumerate(hyps.attention):
-        src_tokens = tokenizer.src_pieces(src[n] + [EOS])
-        hyp_tokens = tokenizer.tgt_pieces(hyps.tokens[n] + [EOS])
-        plots = figures(attention, src_tokens, hyp_tokens, cfg.viz.layer, width_px=TENSORBOARD_WIDTH)
-        for name, fig in plots.items():
-            writer.add_figure(f"alignment/{n}/{name}", fig, step)  # closes the figure
+    pairs = list(zip(src, hyps.tokens, hyps.attention))
+    add_alignment_figures(writer, "alignment", pairs, tokenizer, cfg.viz.layer, step)
     shape = attention_shape(hyps.attention, cfg.viz.layer)
     writer.add_scalar("dev/attention_entropy", shape["entropy"], step)
     writer.add_scalar("dev/attention_monotonicity", shape["monotonicity"], step)

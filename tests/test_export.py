@@ -330,7 +330,8 @@ def test_trained_beam_search_matches(alpha, trained, genesis, tmp_path):
     same = [i for i in range(len(src)) if ours.tokens[i] == theirs.tokens[i]]
     best = [theirs.tokens[i] for i in same]
     # CTranslate2's score: our GNMT score of log p over every token but <pad> and <s>, which it suppresses
-    cut = [len(theirs.tokens[i]) == engine.max_output_length(len(src[i]), 1.5, 10) for i in same]  # no EOS
+    limits = engine.length_limits([src[i] for i in same], DecodeConfig(max_len_ratio=1.5, max_len_extra=10)).tolist()
+    cut = [len(theirs.tokens[i]) == limit for i, limit in zip(same, limits)]  # no EOS
     expected = [
         sum(logp[:-1] if at_limit else logp) / length_penalty(len(t) + 1, alpha)
         for t, logp, at_limit in zip(best, our_log_probs(model, [src[i] for i in same], best, renormalized=True), cut)
