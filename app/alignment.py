@@ -143,6 +143,17 @@ def attention_views(attention: torch.Tensor) -> tuple[list[str], torch.Tensor]:
 ALIGN_SCOPES = ("all", "linked")
 
 
+def align_scope(setting: Optional[str], gold_file: bool) -> str:
+    """eval.align_scope, or where unset: "all" for a gold file (it annotates every word), "linked" for the
+    corpus's own reference links (Strong's numbers leave function words untagged)."""
+    return setting or ("all" if gold_file else "linked")
+
+
+def alignment_view(a: dict) -> str:
+    """Which attention an AER of metrics.json's ``alignment`` read, and over which words."""
+    return f"{a['view']}, chosen on {a['chosen_on']}; {a['scope']} target words"
+
+
 class AlignmentScore:
     """AER, precision and recall (Och & Ney 2003) of several views of the attention at once, over a
     corpus: AER = 1 - (|A∩S| + |A∩P|) / (|A| + |S|); precision = |A∩P| / |A|; recall = |A∩S| / |S|.

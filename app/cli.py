@@ -131,7 +131,7 @@ OmegaConf.register_new_resolver("app_run_dir", lambda command, name: NO_RUN_DIRS
 OmegaConf.register_new_resolver(
     "app_record_dir", lambda command: None if command in NO_RUN_DIRS or _rank() > 0 else f".hydra/{command}"
 )
-OmegaConf.register_new_resolver("app_job_dir", lambda overrides: job_dir(overrides))
+OmegaConf.register_new_resolver("app_job_dir", job_dir)
 OmegaConf.register_new_resolver(
     "app_log_file", lambda folder, job: os.devnull if _rank() > 0 else os.path.join(folder, f"{job}.log")
 )

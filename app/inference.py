@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from app.alignment import attention_shape, attention_views
+from app.alignment import align_scope, alignment_view, attention_shape, attention_views
 from app.board import log_eval, sentence_bleu
 from app.checkpoint import checkpoint_path, load_checkpoint, snapshot_step
 from app.config import Config, DecodeConfig, VizConfig, config_from_dict
@@ -130,7 +130,7 @@ def evaluate_run(cfg: Config) -> dict:
         a = metrics["alignment"]
         print(
             f"  alignment vs {a['gold']}: AER {a['aer']:.4f}  precision {a['precision']:.4f}  "
-            f"recall {a['recall']:.4f}  ({a['view']}, chosen on {a['chosen_on']}; {a['scope']} target words)"
+            f"recall {a['recall']:.4f}  ({alignment_view(a)})"
         )
     if ct2:
         print(
@@ -165,7 +165,7 @@ def explorer_meta(cfg: Config, trained: TrainedModel, metrics: dict) -> dict:
         "chrF": f"{metrics['chrf']:.2f}",
     }
     if a := metrics.get("alignment"):
-        meta["AER"] = f"{a['aer']:.3f} ({a['view']}, chosen on {a['chosen_on']}; {a['scope']} target words)"
+        meta["AER"] = f"{a['aer']:.3f} ({alignment_view(a)})"
     return meta
 
 
@@ -234,7 +234,7 @@ def evaluate_alignment(
     from app.plots import alignment_figure, png_bytes
 
     tok = trained.tokenizer
-    scope = cfg.eval.align_scope or ("all" if cfg.eval.gold_align else "linked")
+    scope = align_scope(cfg.eval.align_scope, gold_file=bool(cfg.eval.gold_align))
     run = lambda split_data, gold, keep=0: score_alignments(  # noqa: E731
         trained.model, split_data, gold, tok, trained.device, trained.dtype, cfg.decode.batch_tokens, keep, scope
     )

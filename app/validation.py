@@ -9,7 +9,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from app.alignment import attention_shape, score_alignments
+from app.alignment import align_scope, attention_shape, score_alignments
 from app.config import Config
 from app.data.batching import sorted_batches
 from app.data.corpus import ParallelData
@@ -76,10 +76,9 @@ def validate(model, dev: ParallelData, dev_links, tokenizer: Tokenizer, cfg: Con
     log_samples(writer, model, dev, tokenizer, cfg, device, dtype, step)
     aer = ""
     if dev_links is not None:
-        scope = cfg.eval.align_scope or "linked"  # the corpus's own reference links (as make eval scores them)
-        score, _ = score_alignments(
-            model, dev, dev_links, tokenizer, device, dtype, cfg.decode.batch_tokens, scope=scope
-        )
+        scope = align_scope(cfg.eval.align_scope, gold_file=False)  # the corpus's own links, as make eval scores them
+        batch_tokens = cfg.decode.batch_tokens
+        score, _ = score_alignments(model, dev, dev_links, tokenizer, device, dtype, batch_tokens, scope=scope)
         if score is not None:
             view = score.best()
             metrics["aer"], metrics["aer_view"] = score.result(view)["aer"], view

@@ -10,6 +10,15 @@ from app.alignment import attention_entropy, attention_shape, layer_views, monot
 from app.plots import READABLE_PT, TENSORBOARD_WIDTH, figures, png_bytes, tensorboard_tokens
 
 
+@pytest.fixture(autouse=True)
+def close_figures():
+    """The figures a test only measures are not saved (which closes them): close them after it."""
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
 def test_rnn_attention_gives_one_labelled_map():
     weights = torch.softmax(torch.randn(3, 4), -1)
     figs = figures(weights, ["a", "b", "c", "</s>"], ["x", "y", "</s>"])
