@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from app.data.tokenizer import EOS
+from app.decoding import forced_attention
 from app.errors import UserError
 
 
@@ -215,8 +216,6 @@ def score_alignments(
     """Every view of the teacher-forced attention of ``data`` (a ParallelData) scored against ``gold``
     (per pair: sure, possible links; ``scope`` as AlignmentScore's), and the attention of the first
     ``keep`` pairs (float16: for plots and the explorer). None, {} for a model without attention."""
-    from app.decoding import forced_attention
-
     if len(gold) != len(data):
         raise UserError(f"{len(data)} sentences to align but the reference links have {len(gold)} lines")
     score, kept = None, {}

@@ -39,8 +39,8 @@ from app.data.tokenizer import PAD
 from app.flops import peak_flops, training_flops
 from app.models import build_model, count_parameters
 from app.profiling import profile_steps
-from app.step import amp_dtype, compiled_for_training, make_optimizer, train_step
-from app.utils import atomic_write_text, resolve_device, seed_everything
+from app.update import compiled_for_training, make_optimizer, train_step
+from app.utils import amp_dtype, atomic_write_text, resolve_device, seed_everything
 
 
 def time_training(

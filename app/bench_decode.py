@@ -14,7 +14,9 @@ import sacrebleu
 import torch
 
 from app.config import Config
+from app.ct2_engine import CT2Translator
 from app.decoding import decode_corpus
+from app.export import convert
 
 CT2_QUANTIZATIONS = {"float32": "none", "int8": "int8"}  # row name -> export.quantization
 
@@ -34,9 +36,6 @@ def decoders(model, cfg: Config, tokenizer, device, dtype) -> dict[str, Callable
     if cfg.model.arch == "transformer" and importlib.util.find_spec("ctranslate2") is None:
         print("no CTranslate2 rows: ctranslate2 is not installed (a lent GPU machine: see make gpu-wheels)")
     elif cfg.model.arch == "transformer":
-        from app.ct2_engine import CT2Translator
-        from app.export import convert
-
         threads = cfg.bench.ct2_threads if device.type == "cpu" else 0
         for name, quantization in CT2_QUANTIZATIONS.items():
             out = os.path.join("checkpoints", "bench", f"{cfg.name}_ct2_{name}")

@@ -9,6 +9,7 @@ import os
 import random
 
 from app.config import Config
+from app.data.tokenizer import EOS
 from app.plots import TENSORBOARD_WIDTH, figures, tensorboard_tokens
 
 # declared in every run's HPARAMS record, so that runs trained and evaluated at different times share columns
@@ -44,8 +45,6 @@ def add_alignment_figures(
 ) -> None:
     """The heatmaps of each (source ids, hypothesis ids, attention) of ``pairs`` as ``<tag>/<n>/<figure>``,
     sized for the IMAGES tab: validation's and evaluation's one way to put attention in TensorBoard."""
-    from app.data.tokenizer import EOS
-
     for n, (src, hyp, attention) in enumerate(pairs):
         src_tokens, hyp_tokens = tokenizer.src_pieces(src + [EOS]), tokenizer.tgt_pieces(hyp + [EOS])
         for name, fig in figures(attention, src_tokens, hyp_tokens, layer, every_layer, TENSORBOARD_WIDTH).items():
@@ -82,13 +81,6 @@ def sample_table(
     ]
     head = (f"**{title}**\n\n" if title else "") + "| id | source | reference | hypothesis | sentence BLEU |\n"
     return head + "| --- | --- | --- | --- | --- |\n" + "\n".join(rows)
-
-
-def sentence_bleu(hypotheses: list[str], references: list[str]) -> list[float]:
-    from sacrebleu.metrics import BLEU
-
-    metric = BLEU(effective_order=True)
-    return [metric.sentence_score(h, [r]).score for h, r in zip(hypotheses, references)]
 
 
 def eval_samples(data, texts: list[str], bleu: list[float], per_group: int = 5) -> str:

@@ -31,7 +31,7 @@ def prepare_command(cfg: Config) -> None:
 
 
 def train_command(cfg: Config) -> None:
-    from app.inference import evaluate_run, evaluated
+    from app.evaluate import evaluate_run, evaluated
     from app.train_state import finished
     from app.training import train
 
@@ -45,13 +45,13 @@ def train_command(cfg: Config) -> None:
 
 
 def eval_command(cfg: Config) -> None:
-    from app.inference import evaluate_run
+    from app.evaluate import evaluate_run
 
     evaluate_run(cfg)
 
 
 def translate_command(cfg: Config) -> None:
-    from app.inference import translate_lines
+    from app.translate import translate_lines
 
     translate_lines(cfg)
 

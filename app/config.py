@@ -188,6 +188,15 @@ class DecodeConfig:
     max_len_extra: int = 10
     batch_tokens: int = 16000  # source tokens per decoding batch (divided by beam_size)
 
+    def __post_init__(self) -> None:
+        if self.beam_size < 1 or self.n_best > self.beam_size:
+            raise UserError(f"decode.beam_size={self.beam_size} must be >= 1 and >= decode.n_best={self.n_best}")
+
+    @property
+    def batch_source_tokens(self) -> int:
+        """Source tokens per decoding batch: a beam search batch holds beam_size copies of every sentence."""
+        return max(self.batch_tokens // self.beam_size, 1)
+
     def greedy(self) -> DecodeConfig:
         return dataclasses.replace(self, beam_size=1, n_best=1)
 

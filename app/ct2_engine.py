@@ -14,11 +14,19 @@ from typing import Optional
 
 import torch
 
-from app.config import DecodeConfig
+from app.config import Config, DecodeConfig
 from app.data.tokenizer import Tokenizer
 from app.decoding import Hypotheses, check_source_lengths, length_limits, length_penalty
 from app.errors import UserError
-from app.export import EXPORT_INFO
+
+# An export's directory holds the CTranslate2 model, its vocabularies, the SentencePiece model(s) and this
+# file: what was exported (model settings, run and step, quantization), written by app.export.convert
+EXPORT_INFO = "export.json"
+
+
+def export_dir(cfg: Config) -> str:
+    """Where ``make export`` writes a run's export and ``*.engine=ct2`` reads it."""
+    return cfg.export.dir or os.path.join(cfg.run_dir, "ct2")
 
 
 class CT2Translator:
@@ -70,7 +78,7 @@ class CT2Translator:
         self, src: list[list[int]], decode: DecodeConfig, need_attention: bool = False, patience: float = 2.0
     ) -> Hypotheses:
         """Source token ids without EOS (as app.decoding.decode_corpus takes them) -> target ids, under the
-        settings of ``decode`` (as app.inference.TrainedModel.translate takes them)."""
+        settings of ``decode`` (as app.trained.TrainedModel.translate takes them)."""
         hyps = self._translate_pieces([[self.src_vocab[i] for i in s] for s in src], decode, need_attention, patience)
         ids = lambda pieces: [self.tgt_index[p] for p in pieces]  # noqa: E731
         return Hypotheses(
@@ -94,8 +102,6 @@ class CT2Translator:
         patience searches longer and agrees with ours more often (measured in tests/test_export.py).
         """
         beam_size, n_best, length_penalty = decode.beam_size, decode.n_best, decode.length_penalty
-        if beam_size < 1 or n_best > beam_size:
-            raise UserError(f"decode.beam_size={beam_size} must be >= 1 and >= decode.n_best={n_best}")
         check_source_lengths(self, src)
         patience = patience if beam_size > 1 else 1.0
         groups = defaultdict(list)
@@ -105,7 +111,7 @@ class CT2Translator:
         nbest: list = [None] * len(src)
         attention: list = [None] * len(src)
         common = dict(
-            max_batch_size=max(decode.batch_tokens // beam_size, 1),
+            max_batch_size=decode.batch_source_tokens,
             batch_type="tokens",
             max_input_length=0,
             min_decoding_length=0,

@@ -8,10 +8,13 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+from tqdm import tqdm
 
 from app.config import DecodeConfig
+from app.data.batching import Batcher, make_batches, sorted_batches
 from app.data.tokenizer import BOS, EOS, PAD
 from app.errors import UserError
+from app.utils import autocast
 
 
 @dataclass
@@ -273,13 +276,6 @@ def decode_corpus(
 ) -> Hypotheses:
     """Decode many sentences in length-sorted batches as ``decode`` says (greedy when its beam_size is
     1, else beam search); results come back in input order."""
-    from tqdm import tqdm
-
-    from app.data.batching import Batcher, make_batches
-    from app.utils import autocast
-
-    if decode.beam_size < 1 or decode.n_best > decode.beam_size:
-        raise UserError(f"decode.beam_size={decode.beam_size} must be >= 1 and >= decode.n_best={decode.n_best}")
     check_source_lengths(model, src)
     was_training = model.training
     model.eval()
@@ -288,8 +284,7 @@ def decode_corpus(
     nbest: list = [None] * len(src)
     kv_cache_bytes = None
     beam_size = decode.beam_size
-    # a beam search batch holds beam_size copies of every sentence
-    batches = make_batches([len(s) for s in src], None, max(decode.batch_tokens // beam_size, 1))
+    batches = make_batches([len(s) for s in src], None, decode.batch_source_tokens)
     batcher = Batcher(src)
     for indices in tqdm(batches, desc="decoding", unit="batch", disable=not progress, leave=False):
         batch = batcher(indices).to(device)
@@ -337,9 +332,6 @@ def forced_attention(
     length-sorted batches: (tgt, src) or (layers, heads, tgt, src) on the host, the rows of the target
     tokens and EOS, the columns of the source tokens and EOS. What reference alignments are scored
     against: they link source and *reference* words. None for a model without attention."""
-    from app.data.batching import sorted_batches
-    from app.utils import autocast
-
     was_training = model.training
     model.eval()
     for batch in sorted_batches(src, tgt, batch_tokens):

@@ -28,6 +28,7 @@ import torch
 from matplotlib import colormaps
 
 from app.alignment import attention_entropy, piece_links, word_index
+from app.data.tokenizer import EOS
 from app.utils import atomic_write_text
 
 
@@ -184,8 +185,6 @@ def evaluation_records(
     attention that produced each hypothesis and, when ``forced`` (inference.ForcedAlignment) is given,
     the forced attention of the reference with its links (those inside the sentence's words: a gold file
     made for other text scores its links as misses, but they have no cell to draw)."""
-    from app.data.tokenizer import EOS
-
     for i, attention in enumerate(hyps.attention):
         record = ExplorerRecord(
             id=data.ids[i],

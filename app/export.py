@@ -37,21 +37,21 @@ from typing import Optional
 import numpy as np
 import torch
 
+from app.ct2_engine import EXPORT_INFO, export_dir
 from app.data.tokenizer import BOS, EOS, PAD, UNK
 from app.errors import UserError
+from app.models.transformer import Transformer
+from app.trained import load_trained
 
 # export.quantization -> what ModelSpec.optimize stores (None: float32, as trained). At load time
 # CTranslate2 converts what a device cannot run: on a CPU float16 runs as float32, int8_float16 as int8_float32.
 QUANTIZATIONS = {"none": None, "int8": "int8", "int8_float16": "int8_float16", "float16": "float16"}
-EXPORT_INFO = "export.json"  # what was exported: the model settings, the run, the quantization
 
 
 def export_run(cfg) -> str:
     """``make export``: the run's ``export.checkpoint`` as a CTranslate2 model in ``export.dir`` (default
     ``<run>/ct2``), weights quantized as ``export.quantization``; the attention it returns is the mean of
     the heads of decoder layer ``viz.layer``. Returns the directory."""
-    from app.inference import load_trained
-
     trained = load_trained(cfg.run_dir, cfg.export.checkpoint, torch.device("cpu"))
     out_dir = export_dir(cfg)
     run_info = {"run_dir": cfg.run_dir, "checkpoint": cfg.export.checkpoint, "step": trained.step}
@@ -69,18 +69,12 @@ def export_run(cfg) -> str:
     return out_dir
 
 
-def export_dir(cfg) -> str:
-    return cfg.export.dir or os.path.join(cfg.run_dir, "ct2")
-
-
 def _field(cfg, name: str, default=None):
     return getattr(cfg, name, default) if not isinstance(cfg, dict) else cfg.get(name, default)
 
 
 def check_exportable(model: torch.nn.Module, model_cfg) -> None:
     """A UserError naming the first setting CTranslate2 cannot express."""
-    from app.models.transformer import Transformer
-
     if not isinstance(_unwrap(model), Transformer):
         raise UserError(
             f"model.arch={_field(model_cfg, 'arch', 'rnn')}: CTranslate2 has no recurrent "

@@ -12,7 +12,7 @@ import torch
 from tqdm import tqdm
 
 from app import distributed
-from app.step import StepResult
+from app.update import StepResult
 
 
 class MetricsWindow:

@@ -31,9 +31,9 @@ from app.guided_alignment import alignment_targets
 from app.interrupt import StopRequest, StopRules, TrainingInterrupted
 from app.metrics_window import MetricsWindow, progress_postfix
 from app.models import build_model, count_parameters
-from app.step import amp_dtype, compiled_for_training, make_optimizer, train_step
 from app.train_state import Progress, TrainingState, check_settings, resuming
-from app.utils import atomic_write_text, resolve_device, rng_state, seed_everything
+from app.update import compiled_for_training, make_optimizer, train_step
+from app.utils import amp_dtype, atomic_write_text, resolve_device, rng_state, seed_everything
 from app.validation import validate
 
 log = logging.getLogger(__name__)

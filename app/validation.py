@@ -10,14 +10,15 @@ import torch
 from tqdm import tqdm
 
 from app.alignment import align_scope, attention_shape, score_alignments
+from app.board import add_alignment_figures, sample_table, tensorboard_sentences
 from app.config import Config
 from app.data.batching import sorted_batches
 from app.data.corpus import ParallelData
 from app.data.tokenizer import PAD, Tokenizer
 from app.decoding import decode_corpus
-from app.evaluation import score
-from app.step import amp_dtype, sequence_loss
-from app.utils import autocast
+from app.scoring import score, sentence_bleu
+from app.update import sequence_loss
+from app.utils import amp_dtype, autocast
 
 
 @torch.no_grad()
@@ -43,8 +44,6 @@ def log_samples(writer, model, dev: ParallelData, tokenizer: Tokenizer, cfg: Con
     (source, reference, hypothesis, sentence BLEU) and their heatmaps, sized for TensorBoard's IMAGES
     tab (sentences short enough for readable labels), and two scalars over them: mean attention
     entropy and monotonicity (the step slider shows alignment emerging)."""
-    from app.board import add_alignment_figures, sample_table, sentence_bleu, tensorboard_sentences
-
     chosen = tensorboard_sentences(dev.src, min(cfg.viz.sentences, len(dev)))
     if not chosen:
         return

@@ -50,6 +50,12 @@ ERRORS = [
     ),
     ("unknown setting", files(), ["train.max_stepz=3"], ["max_stepz"]),
     ("wrong type", files(), ["train.max_steps=many"], ["max_steps", "many"]),
+    (
+        "more n-best than beams",
+        files(),
+        ["decode.beam_size=2", "decode.n_best=3"],
+        ["decode.beam_size=2 must be >= 1 and >= decode.n_best=3"],
+    ),
 ]
 
 

@@ -264,7 +264,7 @@ def test_training_logs_alignment_images_and_scalars_to_tensorboard(workdir, monk
     from app.config import DecodeConfig
     from app.data.corpus import load_split
     from app.decoding import decode_corpus
-    from app.inference import load_trained
+    from app.trained import load_trained
 
     monkeypatch.chdir(workdir)  # the run's settings name its data folder relative to where it ran
     trained = load_trained("checkpoints/tiny", "step_0000040", torch.device("cpu"))
@@ -441,7 +441,7 @@ def test_bench_prints_and_writes_the_table(workdir, monkeypatch):
     from app.config import DecodeConfig
     from app.data.corpus import load_split
     from app.decoding import decode_corpus
-    from app.inference import load_trained
+    from app.trained import load_trained
 
     monkeypatch.chdir(workdir)
     trained = load_trained("checkpoints/tiny", "best", torch.device("cpu"))

@@ -9,7 +9,7 @@ from app.config import Config
 from app.data.batching import Batch
 from app.errors import UserError
 from app.models import build_model
-from app.step import compiled_for_training, make_optimizer, train_step
+from app.update import compiled_for_training, make_optimizer, train_step
 
 pytestmark = pytest.mark.slow  # every test here runs the real CLI in a subprocess, or compiles
 

@@ -4,7 +4,7 @@ import pytest
 import sacrebleu
 
 from app.errors import UserError
-from app.evaluation import score
+from app.scoring import score
 
 HYPS = [
     "In the beginning God made the heavens and the earth.",
@@ -63,7 +63,7 @@ def test_count_mismatch_is_user_error():
 
 
 def test_bleu_by_source_length_buckets():
-    from app.evaluation import bleu_by_length
+    from app.scoring import bleu_by_length
 
     sources = ["a b", "a b c d e", "one two three four five six seven eight nine ten eleven twelve"]
     hyps = ["the cat sat", "a dog ran off fast", "something else entirely here"]
@@ -78,7 +78,7 @@ def test_bleu_by_source_length_buckets():
 
 
 def test_bleu_of_the_longest_tenth():
-    from app.evaluation import bleu_of_longest
+    from app.scoring import bleu_of_longest
 
     # 11 sentences: ⌈1.1⌉ = 2 longest sources, the 8-word one and the earlier of the two 5-word ones
     sources = ["w " * n for n in (1, 5, 2, 8, 3, 5, 1, 2, 3, 1, 2)]

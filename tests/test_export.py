@@ -23,7 +23,7 @@ from app.decoding import decode_corpus, length_penalty  # noqa: E402
 from app.errors import UserError  # noqa: E402
 from app.export import convert  # noqa: E402
 from app.models import build_model  # noqa: E402
-from app.step import sequence_loss  # noqa: E402
+from app.update import sequence_loss  # noqa: E402
 
 SWORD = "/usr/share/sword"
 CHAPTERS = {1: 31, 2: 25, 3: 24, 4: 26, 5: 32, 6: 22, 7: 24, 8: 22}  # Genesis 1-8: 206 verses
@@ -74,7 +74,7 @@ def train_spm(texts, vocab_size, path):
 @pytest.fixture(scope="module")
 def genesis(tmp_path_factory):
     """Spanish -> English Genesis 1-8 as ids of a joint SentencePiece model (and separate ones)."""
-    from app.data.sources import bible_verses
+    from app.data.osis import bible_verses
 
     refs = [f"Gen.{c}.{v}" for c, n in CHAPTERS.items() for v in range(1, n + 1)]
     es, en = bible_verses(SWORD, "spaRV1909eb", refs), bible_verses(SWORD, "engWEB2015eb", refs)

@@ -12,7 +12,7 @@ from app.data.batching import Batcher
 from app.data.tokenizer import PAD
 from app.decoding import greedy_decode
 from app.guided_alignment import guided_alignment_loss
-from app.step import sequence_loss
+from app.update import sequence_loss
 
 FIRST_SYMBOL, SYMBOLS = 4, 12
 

@@ -9,6 +9,8 @@ from torch import nn
 
 from app.config import MODEL_SCHEMAS, ModelConfig
 from app.errors import UserError
+from app.models.rnn import RNNSeq2Seq
+from app.models.transformer import Transformer
 
 
 class Vocabularies(Protocol):
@@ -20,9 +22,6 @@ class Vocabularies(Protocol):
 
 
 def build_model(cfg: ModelConfig, tokenizer: Vocabularies) -> nn.Module:
-    from app.models.rnn import RNNSeq2Seq
-    from app.models.transformer import Transformer
-
     families = {"transformer": Transformer, "rnn": RNNSeq2Seq}
     if cfg.arch not in families:
         raise UserError(f"model.arch={cfg.arch!r} is unknown; available: {sorted(families)}")

@@ -1,5 +1,5 @@
-"""One training update and what it is made of: the loss, the optimizer and its schedule, mixed
-precision and torch.compile. The training loop and the bench both run ``train_step``."""
+"""One training update and what it is made of: the loss, the optimizer and its schedule, and
+torch.compile. The training loop and the bench both run ``train_step``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -20,15 +20,6 @@ from app.utils import autocast
 
 log = logging.getLogger(__name__)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
-
-def amp_dtype(setting: str, device: torch.device) -> Optional[torch.dtype]:
-    """The autocast dtype of ``train.amp``: bf16 on CUDA by default, None (fp32) on a CPU."""
-    if setting == "auto":
-        return torch.bfloat16 if device.type == "cuda" else None
-    if setting in ("bf16", "fp32"):
-        return torch.bfloat16 if setting == "bf16" else None
-    raise UserError(f"train.amp={setting!r}: choose auto, bf16 or fp32")
 
 
 def inverse_sqrt(warmup: int) -> Callable[[int], float]:

@@ -1,4 +1,5 @@
-"""Corpus-level scores with sacrebleu: BLEU, chrF and TER, each with its signature; BLEU by source length."""
+"""Scores with sacrebleu: corpus BLEU, chrF and TER, each with its signature; BLEU by source length and of
+the longest sources; sentence BLEU."""
 
 from __future__ import annotations
 
@@ -50,3 +51,20 @@ def bleu_of_longest(
         return None, 0
     result = BLEU().corpus_score([hypotheses[i] for i in longest], [[references[i] for i in longest]])
     return round(result.score, 2), n
+
+
+def sentence_bleu(hypotheses: list[str], references: list[str]) -> list[float]:
+    """Each hypothesis's BLEU against its reference (effective n-gram order: short sentences score too)."""
+    metric = BLEU(effective_order=True)
+    return [metric.sentence_score(h, [r]).score for h, r in zip(hypotheses, references)]
+
+
+def split_scores(hypotheses: list[str], references: list[str], sources: list[str], length_buckets: list[int]) -> dict:
+    """What ``make eval`` reports of a split's translations: BLEU, chrF and TER with their signatures, BLEU
+    per source-length bucket (``length_buckets``: the edges) and BLEU of the longest 10 %."""
+    metrics = score(hypotheses, references)
+    metrics["bleu_by_source_length"] = bleu_by_length(hypotheses, references, sources, length_buckets)
+    metrics["bleu_longest_10pct"], metrics["longest_10pct_sentences"] = bleu_of_longest(
+        hypotheses, references, sources, 0.1
+    )
+    return metrics

@@ -1,0 +1,81 @@
+"""A trained run, loaded to translate with: its model, tokenizer and settings from a checkpoint, or its
+CTranslate2 export (``make export``) behind the same ``translate`` call."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from app.checkpoint import checkpoint_path, load_checkpoint, snapshot_step
+from app.config import Config, DecodeConfig, config_from_dict
+from app.ct2_engine import EXPORT_INFO, CT2Translator, export_dir
+from app.data.corpus import load_tokenizer
+from app.data.tokenizer import Tokenizer
+from app.decoding import Hypotheses, decode_corpus
+from app.errors import UserError
+from app.models import build_model
+from app.utils import amp_dtype, resolve_device
+
+ENGINES = ("torch", "ct2")
+
+
+@dataclass
+class TrainedModel:
+    model: torch.nn.Module
+    tokenizer: Tokenizer
+    config: Config  # the configuration the model was trained with
+    device: torch.device
+    dtype: torch.dtype | None
+    step: int = 0  # the training step of the checkpoint (of the newest averaged snapshot)
+
+    def translate(
+        self, src: list[list[int]], decode: DecodeConfig, progress: bool = False, need_attention: bool = False
+    ) -> Hypotheses:
+        return decode_corpus(
+            self.model, src, self.device, decode, amp_dtype=self.dtype, need_attention=need_attention, progress=progress
+        )
+
+
+def load_trained(run_dir: str, which: str, device: torch.device) -> TrainedModel:
+    """The checkpoint ``which`` (best, last, averaged, step_NNNNNNN) of ``run_dir`` on ``device``, in eval mode."""
+    path = checkpoint_path(run_dir, which)
+    state = load_checkpoint(path)
+    trained = config_from_dict(state["config"])
+    tokenizer = load_tokenizer(trained.data.dir, trained.tokenizer)
+    if tokenizer.fingerprint() != state["vocab"]:
+        raise UserError(f"{path}: the tokenizer {tokenizer.src_path} is not the one this model was trained with")
+    model = build_model(trained.model, tokenizer)
+    model.load_state_dict(state["model"])
+    model.to(device).eval()
+    step = (
+        state["progress"]["step"]
+        if "progress" in state
+        else max(map(snapshot_step, state.get("averaged", [])), default=0)
+    )
+    return TrainedModel(model, tokenizer, trained, device, amp_dtype(trained.train.amp, device), step)
+
+
+def check_engine(setting: str, engine: str) -> None:
+    if engine not in ENGINES:
+        raise UserError(f"{setting}={engine!r}: choose torch (this package) or ct2 (the run's CTranslate2 export)")
+
+
+def load_ct2(cfg: Config, trained: Optional[TrainedModel], setting: str) -> CT2Translator:
+    """The run's CTranslate2 export (``make export``) on ``cfg.device``; with ``trained``, it must be an
+    export of that same checkpoint (an export left from an earlier checkpoint would be scored as this one)."""
+    path = export_dir(cfg)
+    if not os.path.exists(os.path.join(path, EXPORT_INFO)):
+        raise UserError(f'{setting}=ct2: no CTranslate2 export in {path}; make export ARGS="name={cfg.name}" writes it')
+    device = trained.device if trained else resolve_device(cfg.device)
+    engine = CT2Translator(path, device=device.type, device_index=device.index or 0)
+    exported = engine.info.get("run", {})
+    if trained and exported.get("step") != trained.step:
+        raise UserError(
+            f"{setting}=ct2: {path} holds step {exported.get('step')} ({exported.get('checkpoint')}), "
+            f"eval.checkpoint={cfg.eval.checkpoint} is step {trained.step}: make export again "
+            f'(make export ARGS="name={cfg.name} export.checkpoint={cfg.eval.checkpoint}")'
+        )
+    return engine

@@ -1,0 +1,56 @@
+"""``make translate``: lines from a file or standard input to a file or standard output, by a run's
+checkpoint or its CTranslate2 export; with ``decode.n_best`` > 1 in the Moses n-best format."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from app.config import Config
+from app.errors import UserError
+from app.trained import check_engine, load_ct2, load_trained
+from app.utils import atomic_write_text, resolve_device
+
+
+def translate_lines(cfg: Config) -> None:
+    """translate.input (or stdin) to translate.output (or stdout); with decode.n_best > 1 the lines are
+    ``index ||| hypothesis ||| score``."""
+    check_engine("translate.engine", cfg.translate.engine)
+    lines = read_translate_input(cfg.translate.input)  # bad input fails before the model loads
+    if cfg.translate.engine == "ct2":  # the export alone: no checkpoint, no training code
+        engine = load_ct2(cfg, None, "translate.engine")
+        tokenizer = engine.tokenizer()
+    else:
+        engine = load_trained(cfg.run_dir, cfg.translate.checkpoint, resolve_device(cfg.device))
+        tokenizer = engine.tokenizer
+    hyps = engine.translate(tokenizer.encode_src(lines), cfg.decode)
+    if cfg.decode.n_best > 1:
+        text = "".join(
+            f"{i} ||| {tokenizer.decode_tgt([tokens])[0]} ||| {score:.4f}\n"
+            for i, hypotheses in enumerate(hyps.nbest)
+            for tokens, score in hypotheses
+        )
+    else:
+        text = "".join(t + "\n" for t in tokenizer.decode_tgt(hyps.tokens))
+    if cfg.translate.output:
+        atomic_write_text(cfg.translate.output, text)
+    else:
+        sys.stdout.write(text)
+
+
+def read_translate_input(path: str | None) -> list[str]:
+    """Lines to translate from a file or stdin; an empty input or undecodable bytes is an error."""
+    where = path or "standard input"
+    if path and not os.path.isfile(path):
+        raise UserError(f"translate.input={path!r}: file not found")
+    source = open(path, "rb") if path else sys.stdin.buffer
+    lines = []
+    with source:
+        for line_no, raw in enumerate(source, start=1):
+            try:
+                lines.append(raw.decode("utf-8").rstrip("\r\n"))
+            except UnicodeDecodeError:
+                raise UserError(f"{where}:{line_no}: not valid UTF-8") from None
+    if not lines:
+        raise UserError(f"{where}: nothing to translate (no input lines)")
+    return lines
