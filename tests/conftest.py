@@ -22,7 +22,7 @@ GENESIS_VERSES = {1: 31, 2: 25, 3: 24}
 @pytest.fixture(scope="session")
 def genesis_pairs():
     """[(ref, spanish, english)] for Genesis 1-3 from the installed SWORD modules."""
-    from app.data.sources import bible_verses
+    from app.data.osis import bible_verses
 
     refs = [f"Gen.{c}.{v}" for c, n in GENESIS_VERSES.items() for v in range(1, n + 1)]
     es = bible_verses(SWORD, "spaRV1909eb", refs)
@@ -89,7 +89,7 @@ def run_cli(cwd, *args, stdin=None, timeout=600, env=None):
 @pytest.fixture(scope="session")
 def corpus_tsv(tmp_path_factory):
     """A TSV (ref, spanish, english) of Genesis 1-6 from the installed SWORD modules."""
-    from app.data.sources import bible_verses
+    from app.data.osis import bible_verses
 
     refs = [f"Gen.{c}.{v}" for c, n in CORPUS_CHAPTERS.items() for v in range(1, n + 1)]
     es = bible_verses(SWORD, "spaRV1909eb", refs)

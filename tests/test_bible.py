@@ -2,9 +2,11 @@
 
 import pytest
 
-from app.config import FilterConfig
-from app.data.prepare import filter_pairs
-from app.data.sources import Pair, bible_verses, clean_osis
+from app.config import DataConfig, FilterConfig
+from app.data import osis
+from app.data.osis import bible_verses, clean_osis
+from app.data.prepare import cache_key, filter_pairs
+from app.data.sources import Pair
 from app.errors import UserError
 
 SWORD = "/usr/share/sword"
@@ -39,6 +41,28 @@ def test_word_tags_removed_without_spaces_before_punctuation():
 def test_inline_tags_do_not_split_words():
     assert clean_osis('<w>Solomon</w><transChange type="added">’s</transChange> song') == "Solomon’s song"
     assert clean_osis('said, <q marker="“">Follow me</q>') == "said, Follow me"
+
+
+def test_added_words_are_words_of_their_own():
+    # RV1909 writes the translator's additions without a space on either side (Gen 7:14)
+    raw = '<w>los animales</w><transChange type="added">silvestres</transChange><w>según sus especies</w>,'
+    assert clean_osis(raw) == "los animales silvestres según sus especies,"
+    raw = '<w>Estas</w><transChange type="added"><w>son las medidas</w></transChange><w>Salomón</w>'
+    assert clean_osis(raw) == "Estas son las medidas Salomón"
+    assert clean_osis("hay<transChange>también</transChange>bdelio") == "hay también bdelio"
+    # an addition that only begins like a pronoun is words of its own too
+    assert clean_osis("<w>de</w><transChange>la casa de</transChange><w>Narciso</w>") == "de la casa de Narciso"
+
+
+def test_added_enclitic_pronoun_stays_on_its_verb():
+    assert clean_osis("<w>sáca</w><transChange>lo</transChange> <w>de</w>") == "sácalo de"
+    assert clean_osis("<w>y díjo</w><transChange>le</transChange><w>Dios</w>:") == "y díjole Dios:"
+    assert clean_osis("preguntándo<transChange>les</transChange>, <w>dijo</w>") == "preguntándoles, dijo"
+
+
+def test_other_tags_inside_a_word_do_not_split_it():
+    assert clean_osis("<w>Solo</w><w>mon</w> <w>give</w>n <w>tear</w>s") == "Solomon given tears"
+    assert clean_osis('<w>Solomon</w><transChange type="added">’s</transChange>') == "Solomon’s"
 
 
 def test_poetry_lines_separate_words():
@@ -122,6 +146,38 @@ def test_web_revelation_glossary_dropped_by_max_chars(web, rv):
     kept, dropped = filter_pairs(pairs, FilterConfig(), dedup=True)
     assert [p.id for p in kept] == ["Gen.1.1"]
     assert dropped == {"max_chars": 1}
+
+
+# RV1909 verses whose words the module glues to a <transChange> (no space in the markup), and how they read
+GLUED = {
+    "Gen.7.14": "Ellos, y todos los animales silvestres según sus especies, y todos los animales mansos",
+    "Num.16.1": "de los hijos de Rubén, tomaron gente,",
+    "Josh.9.1": "Y ACONTECIÓ que como oyeron estas cosas todos los reyes",
+    "Gen.2.12": "hay allí también bdelio",
+    "Gen.5.3": "y engendró un hijo á su semejanza",
+    "Ps.136.1": "porque para siempre es su misericordia",
+    "2Chr.3.3": "Estas son las medidas de que Salomón fundó",
+    # added enclitic pronouns: one word with the verb before them
+    "Gen.19.12": "sácalo de este lugar",
+    "1Kgs.3.5": "y díjole Dios: Pide lo que quisieres que yo te dé.",
+    "Matt.14.13": "Y oyéndolo Jesús,",
+}
+
+
+def test_rv1909_words_around_added_words_are_apart():
+    verses = bible_verses(SWORD, RV, refs=list(GLUED))
+    for ref, words in GLUED.items():
+        assert words in verses[ref], ref
+    glued = ["animalessilvestres", "tomarongente", "oyeronestas", "allítambién", "engendróun", "siempreessu", "queyo"]
+    assert not [word for verse in verses.values() for word in glued if word in verse]
+
+
+def test_cleaning_rules_version_is_in_the_bible_cache_key(monkeypatch):
+    bible, files = DataConfig(source="bible", name="b", dir="x"), DataConfig(source="files", name="f", dir="x")
+    before = cache_key(bible), cache_key(files)
+    monkeypatch.setattr("app.data.prepare.OSIS_CLEAN_VERSION", osis.CLEAN_VERSION + 1)
+    assert cache_key(bible) != before[0]  # a corpus prepared with other cleaning rules is made again
+    assert cache_key(files) == before[1]
 
 
 def test_unknown_module_is_user_error():

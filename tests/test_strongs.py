@@ -8,8 +8,8 @@ import re
 import pytest
 
 from app.alignment import read_pharaoh
-from app.data import sources
-from app.data.sources import clean_osis, raw_verses
+from app.data import osis
+from app.data.osis import bible_verses, clean_osis, raw_verses
 from app.data.strongs import bible_links, pharaoh_line, strong_links, tagged_words
 
 SWORD = "/usr/share/sword"
@@ -26,6 +26,8 @@ REFS = (
     + [f"Matt.1.{v}" for v in range(1, 26)]
     + [f"Exod.15.{v}" for v in range(1, 28)]
 )
+# RV1909 verses where the module closes a <w> and opens a <transChange> (or the other way) without a space
+GLUED = ["Gen.7.14", "Num.16.1", "Josh.9.1", "1Kgs.3.5", "Ps.35.5", "2Chr.3.3"]
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +117,22 @@ def test_lemma_lists_prefixes_and_zero_padding():
     assert tagged_words('<seg lemma="strong:H1">x</seg> <w>y</w> <wx lemma="strong:H2">z</wx>')[1] == [frozenset()] * 3
 
 
+def test_words_around_an_added_word_keep_their_own_numbers():
+    raw = (
+        '<w lemma="strong:H2416">los animales</w><transChange type="added">silvestres</transChange>'
+        '<w lemma="strong:H4327">según</w> <w lemma="strong:H0559">díjo</w><transChange type="added">le</transChange>'
+        '<w lemma="strong:H0430">Dios</w>'
+    )
+    assert words_and_numbers(raw) == [
+        ("los", {"H2416"}),
+        ("animales", {"H2416"}),
+        ("silvestres", set()),
+        ("según", {"H4327"}),
+        ("díjole", {"H559"}),  # an added enclitic pronoun is part of the verb's word
+        ("Dios", {"H430"}),
+    ]
+
+
 def test_self_closing_tags_wrap_nothing():
     raw = '<w lemma="strong:H1"/>x <q sID="q1" marker="“"/><w lemma="strong:H2">y</w> z<q eID="q1" marker="”"/>'
     assert words_and_numbers(raw) == [("x", set()), ("y", {"H2"}), ("z", set())]
@@ -129,11 +147,21 @@ def test_empty_and_markup_only_verses():
 
 
 def reference_clean(raw: str) -> str:
-    """clean_osis as it was before it tracked where characters came from: one regex after another."""
-    text = sources._DROPPED_ELEMENTS.sub(" ", raw)
-    text = sources._NONCANONICAL_TITLE.sub(" ", text)
-    text = sources._BLOCK_TAG.sub(" ", text)
-    text = sources._ANY_TAG.sub("", text)
+    """clean_osis without tracking where characters came from: one regex after another."""
+    text = osis._DROPPED_ELEMENTS.sub(" ", raw)
+    text = osis._NONCANONICAL_TITLE.sub(" ", text)
+    text = osis._BLOCK_TAG.sub(" ", text)
+
+    def word_edge(tags: re.Match) -> str:  # the last <transChange> tag between two letters decides
+        edges = list(re.finditer(r"<(/?)transChange\b[^>]*(?<!/)>", tags.group()))
+        if not edges:
+            return tags.group()
+        edge, after = edges[-1], text[tags.start() + edges[-1].end() :]
+        enclitic = re.match(r"(?:lo|la|los|las|le|les|me|te|se|nos|os)</transChange>", after)
+        return tags.group() + (" " if edge.group(1) or not enclitic else "")
+
+    text = re.sub(r"(?<=[^\W_])(?:<[^>]+>)+(?=[^\W_])", word_edge, text)
+    text = osis._ANY_TAG.sub("", text)
     text = " ".join(html.unescape(text).replace("¶", " ").split())
     return re.sub(r"\s+([,.;:!?)\]»”’])", r"\1", text)
 
@@ -143,13 +171,16 @@ def test_text_is_clean_osis_on_hand_written_markup():
         "a , b . c ; d : e ! f ? g ) h ] i » j ” k ’ l ( m [ n « o “ p ‘ q",
         '<w lemma="strong:H1">a</w> <note>n</note> , <title>t</title>. <l/>b&amp;c &lt;d&gt; ¶ e\n\tf\u00a0g',
         '<title canonical="true">T <w lemma="strong:H2">x</w></title><speaker>s</speaker><w>y</w>’s',
+        '<w>a</w><transChange type="added">b</transChange><w>c</w> <w>d</w><transChange>le</transChange><w>e</w>',
+        "¿<transChange>f</transChange>? <w>g</w><transChange><w>h</w></transChange><w>i</w>j",
+        "j<transChange>la k</transChange> <transChange>x</transChange>y<transChange/>z",
     ]:
         assert tagged_words(raw)[0] == clean_osis(raw) == reference_clean(raw), raw
 
 
 @pytest.mark.parametrize("module", [RV, pytest.param(KJV, marks=needs_kjv), WEB])
 def test_text_is_clean_osis_on_real_verses(module):
-    verses = raw_verses(SWORD, module, REFS)
+    verses = raw_verses(SWORD, module, REFS + GLUED)
     for ref, raw in verses.items():
         text, tags = tagged_words(raw)
         assert text == clean_osis(raw) == " ".join(text.split()) == reference_clean(raw), ref
@@ -255,6 +286,27 @@ def test_genesis_1_1_known_links(rv, kjv):
 
 
 @needs_kjv
+def test_words_once_glued_link_apart():
+    # RV1909 glued "animalessilvestressegún" (Gen 7:14), "tomarongente," (Num 16:1), "díjoleDios:" (1 Kgs 3:5):
+    # one word with the numbers of two <w> elements. Apart, each links to the KJV word of its own number.
+    rv, kjv = raw_verses(SWORD, RV, GLUED), raw_verses(SWORD, KJV, GLUED)
+
+    def named(ref):
+        es, en = clean_osis(rv[ref]).split(), clean_osis(kjv[ref]).split()
+        sure, possible = strong_links(tagged_words(rv[ref])[1], tagged_words(kjv[ref])[1])
+        return {(es[i], en[j]) for i, j in sure}, {(es[i], en[j]) for i, j in possible}
+
+    sure, possible = named("Gen.7.14")
+    assert {en for es, en in possible if es == "animales"} == {"beast", "cattle"}  # H2416 and H0929
+    assert {en for es, en in possible if es == "según"} == {"kind,"}  # H4327
+    assert not {en for es, en in possible if es == "silvestres"}  # added by the translator: no number
+    sure, _ = named("Num.16.1")
+    assert ("tomaron", "took") in sure
+    sure, possible = named("1Kgs.3.5")
+    assert ("Dios:", "God") in sure and ("díjole", "said,") in possible  # "y díjo" is one H0559 tag
+
+
+@needs_kjv
 def test_multi_number_tag_links_to_each_word(rv, kjv):
     # RV1909 "de Jesucristo" is tagged G2424 (Jesus) and G5547 (Christ); the KJV tags each word
     es, en = clean_osis(rv["Matt.1.1"]).split(), clean_osis(kjv["Matt.1.1"]).split()
@@ -273,7 +325,7 @@ def test_pharaoh_line_sorted_numerically():
 def test_pharaoh_round_trip_and_bible_links(tmp_path):
     links = bible_links(SWORD, RV, KJV, REFS)
     assert list(links) == REFS
-    es, en = sources.bible_verses(SWORD, RV, REFS), sources.bible_verses(SWORD, KJV, REFS)
+    es, en = bible_verses(SWORD, RV, REFS), bible_verses(SWORD, KJV, REFS)
     for ref, (sure, possible) in links.items():  # word indices count the words of the clean texts
         assert sure <= possible
         assert all(i < len(es[ref].split()) and j < len(en[ref].split()) for i, j in possible), ref

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from app.cache import cached, mark_done
 from app.config import DataConfig, FilterConfig
+from app.data.osis import CLEAN_VERSION as OSIS_CLEAN_VERSION
 from app.data.sources import SPLITS, Pair, read_source
 from app.errors import UserError
 from app.utils import atomic_open, stable_hash
@@ -100,7 +101,10 @@ def _fingerprint(cfg: DataConfig) -> dict:
 def cache_key(cfg: DataConfig) -> str:
     settings = asdict(cfg)
     settings.pop("num_proc", None)  # how many processes tokenize does not change the prepared splits
-    return stable_hash({"version": PREPARE_VERSION, "settings": settings, "inputs": _fingerprint(cfg)})
+    key = {"version": PREPARE_VERSION, "settings": settings, "inputs": _fingerprint(cfg)}
+    if cfg.source == "bible":  # the verse texts are what app/data/osis.py makes of the modules' markup
+        key["osis"] = OSIS_CLEAN_VERSION
+    return stable_hash(key)
 
 
 def read_tsv(path: str) -> list[Pair]:

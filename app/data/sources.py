@@ -1,6 +1,7 @@
 """Corpus sources behind one interface: each returns parallel pairs per split.
 
-- ``bible``: two SWORD Bible modules (read with pysword) paired by OSIS verse reference.
+- ``bible``: two SWORD Bible modules paired by OSIS verse reference (their markup read and cleaned by
+  app/data/osis.py).
 - ``files``: local TSV / JSONL / pair of plain-text files, read through ``datasets``.
 - ``hf``: any dataset ``datasets.load_dataset`` can open (hub name, local folder, saved dataset).
 
@@ -9,17 +10,15 @@ A split a source does not provide is ``None``; prepare.py carves it out of train
 
 from __future__ import annotations
 
-import html
 import os
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import zip_longest
 from typing import Optional
 
-from tqdm import tqdm
-
 from app.config import DataConfig
+from app.data.osis import clean_osis, raw_verses
+from app.data.strongs import pharaoh_line, strong_links, tagged_words
 from app.errors import UserError
 
 SPLITS = ("train", "dev", "test")
@@ -77,106 +76,10 @@ def with_links(pairs: Iterable[Pair], path: str) -> Iterator[Pair]:
 
 # --- bible ---------------------------------------------------------------------------------------
 
-# Footnotes and editorial labels are not translation: drop them with their content.
-_DROPPED_ELEMENTS = re.compile(r"<(note|speaker)\b[^>]*>.*?</\1>", re.DOTALL)
-_NONCANONICAL_TITLE = re.compile(r'<title\b(?![^>]*canonical="true")[^>]*>.*?</title>', re.DOTALL)
-# Block elements separate words (poetry lines, paragraphs, list items): replace them by a space.
-_BLOCK_TAG = re.compile(r"</?(div|l|lg|lb|p|title|item|list|chapter|milestone|verse)\b[^>]*>")
-# Everything else (<w>, <q>, <transChange>, ...) wraps words in place: remove it without a space.
-_ANY_TAG = re.compile(r"<[^>]+>")
-_TAG_NAME = re.compile(r"<(/?)\s*([^\s/>]*)")
-_CLOSING_PUNCT = frozenset(",.;:!?)]»”’")  # glued to the word before them
-
-
-def clean_osis(raw: str) -> str:
-    """OSIS verse markup -> plain text, without gluing or splitting words."""
-    return clean_osis_context(raw)[0]
-
-
-def clean_osis_context(raw: str) -> tuple[str, list[tuple[str, ...]]]:
-    """``clean_osis``'s text and, for each of its characters, the start tags of the inline elements
-    it came from (outermost first, e.g. ``('<q ...>', '<w lemma="strong:G2424">')``; ``()`` for none):
-    what lets a word of the clean text be traced back to the <w> element that tagged it."""
-    markup = _DROPPED_ELEMENTS.sub(" ", raw)
-    markup = _NONCANONICAL_TITLE.sub(" ", markup)
-    markup = _BLOCK_TAG.sub(" ", markup)
-    # Text nodes between the remaining tags, each with the elements open around it. Unescaping node by
-    # node is the same as unescaping the whole text: in XML an entity never spans a tag.
-    chars: list[str] = []
-    context: list[tuple[str, ...]] = []
-    names: list[str] = []  # the open inline elements: their names and start tags
-    start_tags: list[str] = []
-    start = 0
-    for tag in [*_ANY_TAG.finditer(markup), None]:
-        node = html.unescape(markup[start : tag.start() if tag else len(markup)]).replace("¶", " ")
-        chars.append(node)
-        context.extend([tuple(start_tags)] * len(node))
-        if tag is None:
-            break
-        start = tag.end()
-        closing, name = _TAG_NAME.match(tag.group()).groups()
-        if closing and name in names:  # closes the innermost open element of that name
-            k = len(names) - 1 - names[::-1].index(name)
-            del names[k:], start_tags[k:]
-        elif not closing and not tag.group().endswith("/>"):
-            names.append(name)
-            start_tags.append(tag.group())
-    # Whitespace collapsed to single spaces, none before closing punctuation.
-    text = "".join(chars)
-    out: list[str] = []
-    out_context: list[tuple[str, ...]] = []
-    for word in re.finditer(r"\S+", text):
-        if out and word.group()[0] not in _CLOSING_PUNCT:
-            out.append(" ")
-            out_context.append(())
-        out.append(word.group())
-        out_context.extend(context[word.start() : word.end()])
-    return "".join(out), out_context
-
-
-def _open_bible(sword_path: str, module: str):
-    from pysword.modules import SwordModules
-
-    if not os.path.isdir(os.path.join(sword_path, "mods.d")):
-        raise UserError(
-            f"data.sword_path={sword_path!r} holds no SWORD modules; "
-            "install the Debian packages sword-text-sparv and sword-text-web (make setup does)"
-        )
-    modules = SwordModules(sword_path)
-    found = modules.parse_modules()
-    if module not in found:
-        raise UserError(f"SWORD module {module!r} not found in {sword_path}; found {sorted(found)}")
-    return modules.get_bible_from_module(module)
-
-
-def raw_verses(sword_path: str, module: str, refs: Optional[Iterable[str]] = None) -> dict[str, str]:
-    """OSIS markup of verses keyed by OSIS reference ("Gen.1.1"); all verses unless ``refs`` is given."""
-    bible = _open_bible(sword_path, module)
-    if refs is None:
-        refs = [
-            f"{book.osis_name}.{chapter}.{verse}"
-            for books in bible.get_structure().get_books().values()
-            for book in books
-            for chapter in range(1, book.num_chapters + 1)
-            for verse in range(1, book.chapter_lengths[chapter - 1] + 1)
-        ]
-    verses = {}
-    for ref in tqdm(list(refs), desc=f"reading {module}", unit="verse", leave=False, mininterval=2):
-        book, chapter, verse = ref.split(".")
-        verses[ref] = bible.get(books=[book], chapters=[int(chapter)], verses=[int(verse)], clean=False)
-    return verses
-
-
-def bible_verses(sword_path: str, module: str, refs: Optional[Iterable[str]] = None) -> dict[str, str]:
-    """Cleaned verse texts keyed by OSIS reference ("Gen.1.1"); all verses unless ``refs`` is given."""
-    return {ref: clean_osis(raw) for ref, raw in raw_verses(sword_path, module, refs).items()}
-
 
 def read_bible(cfg: DataConfig) -> Splits:
     """Verse pairs by OSIS reference; with data.reference_links, each with the links between words that
     carry the same Strong's number (app/data/strongs.py)."""
-    from app.data.strongs import pharaoh_line, strong_links, tagged_words
-
     src = raw_verses(cfg.sword_path, cfg.src_module)
     tgt = raw_verses(cfg.sword_path, cfg.tgt_module, refs=list(src))
 

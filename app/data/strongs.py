@@ -5,7 +5,7 @@ Greek word they translate: ``<w lemma="strong:H7225">EN el principio</w>``. Two 
 that carry the same number translate the same original word, so they are linked: a *sure* link when
 each side has exactly one word with that number, a *possible* one otherwise. The links are written in
 the Pharaoh format that ``app.alignment.read_pharaoh`` reads, over the words of the cleaned verse texts
-(``app.data.sources.clean_osis``).
+(``app.data.osis.clean_osis``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from functools import cache
 from typing import Optional
 
-from app.data.sources import clean_osis_context, raw_verses
+from app.data.osis import clean_osis_context, raw_verses
 
 Links = set[tuple[int, int]]
 
