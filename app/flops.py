@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -48,15 +49,17 @@ class FlopCounter:
         self.enc_layers, self.dec_layers = (cfg.enc_layers, cfg.dec_layers) if self.transformer else (0, 0)
         self.rnn_attention = not self.transformer and cfg.attention != "none"
 
-    def __call__(self, src_lens: list[int], tgt_lens: list[int]) -> float:
-        flops = 6.0 * (self.p_enc * sum(src_lens) + self.p_dec * sum(tgt_lens))
-        pairs_tgt_src = sum(s * t for s, t in zip(src_lens, tgt_lens))
+    def __call__(self, src_lens, tgt_lens) -> float:
+        """FLOPs of sentences of these lengths (sequences or arrays of ints, EOS/BOS included)."""
+        src, tgt = np.asarray(src_lens, dtype=np.float64), np.asarray(tgt_lens, dtype=np.float64)
+        flops = 6.0 * (self.p_enc * src.sum() + self.p_dec * tgt.sum())
+        pairs_tgt_src = float(src @ tgt)
         if self.transformer:
             if self.window:  # sliding window: keys within `window` on either side
-                pairs_src_src = sum(windowed_pairs(s, self.window) for s in src_lens)
+                pairs_src_src = float(windowed_pairs(src, self.window).sum())
             else:
-                pairs_src_src = sum(s * s for s in src_lens)
-            pairs_tgt_tgt = sum(t * (t + 1) / 2 for t in tgt_lens)  # causal: each query sees itself and earlier keys
+                pairs_src_src = float(src @ src)
+            pairs_tgt_tgt = float((tgt * (tgt + 1) / 2).sum())  # causal: each query sees itself and earlier keys
             flops += (
                 12.0
                 * self.width
@@ -64,12 +67,13 @@ class FlopCounter:
             )
         elif self.rnn_attention:
             flops += 12.0 * self.width * pairs_tgt_src
-        return flops
+        return float(flops)
 
-    def of_batches(self, batches: list[list[int]], src_lens: list[int], tgt_lens: list[int]) -> float:
-        """FLOPs of training on these batches of sentence indices (lengths without EOS/BOS)."""
-        indices = [i for batch in batches for i in batch]
-        return self([src_lens[i] + 1 for i in indices], [tgt_lens[i] + 1 for i in indices])
+    def of_batches(self, batches: list[list[int]], src_lens: np.ndarray, tgt_lens: np.ndarray) -> float:
+        """FLOPs of training on these batches of sentence indices (``src_lens``, ``tgt_lens``: arrays of every
+        sentence's lengths without EOS/BOS)."""
+        indices = np.concatenate([np.asarray(batch, dtype=np.int64) for batch in batches])
+        return self(src_lens[indices] + 1, tgt_lens[indices] + 1)
 
 
 def training_flops(model: nn.Module, src_lens: list[int], tgt_lens: list[int]) -> float:
@@ -77,9 +81,9 @@ def training_flops(model: nn.Module, src_lens: list[int], tgt_lens: list[int]) -
     return FlopCounter(model)(src_lens, tgt_lens)
 
 
-def windowed_pairs(length: int, window: int) -> int:
-    """Query-key pairs (i, j) with |i - j| <= window in a sentence of ``length`` tokens."""
-    w = min(window, length - 1)
+def windowed_pairs(length, window: int):
+    """Query-key pairs (i, j) with |i - j| <= window in sentences of ``length`` tokens (an int or an array)."""
+    w = np.minimum(window, np.asarray(length) - 1)
     return length * (2 * w + 1) - w * (w + 1)
 
 

@@ -12,6 +12,7 @@ import torch
 from tqdm import tqdm
 
 from app import distributed
+from app.errors import UserError
 from app.update import StepResult
 
 
@@ -95,3 +96,22 @@ def progress_postfix(figures: dict, time_left: Optional[float]) -> dict:
     if time_left is not None:
         postfix["time_left"] = tqdm.format_interval(max(time_left, 0))
     return postfix
+
+
+def report_skips(window: MetricsWindow, progress, writer, max_bad_steps: int) -> None:
+    """Count the updates skipped for a non-finite loss or gradient into ``progress`` and report them; abort
+    after ``train.max_bad_steps`` of them in a row."""
+    skipped, worst = window.read_skips()
+    p = progress
+    if skipped:
+        p.skipped_steps += skipped
+        writer.add_scalar("train/skipped_steps", p.skipped_steps, p.step)
+        tqdm.write(
+            f"step {p.step}: skipped {skipped} update(s) with a non-finite loss or gradient ({p.skipped_steps} in all)"
+        )
+    if max_bad_steps and worst >= max_bad_steps:
+        raise UserError(
+            f"training aborted at step {p.step}: {worst} updates in a row had a non-finite loss or "
+            f"gradient (train.max_bad_steps={max_bad_steps}); lower train.lr or raise "
+            "train.warmup_steps, and check the data"
+        )

@@ -1,19 +1,23 @@
-"""What a checkpoint holds of a training run (model, optimizer, schedule, progress, random generators,
-settings, vocabulary), how a run resumes from it exactly, and whether a run folder is new, to be
-resumed or finished."""
+"""What a checkpoint holds of a training run (model, optimizer, learning-rate schedule, batch schedule,
+progress, random generators, settings, vocabulary), how a run resumes from it exactly, and whether a run
+folder is new, to be resumed or finished.
+
+A checkpoint is read on the CPU whatever the device training runs on: the model and optimizer states go
+to their device through ``load_state_dict``, and the random generators' states never leave the host."""
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import Optional
 
 import torch
 
-from app.checkpoint import check_compatible
+from app.checkpoint import check_compatible, load_checkpoint
 from app.config import Config, TrainConfig
+from app.data.schedule import BatchSchedule
 from app.errors import UserError
 from app.utils import rng_state, set_rng_state
 
@@ -25,17 +29,14 @@ class Progress:
     """Where training stands; saved in every checkpoint so a resumed run continues exactly."""
 
     step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0  # batches of the current epoch already trained on
     best_bleu: float = -1.0
     best_step: int = 0
     bad_evals: int = 0  # validations since the last improvement (early stopping)
     elapsed_seconds: float = 0.0  # wall clock of the training loop, validations included
     eval_seconds: float = 0.0
+    last_validation_seconds: float = 0.0  # what the closing validation is expected to take (time budgets)
     tgt_tokens: int = 0
     skipped_steps: int = 0  # updates skipped for a non-finite loss or gradient
-    batch_tokens: int = 0  # token budget in force (halved on out-of-memory with train.oom_retry)
-    epoch_batch_tokens: int = 0  # the budget the current epoch's batches were cut with
     validations: list = field(default_factory=list)  # [step, dev BLEU] of every validation
     started: str = ""  # when the run first started (ISO, local time); a resume keeps it
 
@@ -43,6 +44,7 @@ class Progress:
         """Note a validation at the current step; returns whether its dev BLEU is the best so far."""
         self.validations.append([self.step, bleu])
         self.eval_seconds += seconds
+        self.last_validation_seconds = seconds
         improved = bleu > self.best_bleu
         if improved:
             self.best_bleu, self.best_step, self.bad_evals = bleu, self.step, 0
@@ -56,6 +58,7 @@ class TrainingState:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    schedule: BatchSchedule
     cfg: Config
     vocab: dict  # the tokenizer's fingerprint
     device: torch.device
@@ -63,11 +66,7 @@ class TrainingState:
 
     def __post_init__(self) -> None:
         self.config = asdict(self.cfg)
-        self.progress = self.progress or Progress(
-            batch_tokens=self.cfg.train.batch_tokens,
-            epoch_batch_tokens=self.cfg.train.batch_tokens,
-            started=datetime.now().isoformat(timespec="seconds"),
-        )
+        self.progress = self.progress or Progress(started=datetime.now().isoformat(timespec="seconds"))
 
     def checkpoint(self, rng_ranks: Optional[list] = None) -> dict:
         """Everything a resume needs (``last.pt``, ``best.pt``); ``rng_ranks``: every rank's generators."""
@@ -75,6 +74,7 @@ class TrainingState:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
+            "schedule": self.schedule.state_dict(),
             "progress": asdict(self.progress),
             "config": self.config,
             "vocab": self.vocab,
@@ -93,26 +93,38 @@ class TrainingState:
             "progress": asdict(self.progress),
         }
 
-    def restore(self, state: dict, path: str, rank: int, world: int) -> None:
-        """Continue from a checkpoint of this run: its weights, optimizer, schedule, progress and random
-        generators. The token budget follows train.batch_tokens if the user changed it."""
+    def restore(self, path: str, rank: int, world: int) -> None:
+        """Continue from the checkpoint ``path`` of this run: its weights, optimizer, schedules, progress and
+        random generators. The token budget follows train.batch_tokens if the user changed it."""
+        state = load_checkpoint(path)  # on the CPU: see the module's docstring
         check_compatible(state, path, self.vocab, self.cfg.model)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.progress = p = Progress(**state["progress"])
+        known = {f.name for f in fields(Progress)}
+        self.progress = p = Progress(**{k: v for k, v in state["progress"].items() if k in known})
+        saved_budget = state["config"]["train"]["batch_tokens"]
+        schedule = state.get("schedule") or legacy_schedule(state["progress"], self.cfg.train.seed)
+        self.schedule.load_state_dict(schedule, self.cfg.train.batch_tokens, saved_budget)
         rng = state.get("rng_ranks") or [state["rng"]]
         if len(rng) == world:
             set_rng_state(rng[rank], self.device)
         else:  # resumed with another number of ranks: same weights and data order, fresh dropout streams
             set_rng_state(state["rng"], self.device)
             torch.manual_seed(self.cfg.train.seed + rank + 7919 * p.step)
-        saved_budget = state["config"]["train"]["batch_tokens"]
-        p.epoch_batch_tokens = p.epoch_batch_tokens or saved_budget  # checkpoints older than these fields
-        p.batch_tokens = p.batch_tokens or saved_budget
-        if saved_budget != self.cfg.train.batch_tokens:  # the user changed it: from the next batches on
-            p.batch_tokens = self.cfg.train.batch_tokens
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, p.step, p.epoch, p.batch_in_epoch)
+        s = self.schedule
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, p.step, s.epoch, s.position)
+
+
+def legacy_schedule(progress: dict, seed: int) -> dict:
+    """The batch schedule of a checkpoint written before it had its own entry (it was part of the progress)."""
+    return {
+        "seed": seed,
+        "epoch": progress.get("epoch", 0),
+        "position": progress.get("batch_in_epoch", 0),
+        "batch_tokens": progress.get("batch_tokens", 0),
+        "epoch_batch_tokens": progress.get("epoch_batch_tokens", 0),
+    }
 
 
 def resuming(t: TrainConfig, last_path: str) -> bool:

@@ -94,7 +94,9 @@ def set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch"].cpu())
     if "numpy" in state:
         n = state["numpy"]
-        np.random.set_state((n["kind"], n["keys"].numpy().astype("uint32"), n["pos"], n["has_gauss"], n["cached"]))
+        np.random.set_state(
+            (n["kind"], n["keys"].cpu().numpy().astype("uint32"), n["pos"], n["has_gauss"], n["cached"])
+        )
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 

@@ -22,7 +22,9 @@ from app.utils import amp_dtype, autocast
 
 
 @torch.no_grad()
-def dev_scores(model, dev: ParallelData, tokenizer: Tokenizer, cfg: Config, device, dtype) -> dict:
+def dev_scores(
+    model, dev: ParallelData, tokenizer: Tokenizer, cfg: Config, device, dtype, progress: bool = False
+) -> dict:
     """Dev perplexity (teacher forcing, no smoothing) and dev BLEU/chrF of greedy translations."""
     model.eval()
     loss_sum, tokens = 0.0, 0
@@ -32,7 +34,7 @@ def dev_scores(model, dev: ParallelData, tokenizer: Tokenizer, cfg: Config, devi
             logits = model(batch.src, batch.tgt_in, src_lengths=batch.src_lengths)
         loss_sum += sequence_loss(logits.float(), batch.tgt_out).item()
         tokens += int((batch.tgt_out != PAD).sum())
-    hyps = decode_corpus(model, dev.src, device, cfg.decode.greedy(), amp_dtype=dtype)
+    hyps = decode_corpus(model, dev.src, device, cfg.decode.greedy(), amp_dtype=dtype, progress=progress)
     metrics = score(tokenizer.decode_tgt(hyps.tokens), dev.tgt_texts, ter=False)
     model.train()
     return {"loss": loss_sum / tokens, "ppl": math.exp(min(loss_sum / tokens, 50)), **metrics}
@@ -63,15 +65,20 @@ def log_samples(writer, model, dev: ParallelData, tokenizer: Tokenizer, cfg: Con
     writer.add_scalar("dev/attention_monotonicity", shape["monotonicity"], step)
 
 
-def validate(model, dev: ParallelData, dev_links, tokenizer: Tokenizer, cfg: Config, writer, progress) -> dict:
+def validate(
+    model, dev: ParallelData, dev_links, tokenizer: Tokenizer, cfg: Config, writer, progress, closing: bool = False
+) -> dict:
     """One validation at ``progress.step``: scores and heatmaps to TensorBoard, recorded in ``progress``
     (best dev BLEU, early stopping), a line on the console; returns the scores and whether they are
     the best so far. With the dev split's reference links (``dev_links``), also the AER of the best
-    view of the attention (``dev/aer``)."""
+    view of the attention (``dev/aer``). ``closing``: the validation after the last step, with a progress bar
+    (nothing else is on screen then)."""
     device = next(model.parameters()).device
     dtype = amp_dtype(cfg.train.amp, device)
     start, step = time.time(), progress.step
-    metrics = dev_scores(model, dev, tokenizer, cfg, device, dtype)
+    if closing:
+        tqdm.write(f"step {step}: closing validation on {len(dev)} dev sentences")
+    metrics = dev_scores(model, dev, tokenizer, cfg, device, dtype, progress=closing)
     log_samples(writer, model, dev, tokenizer, cfg, device, dtype, step)
     aer = ""
     if dev_links is not None:

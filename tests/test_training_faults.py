@@ -27,30 +27,32 @@ def workdir(tmp_path, corpus_tsv, monkeypatch):
     return tmp_path
 
 
-def inject(monkeypatch, fault):
-    """Build the real model, with ``fault(call_number, output, src)`` applied to every forward pass."""
-    real_build, calls = training.build_model, []
+def faulty(cfg, fault):
+    """The real model of ``cfg``, with ``fault(call_number, output, src)`` applied to every training forward
+    pass: what the tests hand the Trainer in place of the model it would build."""
+    from app.data.corpus import prepare_data
+    from app.models import build_model
 
-    def build(*args, **kwargs):
-        model = real_build(*args, **kwargs)
+    model, calls = build_model(cfg.model, prepare_data(cfg)), []
 
-        def hook(module, inputs, output):
-            if not module.training:
-                return output
-            calls.append(1)
-            return fault(len(calls), output, inputs[0])
+    def hook(module, inputs, output):
+        if not module.training:
+            return output
+        calls.append(1)
+        return fault(len(calls), output, inputs[0])
 
-        model.register_forward_hook(hook)
-        return model
+    model.register_forward_hook(hook)
+    return model
 
-    monkeypatch.setattr(training, "build_model", build)
-    return calls
+
+def train_with(fault, *overrides):
+    cfg = config(os.path.join(os.getcwd(), "run"), *overrides)
+    return training.train(cfg, model=faulty(cfg, fault))
 
 
 @pytest.mark.slow
-def test_non_finite_updates_are_skipped_and_counted(workdir, monkeypatch):
-    inject(monkeypatch, lambda n, out, src: out * float("nan") if n in (3, 4, 7) else out)
-    summary = training.train(config(workdir / "run", "train.max_steps=12"))
+def test_non_finite_updates_are_skipped_and_counted(workdir):
+    summary = train_with(lambda n, out, src: out * float("nan") if n in (3, 4, 7) else out, "train.max_steps=12")
     assert summary["steps"] == 12 and summary["skipped_steps"] == 3
     state = torch.load(workdir / "run" / "last.pt", weights_only=True)
     assert all(torch.isfinite(p).all() for p in state["model"].values())
@@ -86,10 +88,10 @@ def test_a_skipped_update_changes_no_parameter(fused):
 
 
 @pytest.mark.slow
-def test_training_aborts_after_max_bad_steps_in_a_row(workdir, monkeypatch):
-    inject(monkeypatch, lambda n, out, src: out * float("nan") if n > 2 else out)
+def test_training_aborts_after_max_bad_steps_in_a_row(workdir):
     with pytest.raises(UserError, match=r"aborted at step \d+: \d+ updates in a row .*train.max_bad_steps=4"):
-        training.train(config(workdir / "run", "train.max_steps=50", "train.max_bad_steps=4"))
+        nan_after_two = lambda n, out, src: out * float("nan") if n > 2 else out  # noqa: E731
+        train_with(nan_after_two, "train.max_steps=50", "train.max_bad_steps=4")
 
 
 def out_of_memory_over(sentences):
@@ -102,22 +104,20 @@ def out_of_memory_over(sentences):
 
 
 @pytest.mark.slow
-def test_out_of_memory_names_the_batch_and_the_setting(workdir, monkeypatch):
-    inject(monkeypatch, out_of_memory_over(8))
+def test_out_of_memory_names_the_batch_and_the_setting(workdir):
     with pytest.raises(UserError) as err:
-        training.train(config(workdir / "run", "train.max_steps=5"))
+        train_with(out_of_memory_over(8), "train.max_steps=5")
     message = str(err.value)
     assert "out of cpu memory at step 1" in message and "source (" in message
     assert "lower train.batch_tokens (now 2000)" in message and "train.oom_retry=true" in message
 
 
 @pytest.mark.slow
-def test_out_of_memory_retry_halves_the_budget_and_trains_on(workdir, monkeypatch):
-    inject(monkeypatch, out_of_memory_over(8))
-    summary = training.train(config(workdir / "run", "train.max_steps=10", "train.oom_retry=true"))
+def test_out_of_memory_retry_halves_the_budget_and_trains_on(workdir):
+    summary = train_with(out_of_memory_over(8), "train.max_steps=10", "train.oom_retry=true")
     assert summary["steps"] == 10 and summary["batch_tokens"] < 2000
     assert (
-        torch.load(workdir / "run" / "last.pt", weights_only=True)["progress"]["batch_tokens"]
+        torch.load(workdir / "run" / "last.pt", weights_only=True)["schedule"]["batch_tokens"]
         == summary["batch_tokens"]
     )
 

@@ -1,0 +1,157 @@
+"""The batch schedule of a training run: which sentences every update trains on.
+
+One object owns what decides it: the seed, the epoch and the position in it, the token budget in force
+(``train.batch_tokens``, halved on out-of-memory with ``train.oom_retry``), the number of ranks and this
+rank's share, and the micro-batches accumulated per update. An epoch's batches are cut by length under
+the budget it started with and shuffled by (seed, epoch) alone (app/data/batching.py), so its
+``state_dict`` in a checkpoint is enough to replay the same updates on resume, as JoeyNMT's batch
+sampler does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.config import TrainConfig
+from app.data.batching import make_batches, split_batch
+from app.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Update:
+    """One optimizer update: this rank's micro-batches (sentence indices) as its epoch cut them, what the
+    update counts, and where the schedule stands once it is done."""
+
+    parts: list[list[int]]
+    tgt_tokens: int  # target tokens (with EOS) of the whole update, over all ranks: the loss normalizer
+    epoch: int
+    position: int  # batches of the epoch done once this update is
+    epoch_batch_tokens: int  # the budget its epoch was cut with
+
+
+class BatchSchedule:
+    """Length-bucketed, shuffled epochs of updates: ``for update in schedule`` never ends (the caller stops)."""
+
+    def __init__(
+        self,
+        src_lens: Sequence[int],
+        tgt_lens: Sequence[int],
+        batch_tokens: int,
+        seed: int,
+        world: int = 1,
+        rank: int = 0,
+        accum: int = 1,
+    ):
+        self.src_lens, self.tgt_lens = src_lens, tgt_lens
+        self.tgt_plus_eos = np.asarray(tgt_lens, dtype=np.int64) + 1
+        self.seed, self.world, self.rank, self.accum = seed, world, rank, accum
+        self.epoch = 0
+        self.position = 0  # batches of the current epoch already trained on
+        self.batch_tokens = batch_tokens  # the budget in force
+        self.epoch_batch_tokens = batch_tokens  # the budget the current epoch's batches were cut with
+        self._epoch_cache: tuple[tuple[int, int], list[list[int]]] | None = None
+
+    @property
+    def group(self) -> int:
+        """Batches per update: each of the ranks takes ``accum`` of them."""
+        return self.world * self.accum
+
+    def epoch_batches(self, epoch: int | None = None, budget: int | None = None) -> list[list[int]]:
+        """An epoch's batches (every rank's), cut with ``budget`` (default: the current epoch's and the budget
+        in force when it started)."""
+        key = (self.epoch if epoch is None else epoch, self.epoch_batch_tokens if budget is None else budget)
+        if self._epoch_cache is None or self._epoch_cache[0] != key:
+            batches = make_batches(self.src_lens, self.tgt_lens, key[1], shuffle=True, seed=self.seed, epoch=key[0])
+            if len(batches) < self.group:
+                raise UserError(
+                    f"the train split makes {len(batches)} batches of train.batch_tokens={key[1]}, fewer than one "
+                    f"update takes ({self.world} ranks × {self.accum} accumulated): lower train.batch_tokens"
+                )
+            self._epoch_cache = (key, batches)
+        return self._epoch_cache[1]
+
+    def __iter__(self) -> Iterator[Update]:
+        """Updates from where the schedule stands on; a last group smaller than one update is left out of an
+        epoch. Iterating does not move the schedule (a prefetcher may run ahead): ``advance`` does, once an
+        update is trained on, so that a checkpoint written then resumes with the next one."""
+        epoch, position, budget = self.epoch, self.position, self.epoch_batch_tokens
+        while True:
+            batches = self.epoch_batches(epoch, budget)
+            for start in range(position, len(batches) - self.group + 1, self.group):
+                group = batches[start : start + self.group]
+                tgt_tokens = int(sum(self.tgt_plus_eos[indices].sum() for indices in group))  # known on every rank
+                parts = group[self.rank * self.accum : (self.rank + 1) * self.accum]
+                yield Update(parts, tgt_tokens, epoch, start + self.group, budget)
+            # the next epoch is cut with the budget in force when it starts
+            epoch, position, budget = epoch + 1, 0, self.batch_tokens
+
+    def parts_in_force(self, update: Update) -> list[list[int]]:
+        """The update's micro-batches within the budget in force: cut again if it was halved since its epoch began."""
+        return update.parts if self.batch_tokens >= update.epoch_batch_tokens else self.cut(update.parts)
+
+    def advance(self, update: Update) -> None:
+        """``update`` was trained on: the schedule stands after it."""
+        self.epoch, self.position, self.epoch_batch_tokens = update.epoch, update.position, update.epoch_batch_tokens
+
+    def cut(self, parts: list[list[int]]) -> list[list[int]]:
+        """The same sentences in micro-batches within the budget in force."""
+        return [piece for part in parts for piece in split_batch(part, self.src_lens, self.tgt_lens, self.batch_tokens)]
+
+    def halve(self) -> int:
+        """Out of memory: half the token budget from now on (the current update is cut again with it)."""
+        self.batch_tokens = max(self.batch_tokens // 2, 1)
+        return self.batch_tokens
+
+    def epochs_done(self) -> float:
+        """Epochs trained, with the share of the current one."""
+        return self.epoch + self.position / len(self.epoch_batches())
+
+    def state_dict(self) -> dict:
+        return {
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "position": self.position,
+            "batch_tokens": self.batch_tokens,
+            "epoch_batch_tokens": self.epoch_batch_tokens,
+        }
+
+    def load_state_dict(self, state: dict, configured_batch_tokens: int, saved_batch_tokens: int) -> None:
+        """Continue where ``state`` left off. The budget follows ``train.batch_tokens`` from the next batches
+        on if the user changed it since the checkpoint (``saved_batch_tokens``: the setting then)."""
+        if state["seed"] != self.seed:
+            raise UserError(
+                f"train.seed={self.seed} but the checkpoint's run has seed {state['seed']}: a resumed run replays "
+                "its batch order; keep the seed"
+            )
+        self.epoch, self.position = state["epoch"], state["position"]
+        self.epoch_batch_tokens = state["epoch_batch_tokens"] or saved_batch_tokens
+        self.batch_tokens = state["batch_tokens"] or saved_batch_tokens
+        if saved_batch_tokens != configured_batch_tokens:
+            self.batch_tokens = configured_batch_tokens
+
+
+def accumulation_steps(t: TrainConfig, world: int) -> int:
+    """Micro-batches per rank and update: train.accum_steps, or what train.tokens_per_update asks for
+    with this many ranks (so the tokens per update stay the same when the number of GPUs changes)."""
+    if t.tokens_per_update <= 0:
+        if t.accum_steps < 1:
+            raise UserError(f"train.accum_steps={t.accum_steps} must be at least 1")
+        return t.accum_steps
+    accum = max(1, round(t.tokens_per_update / (t.batch_tokens * world)))
+    if accum * t.batch_tokens * world != t.tokens_per_update:
+        log.warning(
+            "train.tokens_per_update=%d is not a multiple of %d ranks × train.batch_tokens=%d: using %d "
+            "accumulation steps (%d tokens per update)",
+            t.tokens_per_update,
+            world,
+            t.batch_tokens,
+            accum,
+            accum * world * t.batch_tokens,
+        )
+    return accum

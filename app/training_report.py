@@ -1,0 +1,131 @@
+"""What a training run says about itself: ``train_summary.json``, the size of an update, how long the run
+will take at the speed its first steps show, and what torch.compile built."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Optional
+
+import torch
+
+from app.config import Config, TrainConfig
+from app.models import count_parameters
+
+# A run that would take longer than this on a CPU is told about experiment=quick
+LONG_CPU_RUN_HOURS = 2.0
+
+
+def run_summary(trainer, stop_reason: str) -> dict:
+    """``train_summary.json`` of an app.training.Trainer: how far training went, how fast, and on what."""
+    p, device, s = trainer.progress, trainer.device, trainer.schedule
+    training_seconds = max(p.elapsed_seconds - p.eval_seconds, 1e-9)
+    summary = {
+        "stopped": stop_reason,
+        "started": p.started,
+        "steps": p.step,
+        "epochs": round(s.epochs_done(), 3),
+        "train_minutes": round(p.elapsed_seconds / 60, 2),
+        "validation_minutes": round(p.eval_seconds / 60, 2),
+        "validations": len(p.validations),
+        "tgt_tokens_per_s": round(p.tgt_tokens / training_seconds),
+        "best_dev_bleu": p.best_bleu,
+        "best_step": p.best_step,
+        "skipped_steps": p.skipped_steps,
+        "batch_tokens": s.batch_tokens,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "tgt_tokens_per_update": round(p.tgt_tokens / max(p.step, 1)),
+    }
+    if device.type == "cuda":
+        summary["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+    summary.update(parameters=count_parameters(trainer.model), amp=str(trainer.dtype or "fp32"))
+    summary.update(ranks=s.world, accum_steps=s.accum)
+    if trainer.compiles.enabled:
+        summary.update(compile_graphs=trainer.compiles.graphs, compile_seconds=round(trainer.compiles.seconds, 1))
+    return summary
+
+
+def update_size(t: TrainConfig, world: int, accum: int, batch_tokens: int) -> str:
+    return (
+        f"{world} rank(s) × {accum} micro-batch(es) of up to {batch_tokens} tokens = "
+        f"{world * accum * batch_tokens} padded tokens"
+        + (f" (train.tokens_per_update={t.tokens_per_update})" if t.tokens_per_update else "")
+    )
+
+
+class RunEstimate:
+    """Seconds per step over the first ``steps`` steps of this run after its first (which warms up and
+    compiles), measured once."""
+
+    def __init__(self, start_step: int, steps: int = 10):
+        self.first, self.last = start_step + 1, start_step + 1 + steps
+        self.start: Optional[float] = None
+        self.done = False
+
+    def tick(self, step: int) -> Optional[float]:
+        """After each step; the seconds per step once, when they are measured."""
+        if self.done:
+            return None
+        if step == self.first:
+            self.start = time.perf_counter()
+        elif step >= self.last and self.start is not None:
+            self.done = True
+            return (time.perf_counter() - self.start) / (step - self.first)
+        return None
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def duration_hint(cfg: Config, device: torch.device, model, step: int, seconds_per_step: float) -> str:
+    """What the budget means at the measured speed (validations not counted); on a CPU, a run that would
+    take hours is pointed at ``experiment=quick``."""
+    t = cfg.train
+    steps_left = max(t.max_steps - step, 0)
+    by_steps = steps_left * seconds_per_step
+    line = f"at {seconds_per_step:.3g} s/step, the {steps_left} steps left of train.max_steps={t.max_steps}"
+    if t.max_minutes and t.max_minutes * 60 < by_steps:
+        reach = step + int(t.max_minutes * 60 / seconds_per_step)
+        line += f" would take {_duration(by_steps)}: train.max_minutes={t.max_minutes:g} stops near step {reach}"
+        expected = t.max_minutes * 60
+    else:
+        line += f" take about {_duration(by_steps)}"
+        expected = by_steps
+    if device.type == "cpu" and expected > LONG_CPU_RUN_HOURS * 3600:
+        size = f"{count_parameters(model) / 1e6:.1f} M parameters"
+        line += (
+            f". This model ({size}) is sized for a GPU: on a CPU, "
+            '`make train ARGS="experiment=quick"` trains a small Transformer that learns visibly in minutes'
+        )
+    return line
+
+
+class CompileWatch:
+    """How many graphs torch.compile built during training, and the seconds of the steps that built them."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.graphs, self.seconds, self.steps = enabled, 0, 0.0, []
+
+    def watch(self, step: int) -> contextlib.AbstractContextManager:
+        return self._watch(step) if self.enabled else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _watch(self, step: int):
+        before, start = torch._dynamo.utils.counters["stats"]["unique_graphs"], time.perf_counter()
+        yield
+        built = torch._dynamo.utils.counters["stats"]["unique_graphs"] - before
+        if built:
+            self.graphs += built
+            self.seconds += time.perf_counter() - start
+            self.steps.append(step)
+
+    def describe(self) -> str:
+        steps = ", ".join(map(str, self.steps[:10])) + (" ..." if len(self.steps) > 10 else "")
+        return f"built {self.graphs} graph(s) in {self.seconds:.1f} s (at step {steps or '-'})"
