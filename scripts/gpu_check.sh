@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# The GPU figures the issues ask for, each part one call to a lent GPU machine (10-minute limit):
-#   bash scripts/gpu_check.sh paths        # the first call: every GPU path for a few steps, so breakage shows
-#                                          # before the long runs (bf16 training and beam-5 eval of every family,
-#                                          # 1-GPU torchrun, compile and CUDA graphs, SIGKILL then resume with
-#                                          # the per-step loss difference, a real out-of-memory with oom_retry)
+# The GPU checks and figures the issues ask for, each part one call to a lent GPU machine (10-minute limit):
+#   bash scripts/gpu_check.sh paths        # the first call: the gpu test tier (tests/test_gpu.py) in stages, each
+#                                          # under `timeout` within PATHS_SECONDS (570) in all, the compiles last:
+#                                          # families (bf16 training and beam-5 eval with attention maps of every
+#                                          # family), resume (SIGKILL after the first checkpoint, then resume: the
+#                                          # saved step and per-step losses within a bf16 tolerance), torchrun
+#                                          # (1 GPU, DDP over NCCL), oom (a real out-of-memory with oom_retry),
+#                                          # compile and cuda_graphs (one graph over every batch shape); after each
+#                                          # stage $OUT/paths.json says {stage: {status, seconds, ...}}
+#   bash scripts/gpu_check.sh tests        # the same tests in one pytest call (pytest -m gpu tests/test_gpu.py,
+#                                          # TESTS_SECONDS (570) at most): $OUT/tests.log, tests_all.xml, tests.json
 #   bash scripts/gpu_check.sh transformer  # 1-GPU torchrun (DDP over NCCL) training, greedy and beam-5
 #                                          # eval of the test set, make bench with the trained weights
 #                                          # and its profile
@@ -17,11 +23,15 @@
 #                                          # of every call into one folder and run
 #                                          # python -m app command=compare compare.dir=<that folder>
 # The machine has no internet: first, where there is, `make gpu-wheels` (the packages its image lacks,
-# into .whl/) and `make data`; carry .whl and data. Results go to $OUT (default checkpoints/gpu_check):
-# <part>.log and one JSON per figure. GPU_CHECK_ARGS adds Hydra overrides to every command (a tiny
-# model, to try the script on a CPU).
+# into .whl/; for paths and tests also pytest: GPU_WHEELS_EXTRA="pytest pluggy iniconfig pygments packaging"
+# pinned as in .venv, where the image lacks it) and `make data`; carry .whl and data. Results go to $OUT
+# (default checkpoints/gpu_check): <part>.log and JSON figures; for paths and tests <part>.json (each stage's
+# status: passed, failed, timeout, skipped, with its seconds, test counts and the figures the tests record)
+# and each stage's junit XML. GPU_CHECK_ARGS adds Hydra overrides to every command of the timed parts (a tiny
+# model, to try the script on a CPU); the test tier sets its own small models, and without CUDA its tests
+# skip, so paths and tests on a CPU check only the script.
 set -uo pipefail
-part=${1:?usage: $0 paths|transformer|rnn|bench|ablation|compare}
+part=${1:?usage: $0 paths|tests|transformer|rnn|bench|ablation|compare}
 OUT=${OUT:-checkpoints/gpu_check}
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -60,53 +70,104 @@ train_eval_bench() {  # NAME LAUNCHER OVERRIDES...: train, eval greedy and beam 
     cp "checkpoints/bench/${name}_profile.txt" "$OUT/" || status=1
 }
 
+gpu_tests_start() {  # before the first stage of paths/tests: pytest is there, and a fresh <part>.json
+    rm -f "$OUT/$part.json" "$OUT/${part}"_*.xml
+    $PY -c 'import pytest' 2>/dev/null || {
+        echo "!! no pytest for $PY: make gpu-wheels GPU_WHEELS_EXTRA=\"pytest pluggy iniconfig pygments packaging\"" \
+            "(pinned as in .venv) and carry .whl" | tee -a "$log"
+        exit 1
+    }
+    cuda=$($PY -c 'import torch; print(int(torch.cuda.is_available()))')
+}
+
+gpu_tests() {  # STAGE SECONDS K: the gpu tier's tests matching `pytest -k K` (all for ""), at most SECONDS and
+    # never past $deadline (seconds since the script started); junit XML in $OUT/<part>_<stage>.xml, the
+    # stage's result added to $OUT/<part>.json. On SIGINT from timeout, pytest and the training runs it
+    # started stop (a run saves first); what passed is in the XML, the test cut short is reported as a timeout.
+    local stage=$1 budget=$2 select=$3 left rc start xml=$OUT/${part}_$1.xml
+    left=$((deadline - SECONDS - 25))  # 25 s: timeout's --kill-after and the JSON
+    ((budget > left)) && budget=$left
+    start=$SECONDS
+    if ((budget < 30)); then
+        echo "!! $stage: no time left ($deadline s in all)" | tee -a "$log"
+        rc=-1
+    else
+        echo "== $stage: pytest -m gpu tests/test_gpu.py${select:+ -k '$select'} (at most $budget s)" | tee -a "$log"
+        timeout --signal=INT --kill-after=20 "$budget" $PY -m pytest -m gpu tests/test_gpu.py ${select:+-k "$select"} \
+            -p no:cacheprovider --tb=short -o junit_family=legacy --junitxml="$xml" >>"$log" 2>&1
+        rc=$?
+        tail -n 8 "$log" | grep -v '^\s*$'
+    fi
+    $PY - "$OUT/$part.json" "$stage" "$rc" $((SECONDS - start)) "$budget" "$xml" "$cuda" <<'PYEOF' || status=1
+import json, os, sys
+import xml.etree.ElementTree as ET
+
+path, stage, rc, seconds, budget, xml, cuda = sys.argv[1:]
+rc = int(rc)
+entry = {"seconds": int(seconds), "budget_s": max(int(budget), 0)}
+tests = failed = skipped = 0
+reasons, figures = set(), {}
+if rc != -1 and os.path.exists(xml):
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        tests += 1
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed += 1
+        elif case.find("skipped") is not None:
+            skipped += 1
+            reasons.add(case.find("skipped").get("message", ""))
+        props = {}
+        for prop in case.iter("property"):
+            try:
+                props[prop.get("name")] = json.loads(prop.get("value"))
+            except ValueError:
+                props[prop.get("name")] = prop.get("value")
+        if props:
+            figures[case.get("name")] = props
+if rc == -1:
+    entry["status"] = "skipped"
+    reasons.add("no time left")
+elif rc in (124, 137):
+    entry["status"] = "timeout"
+elif rc or failed or not tests:  # pytest exits 5 when no test matched: a failure here
+    entry["status"] = "failed"
+else:
+    entry["status"] = "skipped" if skipped == tests else "passed"
+entry.update(tests=tests, failed=failed, skipped=skipped)
+if reasons:
+    entry["skip_reasons"] = sorted(reasons)
+if figures:
+    entry["figures"] = figures
+results = json.load(open(path)) if os.path.exists(path) else {}
+results[stage] = entry
+with open(path + ".tmp", "w") as f:
+    json.dump(results, f, indent=2)
+os.replace(path + ".tmp", path)
+print(f"{stage}: {entry['status']} in {entry['seconds']} s ({tests} tests, {failed} failed, {skipped} skipped)")
+# a skip is a failure where there is a GPU (the tests could not run); on a CPU it is the expected outcome
+sys.exit(0 if entry["status"] == "passed" or (entry["status"] == "skipped" and cuda == "0") else 1)
+PYEOF
+}
+
 nvidia-smi -L 2>/dev/null || echo "no nvidia-smi: running on the CPU"
 $PY -c 'import importlib.metadata as m, torch
 print("cuda:", torch.cuda.is_available(), {p: m.version(p) for p in
       ("torch", "pyarrow", "datasets", "huggingface-hub", "fsspec", "hydra-core", "sentencepiece", "sacrebleu")})' || exit 1
 
 case $part in
-paths)
-    short="train.max_steps=40 train.eval_every=40 train.save_every=20 train.log_every=1 train.max_dev_sentences=50"
-    i=0
-    for preset in "model=transformer" "model=rnn_plain" "model=rnn_bahdanau" "model=rnn_luong" \
-        "model=rnn_luong model.score=dot model.input_feeding=false" "model=rnn_luong model.score=concat"; do
-        i=$((i + 1))
-        rm -rf checkpoints/paths_$i
-        run $PY -m app command=train name=paths_$i $preset $short train.evaluate=true decode.beam_size=5 $EXTRA
-        cp "checkpoints/paths_$i/eval/test/metrics.json" "$OUT/paths_${i}_metrics.json" || status=1
-        [ -s "checkpoints/paths_$i/eval/test/alignments.jsonl" ] || [ "$preset" = model=rnn_plain ] ||
-            { echo "!! no alignments.jsonl for $preset" | tee -a "$log"; status=1; }
-    done
-    rm -rf checkpoints/paths_ddp checkpoints/paths_compiled checkpoints/paths_graphs checkpoints/paths_oom
-    run $PY -m torch.distributed.run --standalone --nproc_per_node=1 -m app command=train name=paths_ddp $short $EXTRA
-    run $PY -m app command=train name=paths_compiled train.compile=true $short $EXTRA
-    run $PY -m app command=train name=paths_graphs train.compile=true train.compile_mode=reduce-overhead $short $EXTRA
-    if $PY -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then  # a CPU would swap, not fail
-        run $PY -m app command=train name=paths_oom train.batch_tokens=2000000 train.oom_retry=true \
-            train.max_steps=3 train.eval_every=0 $EXTRA
-        grep -q "train.batch_tokens halved" "$log" || { echo "!! no out-of-memory retry seen" | tee -a "$log"; status=1; }
-    fi
-    # SIGKILL after the first checkpoint, then resume: per-step losses against the uninterrupted paths_1
-    rm -rf checkpoints/paths_killed
-    $PY -m app command=train name=paths_killed model=transformer $short $EXTRA >>"$log" 2>&1 &
-    pid=$!
-    while kill -0 $pid 2>/dev/null && [ ! -f checkpoints/paths_killed/last.pt ]; do sleep 0.2; done
-    kill -9 $pid; wait $pid
-    run $PY -m app command=train name=paths_killed model=transformer $short train.resume=true $EXTRA
-    run $PY - "$OUT/resume_losses.json" <<'PYEOF'
-import json, re, sys
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-def losses(run):
-    events = EventAccumulator(f"checkpoints/{run}/tb", size_guidance={"scalars": 0}); events.Reload()
-    return {e.step: e.value for e in events.Scalars("train/loss")}  # a resumed step's last value wins
-full, resumed = losses("paths_1"), losses("paths_killed")
-diff = [abs(full[s] - resumed[s]) for s in sorted(full) if s in resumed]
-log = open("checkpoints/paths_killed/train.log").read()
-out = {"resumed_at": re.findall(r"resumed from .* at step (\d+)", log), "steps_compared": len(diff),
-       "max_abs_loss_diff": max(diff), "final_loss": [full[max(full)], resumed[max(resumed)]]}
-json.dump(out, open(sys.argv[1], "w"), indent=2); print(out)
-PYEOF
+paths)  # every stage bounded, the slowest last: a stage cut by its timeout still leaves the others' results
+    gpu_tests_start
+    deadline=${PATHS_SECONDS:-570}
+    gpu_tests families 240 "test_family"
+    gpu_tests resume 120 "test_sigkill"
+    gpu_tests torchrun 60 "test_torchrun"
+    gpu_tests oom 120 "test_oom"
+    gpu_tests compile 200 "test_compile and inductor"
+    gpu_tests cuda_graphs 600 "test_compile and cudagraphs"
+    ;;
+tests)
+    gpu_tests_start
+    deadline=${TESTS_SECONDS:-570}
+    gpu_tests all 600 ""
     ;;
 transformer)
     train_eval_bench gpu_transformer "$PY -m torch.distributed.run --standalone --nproc_per_node=1 -m" \
@@ -146,6 +207,6 @@ compare)
     done
     ;;
 *)
-    echo "usage: $0 paths|transformer|rnn|bench|ablation|compare"; exit 2 ;;
+    echo "usage: $0 paths|tests|transformer|rnn|bench|ablation|compare"; exit 2 ;;
 esac
 exit $status
