@@ -52,17 +52,18 @@ def make_optimizer(
 
 def compiled_for_training(module: torch.nn.Module, cfg: Config) -> torch.nn.Module:
     """``module`` itself, or with ``train.compile=true`` its torch.compile'd wrapper (parameters shared,
-    so checkpoints and decoding use the plain model). Batch shapes vary with every length bucket:
-    ``dynamic=True`` traces sequence length and batch size as symbols, one graph for all of them, where
-    static shapes would recompile per bucket and give up after torch._dynamo's recompile limit.
+    so checkpoints and decoding use the plain model). Batch shapes vary with every length bucket: the
+    Transformer is compiled with ``dynamic=True`` (sequence lengths and batch size as symbols: one graph for
+    all of them, where static shapes would recompile per bucket and give up after torch._dynamo's
+    recompile limit).
 
     An RNN decoder loops over target positions in Python (a compiled loop would specialize on every
     target length), so for RNNs only the decoder's loop step is compiled, in place: its attention,
     cell and output ops become a few fused kernels, run once per target position. The encoder and the
-    decoders that do not loop are single cuDNN calls already. The step compiles with automatic dynamic
-    shapes: static first, then once more with the sizes that changed (batch, source length) as
-    symbols; model widths stay constants (with every size symbolic, Inductor 2.13 fails on Luong's
-    general score: "Exponent must be non-negative")."""
+    decoders that do not loop are single cuDNN calls already. The step's batch and source-length
+    dimensions are marked dynamic on every call (the decoder's ``loop_dims``), so its first compile serves
+    every later shape; model widths stay constants (with every size symbolic, Inductor 2.13 fails on
+    Luong's general score: "Exponent must be non-negative")."""
     if not cfg.train.compile:
         return module
     mode = cfg.train.compile_mode
@@ -75,12 +76,31 @@ def compiled_for_training(module: torch.nn.Module, cfg: Config) -> torch.nn.Modu
         return torch.compile(module, dynamic=True, mode=mode)
     decoder = getattr(module, "module", module).decoder  # under DDP: the wrapped model
     if decoder.loops:
-        decoder.loop_step = torch.compile(decoder.loop_step, mode=mode)
+        decoder.loop_step = training_compiled(decoder, torch.compile(decoder.loop_step, mode=mode))
     else:
         log.warning(
             "train.compile=true: this RNN decoder runs in one cuDNN call and has no loop to compile; training eagerly"
         )
     return module
+
+
+def training_compiled(decoder: torch.nn.Module, compiled: Callable) -> Callable:
+    """The decoder's loop step: ``compiled`` while it trains, with the dimensions of its tensor arguments (or
+    tuples of them, an LSTM's hidden state) that ``decoder.loop_dims`` names marked dynamic before every call;
+    the eager step in evaluation (the dev loss of a validation), which would otherwise compile a second graph."""
+    eager = decoder.loop_step
+
+    def loop_step(*args):
+        if not decoder.training:
+            return eager(*args)
+        for arg, varying in zip(args, decoder.loop_dims):
+            for tensor in arg if isinstance(arg, tuple) else (arg,):
+                for dim in varying:
+                    torch._dynamo.maybe_mark_dynamic(tensor, dim)
+        return compiled(*args)
+
+    loop_step.compiled = compiled  # what was compiled (tests check that the wrapper took the method's place)
+    return loop_step
 
 
 class StepResult(NamedTuple):

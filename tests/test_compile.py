@@ -9,6 +9,7 @@ from app.config import Config
 from app.data.batching import Batch
 from app.errors import UserError
 from app.models import build_model
+from app.training_report import CompileWatch
 from app.update import compiled_for_training, make_optimizer, train_step
 
 pytestmark = pytest.mark.slow  # every test here runs the real CLI in a subprocess, or compiles
@@ -50,11 +51,15 @@ def train(compile: bool, **model):
     model = build_model(cfg.model, Vocab(30, 30))
     optimizer, scheduler = make_optimizer(model, cfg)
     trained = compiled_for_training(model, cfg)
-    losses, graphs = [], []
-    for batch in batches(SHAPES if cfg.model.arch == "transformer" else RNN_SHAPES):
-        result = train_step(trained, [batch], int(batch.tgt_out.numel()), optimizer, scheduler, cfg, None)
+    losses, graphs, watch = [], [], CompileWatch(compile)
+    for step, batch in enumerate(batches(SHAPES if cfg.model.arch == "transformer" else RNN_SHAPES), start=1):
+        with watch.watch(step):  # what the Trainer logs at the end of a run
+            result = train_step(trained, [batch], int(batch.tgt_out.numel()), optimizer, scheduler, cfg, None)
         losses.append(result.loss_sum.item())
         graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    if compile:
+        assert watch.graphs == graphs[-1] and watch.steps == [1], watch.describe()
+        assert watch.describe().startswith(f"built {graphs[-1]} graph(s) in ")
     return model, losses, graphs
 
 
@@ -66,8 +71,7 @@ def test_compiled_training_matches_eager_and_compiles_once_for_all_shapes():
     assert compiled_losses == pytest.approx(eager_losses, rel=1e-4)
     for a, b in zip(eager.parameters(), compiled.parameters()):
         assert torch.allclose(a, b, atol=1e-5)
-    assert graphs[0] > 0  # it did compile
-    assert graphs[-1] == graphs[0]  # four more shapes, no new graph
+    assert graphs[0] == graphs[-1] == 1  # one graph, and none for four more shapes
 
 
 RNN = dict(arch="rnn", emb_dim=8, hidden=8, enc_layers=1, dec_layers=2)
@@ -90,7 +94,7 @@ def test_compiled_rnn_loop_step_matches_eager_and_compiles_once_for_all_shapes(d
     assert compiled_losses == pytest.approx(eager_losses, rel=1e-4)
     for a, b in zip(eager.parameters(), compiled.parameters()):
         assert torch.allclose(a, b, atol=1e-5)
-    assert graphs[0] == 1 and graphs[1] == graphs[-1] == 2  # static, then dynamic for all later shapes
+    assert graphs[0] == graphs[-1] == 1  # dynamic from the first call: no graph for any later shape
 
 
 def test_compile_leaves_an_rnn_decoder_without_a_loop_eager(caplog):

@@ -73,16 +73,24 @@ def rnn_step(rnn: nn.RNNBase, x: torch.Tensor, hidden: Hidden) -> tuple[torch.Te
     new hidden state. Same weights and result as ``rnn`` on a length-1 sequence, but through the
     per-layer cell ops (one fused gate kernel each on CUDA): a cuDNN RNN call costs more to set up
     than one step of a decoder loop computes."""
-    lstm = isinstance(rnn, nn.LSTM)
+    return cell_step(rnn.all_weights, x, hidden, rnn.dropout, rnn.training)
+
+
+def cell_step(
+    weights: list[list[torch.Tensor]], x: torch.Tensor, hidden: Hidden, dropout: float, training: bool
+) -> tuple[torch.Tensor, Hidden]:
+    """``rnn_step`` given the RNN's per-layer weights (``all_weights``) rather than the module: what a compiled
+    decoder step calls (torch.compile does not trace through nn.GRU / nn.LSTM modules)."""
+    lstm = isinstance(hidden, tuple)
     new = []
-    for layer, weights in enumerate(rnn.all_weights):
+    for layer, layer_weights in enumerate(weights):
         if layer:
-            x = F.dropout(x, rnn.dropout, rnn.training)  # nn.GRU/LSTM's dropout between layers
+            x = F.dropout(x, dropout, training)  # nn.GRU/LSTM's dropout between layers
         if lstm:
-            x, c = torch.lstm_cell(x, (hidden[0][layer], hidden[1][layer]), *weights)
+            x, c = torch.lstm_cell(x, (hidden[0][layer], hidden[1][layer]), *layer_weights)
             new.append((x, c))
         else:
-            x = torch.gru_cell(x, hidden[layer], *weights)
+            x = torch.gru_cell(x, hidden[layer], *layer_weights)
             new.append(x)
     if lstm:
         return x, (torch.stack([h for h, _ in new]), torch.stack([c for _, c in new]))
@@ -124,16 +132,19 @@ class RNNEncoder(nn.Module):
 
 class RNNDecoder(nn.Module):
     """What the three decoders share: target embeddings, the RNN, the vocabulary projection.
-    ``loops``: whether it runs target positions one ``loop_step`` at a time (what train.compile compiles)."""
+    ``loops``: whether it runs target positions one ``loop_step`` at a time (what train.compile compiles);
+    ``loop_dims``: per argument of ``loop_step``, the dimensions that vary between batches (batch, source
+    length), which a compiled step takes as symbols from its first call on. ``loop_step`` gets the RNN's
+    weights as its last argument, so that a compiled step never touches the RNN module."""
 
     loops = False
+    loop_dims: tuple = ()
 
     def __init__(self, cfg: RNNConfig, embed: nn.Embedding, rnn_input: int, out_dim: int, vocab: int):
         super().__init__()
         self.cfg, self.embed, self.dropout = cfg, embed, nn.Dropout(cfg.dropout)
-        self.rnn = _rnn(
-            cfg.cell, rnn_input, cfg.hidden, cfg.dec_layers, dropout=cfg.dropout if cfg.dec_layers > 1 else 0.0
-        )
+        self.rnn_dropout = cfg.dropout if cfg.dec_layers > 1 else 0.0  # between the RNN's layers
+        self.rnn = _rnn(cfg.cell, rnn_input, cfg.hidden, cfg.dec_layers, dropout=self.rnn_dropout)
         self.bridge = nn.Linear(cfg.hidden, cfg.dec_layers * cfg.hidden)
         self.out_proj = nn.Linear(out_dim, vocab, bias=False)
         if cfg.tie_embeddings:
@@ -159,7 +170,9 @@ class RNNDecoder(nn.Module):
             .transpose(0, 1)
             .contiguous()
         )
-        hidden = (h0, torch.zeros_like(h0)) if self.cfg.cell == "lstm" else h0
+        # zeros that require a gradient while training, as every later state does: a compiled loop step
+        # then sees one kind of input at every position (its guards check requires_grad)
+        hidden = (h0, torch.zeros_like(h0, requires_grad=h0.requires_grad)) if self.cfg.cell == "lstm" else h0
         return RNNState(hidden)
 
 
@@ -184,6 +197,7 @@ class BahdanauDecoder(RNNDecoder):
     *previous* state, so steps run one after another."""
 
     loops = True
+    loop_dims = ((0,), (1,), (0, 1), (0, 1), (0, 1))  # y_t, hidden (layers, B, H), keys, states, src_mask
 
     def __init__(self, cfg: RNNConfig, embed: nn.Embedding, vocab: int):
         super().__init__(cfg, embed, cfg.emb_dim + cfg.hidden, cfg.emb_dim, vocab)
@@ -194,23 +208,27 @@ class BahdanauDecoder(RNNDecoder):
         y = self.dropout(self.embed(tokens))
         hidden, outputs, weights = state.hidden, [], []
         for t in range(tokens.size(1)):
-            out, alpha, hidden = self.loop_step(y[:, t], hidden, memory.keys, memory.states, memory.src_mask)
+            out, alpha, hidden = self.loop_step(
+                y[:, t], hidden, memory.keys, memory.states, memory.src_mask, self.rnn.all_weights
+            )
             outputs.append(out)
             weights.append(alpha)
         out = self.dropout(torch.tanh(self.pre_output(torch.stack(outputs, 1))))
         return self.out_proj(out), torch.cat(weights, 1) if need_attention else None, RNNState(hidden)
 
-    def loop_step(self, y_t, hidden, keys, states, src_mask):
+    def loop_step(self, y_t, hidden, keys, states, src_mask, weights):
         """One target position: attend with s_{t-1}, then s_t. Returns [s_t; c_t; E y_{t-1}], α_t, hidden."""
         c, alpha = self.attention(_top(hidden)[:, None, :], keys, states, src_mask)
         c = c[:, 0]
-        s, hidden = rnn_step(self.rnn, torch.cat([y_t, c], -1), hidden)
+        s, hidden = cell_step(weights, torch.cat([y_t, c], -1), hidden, self.rnn_dropout, self.training)
         return torch.cat([s, c, y_t], -1), alpha, hidden
 
 
 class LuongDecoder(RNNDecoder):
     """Luong et al. 2015: h_t = RNN(E y_{t-1} [; h̃_{t-1}]), α_t from score(h_t, h̄_s),
     h̃_t = tanh(W_c [c_t; h_t]), p(y_t) = softmax(W_s h̃_t)."""
+
+    loop_dims = ((0,), (0,), (1,), (0, 1), (0, 1), (0, 1))  # y_t, feed, hidden, keys, states, src_mask
 
     def __init__(self, cfg: RNNConfig, embed: nn.Embedding, vocab: int):
         feed = cfg.hidden if cfg.input_feeding else 0
@@ -221,7 +239,8 @@ class LuongDecoder(RNNDecoder):
     def initial_state(self, memory: RNNMemory) -> RNNState:
         state = super().initial_state(memory)
         if self.cfg.input_feeding:
-            state.feed = memory.summary.new_zeros(memory.summary.size(0), self.cfg.hidden)
+            summary = memory.summary  # h̃_0 = 0, requiring a gradient when later feeds do (see RNNDecoder)
+            state.feed = summary.new_zeros(summary.size(0), self.cfg.hidden, requires_grad=summary.requires_grad)
         return state
 
     @property
@@ -241,7 +260,9 @@ class LuongDecoder(RNNDecoder):
             return self.out_proj(h_tilde), alpha if need_attention else None, RNNState(hidden)
         hidden, feed, outputs, weights = state.hidden, state.feed, [], []
         for t in range(tokens.size(1)):
-            feed, alpha, hidden = self.loop_step(y[:, t], feed, hidden, memory.keys, memory.states, memory.src_mask)
+            feed, alpha, hidden = self.loop_step(
+                y[:, t], feed, hidden, memory.keys, memory.states, memory.src_mask, self.rnn.all_weights
+            )
             outputs.append(feed)
             weights.append(alpha)
         return (
@@ -250,9 +271,9 @@ class LuongDecoder(RNNDecoder):
             RNNState(hidden, feed),
         )
 
-    def loop_step(self, y_t, feed, hidden, keys, states, src_mask):
+    def loop_step(self, y_t, feed, hidden, keys, states, src_mask, weights):
         """One target position with input feeding: h_t from [E y_{t-1}; h̃_{t-1}], then h̃_t (the next feed)."""
-        h, hidden = rnn_step(self.rnn, torch.cat([y_t, feed], -1), hidden)
+        h, hidden = cell_step(weights, torch.cat([y_t, feed], -1), hidden, self.rnn_dropout, self.training)
         h_tilde, alpha = self.attend(h[:, None], keys, states, src_mask)
         return h_tilde[:, 0], alpha, hidden
 
