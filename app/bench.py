@@ -3,7 +3,9 @@ train.amp=, device=):
 
     make bench ARGS="model=rnn_bahdanau bench.steps=50 train.batch_tokens=64000"
 
-Times ``bench.steps`` training steps after ``bench.warmup`` untimed ones, then greedy and beam search
+Times ``bench.steps`` training steps after ``bench.warmup`` untimed ones through the Trainer itself, its
+update alone and its whole loop (app/bench_training.py: ``loop_vs_step`` is the share of its step's speed the
+loop keeps), then greedy and beam search
 (``decode.beam_size``) decoding of the test split, ours and, for a Transformer, CTranslate2's (float32
 and int8; app/bench_decode.py), BLEU beside each; prints one table and writes it as JSON
 (``checkpoints/bench/<name>.json``).
@@ -31,6 +33,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from app.bench_decode import sync, time_decoding
+from app.bench_training import time_trainer
 from app.checkpoint import check_compatible, load_checkpoint
 from app.config import Config
 from app.data.batching import Batcher, make_batches
@@ -155,9 +158,10 @@ def speed_features(cfg: Config, dtype) -> list[tuple[str, Config, contextlib.Abs
     return rows
 
 
-def ablation(
-    cfg: Config, build: Callable[[], nn.Module], data, device, dtype, steps: int, warmup: int, baseline: dict
-) -> list[dict]:
+def ablation(cfg: Config, build: Callable[[], nn.Module], data, device, dtype, steps: int, warmup: int) -> list[dict]:
+    """Training speed with each speed feature off in turn, every row from the same starting weights and timed
+    the same way (``time_training``: the update and its batches, without the Trainer's bookkeeping)."""
+    baseline, _ = time_training(build(), cfg, data, device, dtype, steps, warmup)
     rows = [{"setting": "all speed features on (the defaults)", **baseline, "vs_defaults": 1.0}]
     for label, variant, context, naive in speed_features(cfg, dtype):
         torch._dynamo.reset()
@@ -272,7 +276,7 @@ def bench(cfg: Config) -> dict:
     }
     if device.type == "cpu":
         result["threads"] = {"torch": torch.get_num_threads(), "ctranslate2": cfg.bench.ct2_threads}
-    figures, one_more_step = time_training(model, cfg, data, device, dtype, steps, warmup)
+    figures, one_more_step = time_trainer(cfg, steps, warmup)
     result.update(figures)
     os.makedirs(os.path.join("checkpoints", "bench"), exist_ok=True)
     if cfg.bench.profile_steps:
@@ -294,7 +298,7 @@ def bench(cfg: Config) -> dict:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        rows = ablation(cfg, build, data, device, dtype, steps, warmup, figures)
+        rows = ablation(cfg, build, data, device, dtype, steps, warmup)
         result["ablation"] = rows
         header = (
             f"Training speed, each feature off in turn: {result['model']}, {result['parameters_m']} M parameters, "

@@ -13,6 +13,8 @@ from __future__ import annotations
 import glob
 import os
 import re
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -25,6 +27,48 @@ SNAPSHOT = re.compile(r"step_(\d+)\.pt$")
 
 def save_checkpoint(path: str, payload: dict) -> None:
     atomic_write(path, lambda f: torch.save(payload, f))
+
+
+def host_copy(obj):
+    """``obj`` (a checkpoint's nested dicts, lists and tensors) with every tensor copied to the host: a
+    snapshot that training can go on changing the live tensors after."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: host_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(host_copy(v) for v in obj)
+    return obj
+
+
+class CheckpointWriter:
+    """Writes checkpoints in a background thread, one after the other in the order they were handed over:
+    training hands over a host copy of its state (``host_copy``) and goes on while it is serialized and
+    synced to disk. A write that failed raises in the training thread at the next hand-over or ``wait``."""
+
+    def __init__(self) -> None:
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self.pending: list[Future] = []
+
+    def submit(self, write: Callable, *args) -> None:
+        self._raise_failures()
+        self.pending.append(self.executor.submit(write, *args))
+
+    def _raise_failures(self) -> None:
+        done = [f for f in self.pending if f.done()]
+        self.pending = [f for f in self.pending if not f.done()]
+        for future in done:
+            future.result()
+
+    def wait(self) -> None:
+        """Until every checkpoint handed over is on disk."""
+        pending, self.pending = self.pending, []
+        for future in pending:
+            future.result()
+
+    def close(self) -> None:
+        self.wait()
+        self.executor.shutdown()
 
 
 def load_checkpoint(path: str, device: torch.device | str = "cpu") -> dict:

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from app import distributed
 from app.alignment import read_pharaoh
 from app.board import training_figures, write_hparams
-from app.checkpoint import save_checkpoint, write_snapshot
+from app.checkpoint import CheckpointWriter, host_copy, save_checkpoint, write_snapshot
 from app.config import Config, TrainConfig
 from app.data.batching import Batch, Batcher
 from app.data.corpus import ParallelData, TokenizedSplit, load_split, load_tokenized, load_tokenizer, prepare_data
@@ -44,7 +44,7 @@ from app.interrupt import StopRequest, StopRules, TrainingInterrupted
 from app.metrics_window import MetricsWindow, progress_postfix, report_skips
 from app.models import build_model, count_parameters
 from app.train_state import Progress, TrainingState, check_settings, resuming
-from app.training_report import CompileWatch, RunEstimate, duration_hint, run_summary, update_size
+from app.training_report import CompileWatch, LoopClock, RunEstimate, duration_hint, run_summary, update_size
 from app.update import compiled_for_training, make_optimizer, train_step
 from app.utils import amp_dtype, atomic_write_text, resolve_device, rng_state, seed_everything
 from app.validation import validate
@@ -110,12 +110,14 @@ class Trainer:
         self.flop_counter = FlopCounter(model) if peak else None  # MFU in the log where the peak is known
         self.window = MetricsWindow(device, peak, guided=data.align_targets is not None)
         self.writer = distributed.writer(os.path.join(self.run_dir, "tb"))
+        self.checkpoints = CheckpointWriter()
         self.limits = StopRules(cfg.train, self.world, device)
         self.bar = progress_bar(cfg.train, self.progress.step, self.main)
         self.loop_start = time.time() - self.progress.elapsed_seconds
         self.postfix: dict = {}  # what the bar shows after the step count
         self.postfix_at = 0.0  # when its time_left was last set
         self.estimate = RunEstimate(self.progress.step)
+        self.clock: Optional[LoopClock] = None  # make bench: times the loop's steps after its first ones
 
     @property
     def progress(self) -> Progress:
@@ -126,17 +128,19 @@ class Trainer:
 
     def save(self) -> None:
         """``last.pt`` and a model-only snapshot ``step_NNNNNNN.pt`` for averaging, rotated (train.keep_last /
-        keep_best). Called on every rank (it gathers their RNG states); rank 0 alone writes."""
+        keep_best), written in the background. Called on every rank (it gathers their RNG states); rank 0
+        alone writes."""
         rng_ranks = distributed.gather_objects(rng_state(self.device)) if self.world > 1 else None
         if not self.main:
             return
-        save_checkpoint(self.last_path, self.state.checkpoint(rng_ranks))
+        self.checkpoints.submit(save_checkpoint, self.last_path, host_copy(self.state.checkpoint(rng_ranks)))
         if self.cfg.train.keep_last > 0:
             self.snapshot()
 
     def snapshot(self) -> None:
         t, p = self.cfg.train, self.progress
-        write_snapshot(self.run_dir, p.step, self.state.snapshot(), t.keep_last, t.keep_best, p.validations)
+        payload, validations = host_copy(self.state.snapshot()), [list(v) for v in p.validations]
+        self.checkpoints.submit(write_snapshot, self.run_dir, p.step, payload, t.keep_last, t.keep_best, validations)
 
     def validate(self, closing: bool = False) -> bool:
         """Validate on rank 0, keep the best checkpoint; returns on every rank whether early stopping says stop."""
@@ -147,7 +151,7 @@ class Trainer:
                 self.model, d.dev, d.dev_links, d.tokenizer, self.cfg, self.writer, self.progress, closing
             )
             if metrics["improved"]:
-                save_checkpoint(self.best_path, self.state.checkpoint())
+                self.checkpoints.submit(save_checkpoint, self.best_path, host_copy(self.state.checkpoint()))
             if t.keep_best > 0:
                 self.snapshot()
             stop = bool(t.patience) and self.progress.bad_evals >= t.patience
@@ -252,6 +256,8 @@ class Trainer:
                 for ready in updates:
                     before = p.step
                     self.train_update(ready)
+                    if self.clock is not None:
+                        self.clock.tick(p.step)
                     if crossed(cfg.train.eval_every, before):
                         last_eval_step = p.step
                         if self.validate():
@@ -275,6 +281,7 @@ class Trainer:
         finally:
             if isinstance(updates, Prefetcher):
                 updates.close()
+            self.checkpoints.close()  # every checkpoint on disk before the run returns or raises
         if self.main and not os.path.exists(self.best_path):
             if cfg.train.eval_every <= 0:
                 log.info("train.eval_every=0: no validation, best.pt is the last checkpoint (step %d)", p.step)
@@ -294,6 +301,7 @@ class Trainer:
 
     def interrupt(self, signum: int) -> None:
         self.save()
+        self.checkpoints.wait()
         self.bar.close()
         self.writer.close()
         raise TrainingInterrupted(

@@ -129,3 +129,21 @@ class CompileWatch:
     def describe(self) -> str:
         steps = ", ".join(map(str, self.steps[:10])) + (" ..." if len(self.steps) > 10 else "")
         return f"built {self.graphs} graph(s) in {self.seconds:.1f} s (at step {steps or '-'})"
+
+
+class LoopClock:
+    """Wall time of the training loop from the end of step ``start`` to the end of step ``stop`` (make bench
+    times the real loop with it), the device synchronized at both ends: the figure a user's run gets."""
+
+    def __init__(self, start: int, stop: int, device: torch.device):
+        self.start, self.stop, self.device = start, stop, device
+        self.began: Optional[float] = None
+        self.seconds: Optional[float] = None
+
+    def tick(self, step: int) -> None:
+        if step in (self.start, self.stop) and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if step == self.start:
+            self.began = time.perf_counter()
+        elif step == self.stop and self.began is not None:
+            self.seconds = time.perf_counter() - self.began

@@ -1,0 +1,109 @@
+"""``make bench``'s training rows, timed through the Trainer itself (app/training.py), so that the bench
+figure is the figure a user's ``make train`` gets:
+
+- ``step``: the Trainer's own update with its data path (the batches padded from the Arrow cache and copied
+  to the device, then the update and its bookkeeping), called back to back, nothing prepared ahead;
+- ``loop``: ``Trainer.run``, the whole loop as ``make train`` runs it (the prefetch thread, the metrics
+  window, the progress bar, logging, stop checks), with validation and checkpoints left out.
+
+``loop_vs_step`` (loop steps/s over step steps/s) is how much of its step's speed the loop keeps.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from app.config import Config
+from app.data.schedule import BatchSchedule, Update
+from app.flops import peak_flops, training_flops
+from app.training import Trainer, build_trainer
+from app.training_report import LoopClock
+
+
+def bench_run_config(cfg: Config) -> Config:
+    """The settings of the timed run: a scratch run folder, no validation, no checkpoints, no budget."""
+    run = copy.deepcopy(cfg)
+    run.run_dir = os.path.join("checkpoints", "bench", f"{cfg.name}_run")
+    t = run.train
+    t.eval_every, t.save_every, t.keep_last, t.keep_best = 0, 0, 0, 0
+    t.max_steps, t.max_minutes, t.resume, t.auto_resume, t.evaluate = 10**9, 0.0, False, False, False
+    return run
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def throughput(trainer: Trainer, updates: list[Update], seconds: float) -> dict:
+    """Steps/s, tokens/s, padding and model FLOP/s (MFU where the device's peak is known) of ``updates``."""
+    src_lens, tgt_lens = trainer.src_lens + 1, trainer.tgt_lens + 1  # + EOS / BOS
+    parts = [np.asarray(part) for update in updates for part in update.parts]
+    src, tgt = np.concatenate([src_lens[p] for p in parts]), np.concatenate([tgt_lens[p] for p in parts])
+    padded = sum(len(p) * (src_lens[p].max() + tgt_lens[p].max()) for p in parts)
+    flops = training_flops(trainer.model, src, tgt)
+    peak = peak_flops(trainer.device)
+    return {
+        "steps_per_s": round(len(updates) / seconds, 2),
+        "train_tgt_tokens_per_s": round(int(tgt.sum()) / seconds),
+        "train_src_tgt_tokens_per_s": round(int(src.sum() + tgt.sum()) / seconds),
+        "padding_ratio": round(1 - float(src.sum() + tgt.sum()) / padded, 3),
+        "model_tflops_per_s": float(f"{flops / seconds / 1e12:.3g}"),  # 3 significant digits: tiny CPU runs too
+        "mfu": round(flops / seconds / peak, 4) if peak else None,
+    }
+
+
+def next_updates(schedule: BatchSchedule, skip: int, take: int) -> list[Update]:
+    """The updates ``skip`` + 1 .. ``skip`` + ``take`` from where ``schedule`` stands (it does not move)."""
+    updates = iter(schedule)
+    for _ in range(skip):
+        next(updates)
+    return [next(updates) for _ in range(take)]
+
+
+def time_trainer(cfg: Config, steps: int, warmup: int) -> tuple[dict, Callable[[], None]]:
+    """The ``step`` and ``loop`` figures of ``steps`` timed updates after ``warmup`` untimed ones each; and a
+    function that runs one more of the Trainer's updates (what the profiler records)."""
+    run_cfg = bench_run_config(cfg)
+    shutil.rmtree(run_cfg.run_dir, ignore_errors=True)
+    trainer = build_trainer(run_cfg)
+    trainer.bar.disable = True  # the bench prints its own table
+    device, schedule = trainer.device, trainer.schedule
+    updates = iter(schedule)
+
+    def one_update() -> None:
+        trainer.train_update(trainer.prepare(next(updates)))
+
+    for _ in range(warmup):
+        one_update()
+    timed = next_updates(schedule, 0, steps)
+    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        one_update()
+    _sync(device)
+    step = throughput(trainer, timed, time.perf_counter() - start)
+    if device.type == "cuda":
+        step["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+
+    first = trainer.progress.step
+    timed = next_updates(schedule, warmup, steps)
+    trainer.limits.max_steps = first + warmup + steps
+    trainer.clock = LoopClock(first + warmup, first + warmup + steps, device)
+    trainer.run()
+    loop = throughput(trainer, timed, trainer.clock.seconds)
+    figures = {**loop, "step_steps_per_s": step["steps_per_s"]}
+    figures["loop_vs_step"] = round(loop["steps_per_s"] / step["steps_per_s"], 3)
+    if "peak_memory_gib" in step:
+        figures["peak_memory_gib"] = step["peak_memory_gib"]
+    updates = iter(schedule)  # the profiler's updates follow the loop's
+    return figures, one_update
