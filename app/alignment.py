@@ -1,6 +1,7 @@
 """What attention says about alignment: the views of a sentence's attention that plots and files
 use, its entropy and monotonicity, and hard word alignments scored against gold alignments with AER
-(Och & Ney 2003).
+(Och & Ney 2003). Also the attention files of an evaluation (``alignments.npz`` beside the
+``alignments.jsonl`` index) and the helper that reads a sentence's maps back.
 
 Gold files use the Pharaoh format: one line per sentence pair, ``i-j`` for a sure link between
 source word i and target word j (0-based, whitespace words), ``i?j`` for a possible one.
@@ -8,14 +9,21 @@ source word i and target word j (0-based, whitespace words), ``i?j`` for a possi
 
 from __future__ import annotations
 
-from typing import Optional
+import json
+import os
+import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Optional, Union
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from app.data.tokenizer import EOS
 from app.decoding import forced_attention
 from app.errors import UserError
+from app.utils import atomic_open, atomic_write_text
 
 
 def layer_views(attention: torch.Tensor, layer: int = -1) -> dict:
@@ -40,28 +48,58 @@ def layer_views(attention: torch.Tensor, layer: int = -1) -> dict:
     }
 
 
-def attention_entropy(weights: torch.Tensor) -> float:
+def as_array(weights) -> np.ndarray:
+    """Attention (a torch tensor on any device, or an array) as float32 numpy, without a copy where it can.
+    Per-sentence arithmetic is done in numpy: torch's small ops wait on its second thread when the
+    cores are busy (10 times slower on the 2-core CPU while the TER worker runs)."""
+    if isinstance(weights, torch.Tensor):
+        return weights.detach().float().cpu().numpy()
+    return np.asarray(weights, dtype=np.float32)
+
+
+def figure_views(attention, layer: int = -1, every_layer: bool = False) -> dict[str, tuple[np.ndarray, list[str]]]:
+    """name -> (maps, their titles) of the figures of one sentence's attention: the alignment map; for
+    Transformers also the head average of every layer (one column) and the heads of the chosen layer
+    (``heads_layerN``; of every layer with ``every_layer``), each layer's heads in one figure."""
+    views = layer_views(attention, layer)
+    if "head_weights" not in views:
+        return {"alignment": (np.asarray(views["weights"])[None], ["attention"])}
+    chosen, attention = views["layer"], np.asarray(attention.float())
+    layers, heads = attention.shape[:2]
+    out = {
+        "alignment": (np.asarray(views["weights"])[None], [f"layer {chosen}, mean of heads"]),
+        "layers": (np.asarray(views["layer_means"]), [f"layer {i}, mean of heads" for i in range(layers)]),
+    }
+    for i in range(layers) if every_layer else [chosen]:
+        out[f"heads_layer{i}"] = (attention[i], [f"layer {i}, head {h}" for h in range(heads)])
+    return out
+
+
+def attention_entropy(weights) -> float:
     """Mean entropy (nats) of the attention rows: low when each target token looks at few source tokens."""
-    w = weights.float().clamp_min(1e-12)
-    return float(-(w * w.log()).sum(-1).mean())
+    w = np.maximum(as_array(weights), np.float32(1e-12))
+    return float(-(w * np.log(w)).sum(-1).mean())
 
 
-def monotonicity(weights: torch.Tensor) -> float:
+def monotonicity(weights) -> float:
     """Share of target tokens whose most-attended source position does not move backwards: a
     diagonality score of an alignment (1.0 for a monotone one)."""
-    argmax = weights.argmax(-1)
-    if argmax.numel() < 2:
+    argmax = as_array(weights).argmax(-1)
+    if argmax.size < 2:
         return 1.0
-    return float((argmax[1:] >= argmax[:-1]).float().mean())
+    return float((argmax[1:] >= argmax[:-1]).mean())
 
 
 def attention_shape(attentions: list[torch.Tensor], layer: int = -1) -> dict:
     """Mean entropy and monotonicity over sentences of the map plots show (an RNN's attention, a
     Transformer layer's head average): how sharp and how diagonal attention is, one number each."""
-    views = [layer_views(a, layer) for a in attentions]
-    maps = [v["weights"] for v in views]
+    first = attentions[0]
+    if first.dim() not in (2, 4):
+        raise ValueError(f"attention of shape {tuple(first.shape)}: expected (tgt, src) or (layers, heads, tgt, src)")
+    # layer_views' "weights", without the other views: only the chosen layer is read
+    maps = [as_array(a) if a.dim() == 2 else as_array(a[layer % a.size(0)]).mean(0) for a in attentions]
     return {
-        "view": f"layer {views[0]['layer']} mean" if "layer" in views[0] else "attention",
+        "view": f"layer {layer % first.size(0)} mean" if first.dim() == 4 else "attention",
         "entropy": round(sum(map(attention_entropy, maps)) / len(maps), 6),
         "monotonicity": round(sum(map(monotonicity, maps)) / len(maps), 6),
     }
@@ -125,20 +163,25 @@ def hard_alignment(weights, src_pieces: list[str], tgt_pieces: list[str]) -> set
 
 def piece_links(links: set[tuple[int, int]], src_pieces: list[str], tgt_pieces: list[str]) -> list[tuple[int, int]]:
     """(source word, target word) links -> the (target piece, source piece) cells of those words."""
-    src_words, tgt_words = word_index(src_pieces), word_index(tgt_pieces)
-    return [(t, s) for t, tw in enumerate(tgt_words) for s, sw in enumerate(src_words) if (sw, tw) in links]
+    src_words, tgt_words = (np.asarray(word_index(pieces), dtype=np.intp) for pieces in (src_pieces, tgt_pieces))
+    linked = np.zeros((tgt_words.max(initial=-1) + 2, src_words.max(initial=-1) + 2), dtype=bool)  # row/col -1: none
+    for s, t in links:
+        if 0 <= s < linked.shape[1] - 1 and 0 <= t < linked.shape[0] - 1:
+            linked[t, s] = True
+    cells = np.nonzero(linked[tgt_words[:, None], src_words[None, :]])  # row-major: by target piece, then source
+    return list(zip(cells[0].tolist(), cells[1].tolist()))
 
 
 def attention_views(attention: torch.Tensor) -> tuple[list[str], torch.Tensor]:
     """Every map an alignment can be read from, named: an RNN's one map; for a Transformer (layers,
     heads, tgt, src), each head of each layer and each layer's mean of heads."""
-    attention = attention.float()
-    if attention.dim() == 2:
-        return ["attention"], attention[None]
+    attention = as_array(attention)
+    if attention.ndim == 2:
+        return ["attention"], torch.from_numpy(attention[None])
     layers, heads = attention.shape[:2]
     names = [f"layer {layer} head {head}" for layer in range(layers) for head in range(heads)]
     names += [f"layer {layer} mean" for layer in range(layers)]
-    return names, torch.cat([attention.flatten(0, 1), attention.mean(1)])
+    return names, torch.from_numpy(np.concatenate([attention.reshape(-1, *attention.shape[2:]), attention.mean(1)]))
 
 
 ALIGN_SCOPES = ("all", "linked")
@@ -212,14 +255,17 @@ def score_alignments(
     batch_tokens: int,
     keep: int = 0,
     scope: str = "all",
+    progress: str = "",
 ) -> tuple[Optional[AlignmentScore], dict]:
     """Every view of the teacher-forced attention of ``data`` (a ParallelData) scored against ``gold``
     (per pair: sure, possible links; ``scope`` as AlignmentScore's), and the attention of the first
-    ``keep`` pairs (float16: for plots and the explorer). None, {} for a model without attention."""
+    ``keep`` pairs (float16: for plots and the explorer). None, {} for a model without attention.
+    ``progress``: a progress bar's title (none without)."""
     if len(gold) != len(data):
         raise UserError(f"{len(data)} sentences to align but the reference links have {len(gold)} lines")
     score, kept = None, {}
-    for i, attention in forced_attention(model, data.src, data.tgt, device, batch_tokens, dtype):
+    pairs = forced_attention(model, data.src, data.tgt, device, batch_tokens, dtype)
+    for i, attention in tqdm(pairs, progress, len(data), leave=False, unit="sentence", disable=not progress):
         names, maps = attention_views(attention)
         score = score or AlignmentScore(names, scope)
         links = hard_alignments(
@@ -229,3 +275,78 @@ def score_alignments(
         if i < keep:
             kept[i] = attention.half()
     return score, kept
+
+
+# ---- the attention files of an evaluation ----
+ATTENTION_KEEP = ("layer", "all")  # eval.attention: the heads of viz.layer, or of every layer
+SCALE = 255  # stored value v means weight v / 255 (within 1/510 of the weight)
+INDEX, ARCHIVE = "alignments.jsonl", "alignments.npz"
+
+
+@dataclass
+class StoredAttention:
+    """What the attention files and the explorer keep of one sentence's attention: named views
+    (``attention_views`` names) as uint8 maps (views, rows, src), and the attention's own shape."""
+
+    names: list[str]
+    maps: np.ndarray  # uint8: weight = value / SCALE
+    layers: int  # 0 for an RNN's (or CTranslate2's) single map
+    heads: int
+    head_layers: list[int]  # the layers whose heads are kept
+    entropy: float  # mean row entropy (nats) of the whole attention, every head of every layer
+
+
+def store_attention(attention, layer: int = -1, keep: str = "layer") -> StoredAttention:
+    """The views of ``attention`` (tgt, src) or (layers, heads, tgt, src) that ``keep`` keeps: an RNN's one
+    map; of a Transformer, the heads of layer ``layer`` ("layer") or of every layer ("all"), then every
+    layer's mean of heads. Quantized to uint8 (rounded, so within 1/510 of the weight)."""
+    if keep not in ATTENTION_KEEP:
+        raise UserError(f"eval.attention={keep!r}: choose layer (the heads of viz.layer) or all (every head)")
+    attention = as_array(attention)
+    entropy = attention_entropy(attention)
+    if attention.ndim == 2:
+        names, maps, layers, heads, kept = ["attention"], attention[None], 0, 0, []
+    elif attention.ndim == 4:
+        layers, heads = attention.shape[:2]
+        kept = list(range(layers)) if keep == "all" else [layer % layers]
+        names = [f"layer {n} head {h}" for n in kept for h in range(heads)] + [f"layer {n} mean" for n in range(layers)]
+        maps = np.concatenate([attention[kept].reshape(-1, *attention.shape[2:]), attention.mean(1)])
+    else:
+        raise ValueError(f"attention of shape {attention.shape}: expected (tgt, src) or (layers, heads, tgt, src)")
+    quantized = np.rint(np.clip(maps, 0.0, 1.0) * SCALE).astype(np.uint8)
+    return StoredAttention(names, quantized, layers, heads, kept, entropy)
+
+
+def write_attention_files(out_dir: str, sentences: Iterable[tuple[dict, StoredAttention]], level: int = 1) -> None:
+    """``alignments.jsonl`` and ``alignments.npz`` in ``out_dir``: per sentence, its entry (index in the
+    split, id, tokens ...) with its maps' array name, shape and view names as one JSON line, and the maps
+    as that array of the archive (numpy's .npz: a zip of .npy files, deflated at zlib ``level``)."""
+    lines = []
+    with atomic_open(os.path.join(out_dir, ARCHIVE)) as f:
+        with zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED, compresslevel=level) as archive:
+            for entry, stored in sentences:
+                name = str(entry["index"])
+                with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, stored.maps, allow_pickle=False)
+                row = {**entry, "array": name, "shape": list(stored.maps.shape), "views": stored.names}
+                lines.append(json.dumps(row, ensure_ascii=False))
+    atomic_write_text(os.path.join(out_dir, INDEX), "".join(line + "\n" for line in lines))
+
+
+def read_attention(eval_dir: str, sentence: Union[int, str]) -> dict:
+    """One sentence of an evaluation's attention files (``eval/<split>/``), by its index in the split (an
+    int) or its id (a str): its ``alignments.jsonl`` entry, with ``maps`` the float32 (views, rows, src)
+    weights (within 1/510 of the attention) and ``views`` their names ("layer 5 head 3", "layer 5 mean",
+    or "attention" for an RNN's map)."""
+    index, archive = os.path.join(eval_dir, INDEX), os.path.join(eval_dir, ARCHIVE)
+    for path in (index, archive):
+        if not os.path.exists(path):
+            raise UserError(f"{path} does not exist: make eval writes it (a model with attention)")
+    key = "index" if isinstance(sentence, int) else "id"
+    with open(index, encoding="utf-8") as f:
+        entry = next((e for e in map(json.loads, f) if e[key] == sentence), None)
+    if entry is None:
+        raise UserError(f"{index} has no sentence with {key} {sentence!r}")
+    with np.load(archive) as arrays:
+        maps = arrays[entry["array"]]
+    return {**entry, "maps": maps.astype(np.float32) / SCALE}

@@ -68,42 +68,47 @@ def next_updates(schedule: BatchSchedule, skip: int, take: int) -> list[Update]:
     return [next(updates) for _ in range(take)]
 
 
-def time_trainer(cfg: Config, steps: int, warmup: int) -> tuple[dict, Callable[[], None]]:
-    """The ``step`` and ``loop`` figures of ``steps`` timed updates after ``warmup`` untimed ones each; and a
-    function that runs one more of the Trainer's updates (what the profiler records)."""
+def time_trainer(cfg: Config, steps: int, warmup: int, rounds: int = 2) -> tuple[dict, Callable[[], None]]:
+    """The ``step`` and ``loop`` figures of ``steps`` timed updates each, the two taking turns in ``rounds``
+    rounds (a load change on a shared machine hits both alike), each turn after ``warmup`` untimed updates;
+    and a function that runs one more of the Trainer's updates (what the profiler records)."""
     run_cfg = bench_run_config(cfg)
     shutil.rmtree(run_cfg.run_dir, ignore_errors=True)
     trainer = build_trainer(run_cfg)
     trainer.bar.disable = True  # the bench prints its own table
     device, schedule = trainer.device, trainer.schedule
     updates = iter(schedule)
+    timed: dict[str, list[Update]] = {"step": [], "loop": []}
+    seconds = {"step": 0.0, "loop": 0.0}
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
     def one_update() -> None:
         trainer.train_update(trainer.prepare(next(updates)))
 
-    for _ in range(warmup):
-        one_update()
-    timed = next_updates(schedule, 0, steps)
-    _sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        one_update()
-    _sync(device)
-    step = throughput(trainer, timed, time.perf_counter() - start)
-    if device.type == "cuda":
-        step["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+    share = [steps // rounds + (r < steps % rounds) for r in range(rounds)]
+    for n in share:
+        updates = iter(schedule)
+        for _ in range(warmup):
+            one_update()
+        timed["step"] += next_updates(schedule, 0, n)
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(n):
+            one_update()
+        _sync(device)
+        seconds["step"] += time.perf_counter() - start
 
-    first = trainer.progress.step
-    timed = next_updates(schedule, warmup, steps)
-    trainer.limits.max_steps = first + warmup + steps
-    trainer.clock = LoopClock(first + warmup, first + warmup + steps, device)
-    trainer.run()
-    loop = throughput(trainer, timed, trainer.clock.seconds)
-    figures = {**loop, "step_steps_per_s": step["steps_per_s"]}
+        first = trainer.progress.step
+        timed["loop"] += next_updates(schedule, warmup, n)
+        trainer.limits.max_steps = first + warmup + n
+        trainer.clock = LoopClock(first + warmup, first + warmup + n, device)
+        trainer.run()
+        seconds["loop"] += trainer.clock.seconds
+    step, loop = (throughput(trainer, timed[kind], seconds[kind]) for kind in ("step", "loop"))
+    figures = {**loop, "step_steps_per_s": step["steps_per_s"], "loop_rounds": rounds}
     figures["loop_vs_step"] = round(loop["steps_per_s"] / step["steps_per_s"], 3)
-    if "peak_memory_gib" in step:
-        figures["peak_memory_gib"] = step["peak_memory_gib"]
+    if device.type == "cuda":
+        figures["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     updates = iter(schedule)  # the profiler's updates follow the loop's
     return figures, one_update

@@ -8,9 +8,10 @@ import dataclasses
 import os
 import random
 
+from app.alignment import figure_views
 from app.config import Config
 from app.data.tokenizer import EOS
-from app.plots import TENSORBOARD_WIDTH, figures, tensorboard_tokens
+from app.plots import TENSORBOARD_WIDTH, draw_pngs, tensorboard_tokens
 
 # declared in every run's HPARAMS record, so that runs trained and evaluated at different times share columns
 HPARAM_METRICS = (
@@ -26,6 +27,12 @@ def run_hparams(cfg: Config) -> dict:
     return {"name": cfg.name, "data": cfg.data.name, "tokenizer.vocab_size": cfg.tokenizer.vocab_size, **model, **train}
 
 
+def event_file(writer):
+    """The writer's event file, reopened if the writer was closed (as SummaryWriter's own add_* do): the Trainer
+    closes it when a run ends, and make bench runs the same Trainer again."""
+    return writer._get_file_writer()
+
+
 def write_hparams(writer, cfg: Config, metrics: dict, step: int) -> None:
     """The run's HPARAMS record and the values of ``metrics`` (names from HPARAM_METRICS) at ``step``.
     Written by training (dev BLEU, steps, speed) and by each evaluation (test scores): the record is
@@ -34,21 +41,39 @@ def write_hparams(writer, cfg: Config, metrics: dict, step: int) -> None:
 
     values = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in run_hparams(cfg).items()}
     for summary in hparams(values, {f"hparams/{name}": 0.0 for name in HPARAM_METRICS}):
-        writer.file_writer.add_summary(summary)
+        event_file(writer).add_summary(summary)
     for name, value in metrics.items():
         if value is not None:
             writer.add_scalar(f"hparams/{name}", value, step)
+
+
+def alignment_figures(tag: str, pairs: list[tuple], tokenizer, layer: int, every_layer: bool = False) -> dict:
+    """``<tag>/<n>/<figure>`` -> what app.plots.draw_pngs draws, sized for the IMAGES tab, for each
+    (source ids, hypothesis ids, attention) of ``pairs``: numbers and strings, drawable in a worker process."""
+    specs = {}
+    for n, (src, hyp, attention) in enumerate(pairs):
+        src_tokens, hyp_tokens = tokenizer.src_pieces(src + [EOS]), tokenizer.tgt_pieces(hyp + [EOS])
+        for name, (maps, titles) in figure_views(attention, layer, every_layer).items():
+            specs[f"{tag}/{n}/{name}"] = (maps, src_tokens, hyp_tokens, titles, TENSORBOARD_WIDTH)
+    return specs
+
+
+def write_pngs(writer, pngs: dict[str, tuple[bytes, tuple[int, int]]], step: int) -> None:
+    """Each tag's (PNG, (width, height)) as an image at ``step``; encoded once (add_image would encode an array)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    for tag, (png, (width, height)) in pngs.items():
+        image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png)
+        event_file(writer).add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
 
 
 def add_alignment_figures(
     writer, tag: str, pairs: list[tuple], tokenizer, layer: int, step: int, every_layer: bool = False
 ) -> None:
     """The heatmaps of each (source ids, hypothesis ids, attention) of ``pairs`` as ``<tag>/<n>/<figure>``,
-    sized for the IMAGES tab: validation's and evaluation's one way to put attention in TensorBoard."""
-    for n, (src, hyp, attention) in enumerate(pairs):
-        src_tokens, hyp_tokens = tokenizer.src_pieces(src + [EOS]), tokenizer.tgt_pieces(hyp + [EOS])
-        for name, fig in figures(attention, src_tokens, hyp_tokens, layer, every_layer, TENSORBOARD_WIDTH).items():
-            writer.add_figure(f"{tag}/{n}/{name}", fig, step)  # closes the figure
+    sized for the IMAGES tab: the one way to put attention in TensorBoard (validation takes the same three
+    steps, drawing in its worker process)."""
+    write_pngs(writer, draw_pngs(alignment_figures(tag, pairs, tokenizer, layer, every_layer)), step)
 
 
 def training_figures(summary: dict) -> dict:

@@ -186,7 +186,14 @@ class DecodeConfig:
     n_best: int = 1  # translate: hypotheses printed per input
     max_len_ratio: float = 1.5  # output length limit = ratio * source length + max_len_extra
     max_len_extra: int = 10
-    batch_tokens: int = 16000  # source tokens per decoding batch (divided by beam_size)
+    # tokens per decoding batch after the beam: sentences × beam_size × their padded source length (on a CPU)
+    batch_tokens: int = 16000
+    # the same on CUDA, where a step's cost is its launches more than its rows: the test split in one batch
+    cuda_batch_tokens: int = 200_000
+    cpu_onednn: bool = True  # a Transformer's decoding steps multiply through oneDNN on a CPU (false: MKL, as training)
+    # capture a Transformer's decoding step in CUDA graphs (one per batch shape): a step launches one graph
+    # instead of a few hundred kernels. Same outputs as eager; off until measured on a GPU (make gpu-check)
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.beam_size < 1 or self.n_best > self.beam_size:
@@ -211,6 +218,10 @@ class EvalConfig:
     # AER counts the link of every target word (all) or of the words the reference links (linked); unset:
     # linked for the corpus's own reference links (Strong's numbers leave function words untagged), all for gold_align
     align_scope: Optional[str] = None
+    max_sentences: int = 0  # score only the first N sentences of the split (a quick look, said so everywhere); 0 = all
+    # what the attention files and the explorer keep of a Transformer's attention: every layer's mean of heads and the
+    # heads of viz.layer (layer), or of every layer (all: files 3 to 5 times the size)
+    attention: str = "layer"
 
 
 @dataclass
@@ -246,8 +257,9 @@ class BenchConfig:
 @dataclass
 class VizConfig:
     sentences: int = 4  # dev sentences whose alignments go to TensorBoard at every validation
-    eval_plots: int = 20  # eval: PNG heatmaps for the first N sentences (alignments.jsonl has all)
-    layer: int = -1  # Transformer layer whose heads are shown (and averaged in alignments.jsonl)
+    eval_plots: int = 20  # eval: PNG heatmaps for the first N sentences (alignments.npz has every sentence's maps)
+    layer: int = -1  # Transformer layer whose heads are shown, kept in alignments.npz and the explorer
+    worker: bool = True  # validation's dev scoring and heatmaps in a process beside training (app/host_worker.py)
 
 
 @dataclass

@@ -6,10 +6,12 @@ A sentence shows the attention that produced its hypothesis and, where the corpu
 links, also the attention read while forcing the reference through the decoder (rows: reference pieces),
 with the links outlined over it; a toggle switches the rows.
 
-Everything is inline (no network). Each map set (a sentence's hypothesis attention, its forced
-attention) is quantized to uint8 (error <= 1/510), zlib-compressed and written as text (``text7``)
-separately; the page inflates one set when it is first shown with the browser's DecompressionStream,
-so opening the file parses only the sentence list.
+Everything is inline (no network). A sentence's maps are the views ``app.alignment.store_attention``
+keeps, as the attention files hold them: by default the heads of one layer (``viz.layer``) and every
+layer's mean of heads, or every head of every layer (``eval.attention=all``). Each map set (a sentence's
+hypothesis attention, its forced attention) is quantized to uint8 (error <= 1/510), zlib-compressed and
+written as text (``text7``) separately; the page inflates one set when it is first shown with the
+browser's DecompressionStream, so opening the file parses only the sentence list.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from importlib import resources
 from typing import Any
 
 import numpy as np
-import torch
 from matplotlib import colormaps
 
-from app.alignment import attention_entropy, piece_links, word_index
+from app.alignment import StoredAttention, piece_links, store_attention, word_index
 from app.data.tokenizer import EOS
 from app.utils import atomic_write_text
+
+LEVEL = 1  # zlib level of the maps: level 6 made them 5-8 % smaller in 2-8 times as long (synthetic maps)
 
 
 @dataclass
@@ -38,7 +41,8 @@ class ExplorerRecord:
 
     ``attention``: what produced the hypothesis, numpy or torch floats with rows summing to 1, (tgt, src)
     for an RNN or (layers, heads, tgt, src) for a Transformer; tgt = len(tgt_tokens) (the hypothesis
-    pieces and EOS), src = len(src_tokens) (the source pieces and EOS).
+    pieces and EOS), src = len(src_tokens) (the source pieces and EOS). Or the views of it already kept
+    (an ``app.alignment.StoredAttention``, as ``make eval`` has them for its attention files).
 
     ``ref_attention`` (optional): the attention read while forcing the reference through the decoder,
     the same layout with rows = ``ref_tokens`` (the reference pieces and EOS) and the same layers and heads.
@@ -62,33 +66,34 @@ class ExplorerRecord:
     links: Any = None
 
 
-def _maps(record_id: str, attention, rows: list[str], cols: list[str], name: str) -> tuple[np.ndarray, bool]:
-    """``attention`` as a float32 (layers, heads, rows, cols) array (an RNN's map becomes 1 x 1 x rows x
-    cols), and whether it was an RNN's (tgt, src) map."""
-    a = attention
-    a = (a.detach().float().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)).astype(np.float32)
+def _stored(record_id: str, attention, rows: list[str], cols: list[str], name: str, layer: int, keep: str):
+    """``attention`` as the views the page shows (StoredAttention), its (rows, cols) checked."""
+    stored = attention if isinstance(attention, StoredAttention) else None
+    shape = stored.maps.shape if stored else tuple(getattr(attention, "shape", np.shape(attention)))
     expected = (len(rows), len(cols))
-    if a.ndim not in (2, 4) or a.shape[-2:] != expected:
+    if (len(shape) not in (2, 4) and not stored) or tuple(shape[-2:]) != expected:
         raise ValueError(
-            f"sentence {record_id}: {name} of shape {a.shape}, expected (tgt, src) or "
+            f"sentence {record_id}: {name} of shape {tuple(shape)}, expected (tgt, src) or "
             f"(layers, heads, tgt, src) with (tgt, src) = {expected}"
         )
-    return (a.reshape((1, 1) + a.shape), True) if a.ndim == 2 else (a, False)
+    return stored or store_attention(attention, layer, keep)
 
 
 def text7(data: bytes) -> str:
     """Bytes as text of 7 bits per character (base64 carries 6 in 8): most characters are one UTF-8 byte.
     The three values an HTML parser alters or stops a <script> at (NUL, CR, '<') are written as
     U+0100 + value; the page reads every character's low 7 bits."""
-    bits = np.unpackbits(np.frombuffer(data, np.uint8))
-    groups = np.concatenate([bits, np.zeros(-len(bits) % 7, np.uint8)]).reshape(-1, 7)
-    values = groups @ (1 << np.arange(6, -1, -1))
-    values += 0x100 * np.isin(values, (0x00, 0x0D, 0x3C))
-    return values.astype("<u2").tobytes().decode("utf-16-le")
+    chars = -(-len(data) * 8 // 7)
+    groups = np.frombuffer(data + bytes(-len(data) % 7), np.uint8).reshape(-1, 7).astype(np.uint64)
+    words = (groups << np.arange(48, -1, -8, dtype=np.uint64)).sum(1, dtype=np.uint64)  # 56 bits, big-endian
+    values = ((words[:, None] >> np.arange(49, -1, -7, dtype=np.uint64)) & np.uint64(0x7F)).ravel()[:chars]
+    escaped = (values == 0x00) | (values == 0x0D) | (values == 0x3C)
+    values = values.astype("<u2") + 0x100 * escaped.astype("<u2")
+    return values.tobytes().decode("utf-16-le")
 
 
-def _blob(maps: np.ndarray) -> str:
-    return text7(zlib.compress(np.rint(np.clip(maps, 0.0, 1.0) * 255).astype(np.uint8).tobytes()))
+def _blob(stored: StoredAttention) -> str:
+    return text7(zlib.compress(stored.maps.tobytes(), LEVEL))
 
 
 def link_cells(record: ExplorerRecord) -> dict | None:
@@ -113,7 +118,7 @@ def link_cells(record: ExplorerRecord) -> dict | None:
     return {"sure": cells(sure), "possible": cells(possible - sure)}
 
 
-def _reference(record: ExplorerRecord, maps: np.ndarray, rnn: bool, blobs: list[str]) -> dict | None:
+def _reference(record: ExplorerRecord, stored: StoredAttention, blobs: list[str], layer: int, keep: str):
     """The page's entry for the forced attention (its blob appended to ``blobs``), or None."""
     if record.ref_attention is None:
         if record.ref_tokens is not None or record.links is not None:
@@ -124,25 +129,33 @@ def _reference(record: ExplorerRecord, maps: np.ndarray, rnn: bool, blobs: list[
         return None
     if record.ref_tokens is None:
         raise ValueError(f"sentence {record.id}: ref_attention needs ref_tokens (its rows)")
-    ref_maps, ref_rnn = _maps(record.id, record.ref_attention, record.ref_tokens, record.src_tokens, "ref_attention")
-    if ref_maps.shape[:2] != maps.shape[:2] or ref_rnn != rnn:
+    ref = _stored(record.id, record.ref_attention, record.ref_tokens, record.src_tokens, "ref_attention", layer, keep)
+    if (ref.layers, ref.heads, ref.names) != (stored.layers, stored.heads, stored.names):
         raise ValueError(
-            f"sentence {record.id}: ref_attention has {ref_maps.shape[:2]} (layers, heads), the attention "
-            f"{maps.shape[:2]}: both come from the same model"
+            f"sentence {record.id}: ref_attention has {ref.layers or 'an RNN map of'} layers x {ref.heads} heads, "
+            f"the attention {stored.layers} x {stored.heads}: both come from the same model"
         )
-    blobs.append(_blob(ref_maps))
+    blobs.append(_blob(ref))
     return {"tgt": list(record.ref_tokens), "links": link_cells(record)}
 
 
-def write_explorer(path: str, records: Iterable[ExplorerRecord | dict], title: str, meta: dict) -> None:
+def write_explorer(
+    path: str,
+    records: Iterable[ExplorerRecord | dict],
+    title: str,
+    meta: dict,
+    layer: int = -1,
+    keep: str = "layer",
+) -> None:
     """Write the explorer HTML for ``records`` (ExplorerRecord or dicts of its fields; any iterable, read
-    once, so a generator need not hold every sentence's maps at once); ``meta`` (model, checkpoint, split,
-    corpus BLEU, alignment...) is shown as key: value pairs in the header."""
+    once, so a generator need not hold every sentence's maps at once), in their order (the corpus order);
+    ``meta`` (model, checkpoint, split, corpus BLEU, alignment...) is shown as key: value pairs in the
+    header. ``layer`` and ``keep``: which heads a Transformer's maps keep (app.alignment.store_attention)."""
     sentences, blobs, offset = [], [], 0
     for record in records:
         record = record if isinstance(record, ExplorerRecord) else ExplorerRecord(**record)
-        maps, rnn = _maps(record.id, record.attention, record.tgt_tokens, record.src_tokens, "attention")
-        blobs.append(_blob(maps))
+        stored = _stored(record.id, record.attention, record.tgt_tokens, record.src_tokens, "attention", layer, keep)
+        blobs.append(_blob(stored))
         sent = {
             "id": str(record.id),
             "src": list(record.src_tokens),
@@ -151,13 +164,14 @@ def write_explorer(path: str, records: Iterable[ExplorerRecord | dict], title: s
             "hypothesis": record.hypothesis,
             "reference": record.reference,
             "bleu": None if record.bleu is None else round(float(record.bleu), 2),
-            "entropy": round(attention_entropy(torch.from_numpy(maps)), 4),  # of the hypothesis attention
-            "layers": maps.shape[0],
-            "heads": maps.shape[1],
-            "rnn": rnn,  # no layer/head selectors
+            "entropy": round(stored.entropy, 4),  # of the whole hypothesis attention
+            "layers": max(stored.layers, 1),
+            "heads": max(stored.heads, 1),
+            "headLayers": stored.head_layers,  # maps: these layers' heads, then each layer's mean
+            "rnn": stored.layers == 0,  # one map: no layer/head selectors
         }
         sent["at"], offset = [offset, len(blobs[-1])], offset + len(blobs[-1])  # its slice of the maps block
-        if ref := _reference(record, maps, rnn, blobs):  # rows: the reference pieces, forced
+        if ref := _reference(record, stored, blobs, layer, keep):  # rows: the reference pieces, forced
             ref["at"], offset = [offset, len(blobs[-1])], offset + len(blobs[-1])
         sent["ref"] = ref
         sentences.append(sent)
@@ -179,18 +193,19 @@ def write_explorer(path: str, records: Iterable[ExplorerRecord | dict], title: s
 
 
 def evaluation_records(
-    data, hyps, texts: list[str], bleu: list[float], tokenizer, forced=None
+    data, hyps, texts: list[str], bleu: list[float], tokenizer, forced=None, stored: list | None = None
 ) -> Iterable[ExplorerRecord]:
     """The explorer's records of an evaluated split (``make eval``), one sentence at a time: the
-    attention that produced each hypothesis and, when ``forced`` (inference.ForcedAlignment) is given,
-    the forced attention of the reference with its links (those inside the sentence's words: a gold file
-    made for other text scores its links as misses, but they have no cell to draw)."""
+    attention that produced each hypothesis (``stored``: its kept views, StoredAttention, when the caller
+    has them) and, when ``forced`` (evaluate.ForcedAlignment) is given, the forced attention of the
+    reference with its links (those inside the sentence's words: a gold file made for other text scores
+    its links as misses, but they have no cell to draw)."""
     for i, attention in enumerate(hyps.attention):
         record = ExplorerRecord(
             id=data.ids[i],
             src_tokens=tokenizer.src_pieces(data.src[i] + [EOS]),
             tgt_tokens=tokenizer.tgt_pieces(hyps.tokens[i] + [EOS]),
-            attention=attention,
+            attention=attention if stored is None else stored[i],
             source=data.src_texts[i],
             hypothesis=texts[i],
             reference=data.tgt_texts[i],

@@ -1,9 +1,18 @@
 """Scores with sacrebleu: corpus BLEU, chrF and TER, each with its signature; BLEU by source length and of
-the longest sources; sentence BLEU."""
+the longest sources; sentence BLEU. A split's BLEU statistics are counted once and every BLEU above is
+summed from them (``BleuStatistics``); TER, slow pure Python, can run in a worker process
+(``BackgroundTER``) while the caller does other work."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
 from typing import Optional
 
 from sacrebleu.metrics import BLEU, CHRF, TER
@@ -11,9 +20,13 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from app.errors import UserError
 
 
-def score(hypotheses: list[str], references: list[str], ter: bool = True) -> dict:
+def _check(hypotheses: list[str], references: list[str]) -> None:
     if len(hypotheses) != len(references):
         raise UserError(f"cannot score {len(hypotheses)} hypotheses against {len(references)} references")
+
+
+def score(hypotheses: list[str], references: list[str], ter: bool = True) -> dict:
+    _check(hypotheses, references)
     metrics = {"sentences": len(hypotheses)}
     for name, metric in [("bleu", BLEU()), ("chrf", CHRF())] + ([("ter", TER())] if ter else []):
         result = metric.corpus_score(hypotheses, [references])
@@ -22,26 +35,56 @@ def score(hypotheses: list[str], references: list[str], ter: bool = True) -> dic
     return metrics
 
 
-def bleu_by_length(hypotheses: list[str], references: list[str], sources: list[str], edges: list[int]) -> list[dict]:
+class BleuStatistics:
+    """Each sentence's BLEU statistics (n-gram matches and lengths; sacrebleu's default tokenizer), counted
+    once: corpus BLEU of any subset of the sentences and each sentence's BLEU are sums of them, the same
+    numbers as sacrebleu's ``corpus_score`` and ``sentence_score`` of those sentences."""
+
+    def __init__(self, hypotheses: list[str], references: list[str]):
+        _check(hypotheses, references)
+        self.metric = BLEU()
+        # sacrebleu's own per-sentence counting (what corpus_score sums)
+        self.stats = self.metric._extract_corpus_statistics(hypotheses, [references])
+
+    def corpus(self, members: Optional[list[int]] = None) -> float:
+        stats = self.stats if members is None else [self.stats[i] for i in members]
+        return self.metric._aggregate_and_compute(stats).score
+
+    def sentences(self) -> list[float]:
+        """Each sentence's BLEU with effective n-gram order (short sentences score too)."""
+        sentence = BLEU(effective_order=True)
+        return [sentence._compute_score_from_stats(stats).score for stats in self.stats]
+
+
+def bleu_by_length(
+    hypotheses: list[str],
+    references: list[str],
+    sources: list[str],
+    edges: list[int],
+    stats: Optional[BleuStatistics] = None,
+) -> list[dict]:
     """Corpus BLEU of the sentences in each source-length bucket (whitespace words), as in Bahdanau
-    et al. 2014, Fig. 2. ``edges`` [10, 20] gives buckets 0-10, 10-20 and 20+ (lower bound inclusive)."""
+    et al. 2014, Fig. 2. ``edges`` [10, 20] gives buckets 0-10, 10-20 and 20+ (lower bound inclusive).
+    ``stats``: the sentences' BleuStatistics, when already counted."""
+    stats = stats or BleuStatistics(hypotheses, references)
+    lengths = [len(src.split()) for src in sources]
     bounds = [0, *edges, None]
     buckets = []
     for low, high in zip(bounds, bounds[1:]):
-        members = [
-            i for i, src in enumerate(sources) if len(src.split()) >= low and (high is None or len(src.split()) < high)
-        ]
+        members = [i for i, n in enumerate(lengths) if n >= low and (high is None or n < high)]
         bucket = {"bucket": f"{low}-{high}" if high is not None else f"{low}+", "sentences": len(members)}
         if members:
-            bucket["bleu"] = round(
-                BLEU().corpus_score([hypotheses[i] for i in members], [[references[i] for i in members]]).score, 2
-            )
+            bucket["bleu"] = round(stats.corpus(members), 2)
         buckets.append(bucket)
     return buckets
 
 
 def bleu_of_longest(
-    hypotheses: list[str], references: list[str], sources: list[str], fraction: float = 0.1
+    hypotheses: list[str],
+    references: list[str],
+    sources: list[str],
+    fraction: float = 0.1,
+    stats: Optional[BleuStatistics] = None,
 ) -> tuple[Optional[float], int]:
     """Corpus BLEU of the ⌈fraction · N⌉ sentences with the longest sources (whitespace words; of equal
     lengths, the earlier sentences), and their number: where position schemes that extrapolate differ."""
@@ -49,22 +92,99 @@ def bleu_of_longest(
     longest = sorted(range(len(sources)), key=lambda i: -len(sources[i].split()))[:n]
     if not longest:
         return None, 0
-    result = BLEU().corpus_score([hypotheses[i] for i in longest], [[references[i] for i in longest]])
-    return round(result.score, 2), n
+    stats = stats or BleuStatistics(hypotheses, references)
+    return round(stats.corpus(longest), 2), n
 
 
 def sentence_bleu(hypotheses: list[str], references: list[str]) -> list[float]:
     """Each hypothesis's BLEU against its reference (effective n-gram order: short sentences score too)."""
-    metric = BLEU(effective_order=True)
-    return [metric.sentence_score(h, [r]).score for h, r in zip(hypotheses, references)]
+    return BleuStatistics(hypotheses, references).sentences()
 
 
-def split_scores(hypotheses: list[str], references: list[str], sources: list[str], length_buckets: list[int]) -> dict:
-    """What ``make eval`` reports of a split's translations: BLEU, chrF and TER with their signatures, BLEU
-    per source-length bucket (``length_buckets``: the edges) and BLEU of the longest 10 %."""
-    metrics = score(hypotheses, references)
-    metrics["bleu_by_source_length"] = bleu_by_length(hypotheses, references, sources, length_buckets)
+def split_scores(
+    hypotheses: list[str], references: list[str], sources: list[str], length_buckets: list[int], ter: bool = True
+) -> tuple[dict, list[float]]:
+    """What ``make eval`` reports of a split's translations: BLEU, chrF and (``ter``) TER with their
+    signatures, BLEU per source-length bucket (``length_buckets``: the edges) and BLEU of the longest 10 %;
+    and each sentence's BLEU. The BLEU statistics are counted once for all of them."""
+    stats = BleuStatistics(hypotheses, references)
+    metrics = {"sentences": len(hypotheses), "bleu": round(stats.corpus(), 2)}
+    metrics["bleu_signature"] = str(stats.metric.get_signature())
+    chrf = CHRF()
+    metrics["chrf"] = round(chrf.corpus_score(hypotheses, [references]).score, 2)
+    metrics["chrf_signature"] = str(chrf.get_signature())
+    if ter:
+        metrics.update(ter_score(hypotheses, references))
+    metrics["bleu_by_source_length"] = bleu_by_length(hypotheses, references, sources, length_buckets, stats)
     metrics["bleu_longest_10pct"], metrics["longest_10pct_sentences"] = bleu_of_longest(
-        hypotheses, references, sources, 0.1
+        hypotheses, references, sources, 0.1, stats
     )
-    return metrics
+    return metrics, stats.sentences()
+
+
+def ter_score(hypotheses: list[str], references: list[str]) -> dict:
+    """Corpus TER and its signature: {"ter", "ter_signature"}."""
+    metric = TER()
+    result = metric.corpus_score(hypotheses, [references])
+    return {"ter": round(result.score, 2), "ter_signature": str(metric.get_signature())}
+
+
+def ter_main(path: str) -> None:
+    """The worker of BackgroundTER: [hypotheses, references] from the JSON file ``path``; its ter_score and
+    the seconds it took as one JSON line on stdout."""
+    start = time.perf_counter()
+    with open(path, encoding="utf-8") as f:
+        hypotheses, references = json.load(f)
+    result = ter_score(hypotheses, references)
+    print(json.dumps({**result, "seconds": time.perf_counter() - start}))
+
+
+class BackgroundTER:
+    """``ter_score`` in a worker process started at once (sacrebleu's TER is pure Python: seconds for a
+    thousand sentences, on one core), so that it overlaps what the caller does next; ``result()`` waits
+    for it. The worker is a fresh interpreter that imports only this module: not a fork (nothing of the
+    caller's threads or tensors), and not multiprocessing's spawn, which runs the caller's main script again
+    when it has no ``if __name__ == "__main__"``. ``close()`` stops it if the caller gives up; ``seconds``:
+    how long it computed, once the result is in."""
+
+    seconds: Optional[float] = None
+
+    def __init__(self, hypotheses: list[str], references: list[str]):
+        _check(hypotheses, references)
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".json", delete=False) as f:
+            json.dump([list(hypotheses), list(references)], f, ensure_ascii=False)  # e.g. a datasets Column
+        self._input = f.name
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where ``app`` imports from
+        path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
+        command = "import sys; from app.scoring import ter_main; ter_main(sys.argv[1])"
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", command, self._input],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": path},
+        )
+        # also when the caller fails before result(): the worker stopped and its input removed, at the latest
+        # when this object is collected or the interpreter exits
+        self._stop = weakref.finalize(self, _stop_worker, self._process, self._input)
+
+    def result(self) -> dict:
+        out, err = self._process.communicate()
+        self.close()
+        if self._process.returncode != 0:
+            last = err.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
+            raise RuntimeError(f"TER failed in its worker process (exit code {self._process.returncode}): {last[0]}")
+        result = json.loads(out)
+        self.seconds = result.pop("seconds")
+        return result
+
+    def close(self) -> None:
+        """Stop the worker if it still runs (the caller failed before it needed the result)."""
+        self._stop()
+
+
+def _stop_worker(process: subprocess.Popen, path: str) -> None:
+    if process.poll() is None:
+        process.kill()
+        process.communicate()
+    if os.path.exists(path):
+        os.unlink(path)

@@ -110,7 +110,6 @@ class Trainer:
         self.flop_counter = FlopCounter(model) if peak else None  # MFU in the log where the peak is known
         self.window = MetricsWindow(device, peak, guided=data.align_targets is not None)
         self.writer = distributed.writer(os.path.join(self.run_dir, "tb"))
-        self.checkpoints = CheckpointWriter()
         self.limits = StopRules(cfg.train, self.world, device)
         self.bar = progress_bar(cfg.train, self.progress.step, self.main)
         self.loop_start = time.time() - self.progress.elapsed_seconds
@@ -250,6 +249,7 @@ class Trainer:
         self.model.train()
         self.window.reset()
         crossed = lambda every, before: every > 0 and p.step // every > before // every  # noqa: E731
+        self.checkpoints = CheckpointWriter()  # every checkpoint of this run is written through it
         updates = Prefetcher(iter(self.schedule), self.prepare) if stop_reason is None else iter(())
         try:
             with StopRequest() as stop:

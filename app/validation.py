@@ -1,5 +1,12 @@
 """Validation during training: dev loss and perplexity (teacher forcing), dev BLEU/chrF of greedy
-translations, and the alignment heatmaps of a few dev sentences, all logged to TensorBoard."""
+translations, and the alignment heatmaps, sample table and attention scalars of a few dev sentences, all
+logged to TensorBoard at the validation's step.
+
+Host work off the training process: scoring the dev translations and drawing the heatmaps run in a worker
+process (app/host_worker.py; ``viz.worker``) while this one does the dev loss's forward passes, and are
+collected before the validation returns. Each validation is timed by part: the forward passes and
+decoding it cannot do without, and the host work around them; the console line and the scalars
+``dev/validation_seconds`` and ``dev/host_seconds`` say how long each took."""
 
 from __future__ import annotations
 
@@ -10,22 +17,26 @@ import torch
 from tqdm import tqdm
 
 from app.alignment import align_scope, attention_shape, score_alignments
-from app.board import add_alignment_figures, sample_table, tensorboard_sentences
+from app.board import alignment_figures, sample_table, tensorboard_sentences, write_pngs
 from app.config import Config
 from app.data.batching import sorted_batches
 from app.data.corpus import ParallelData
 from app.data.tokenizer import PAD, Tokenizer
 from app.decoding import decode_corpus
+from app.host_worker import host_worker, submit
+from app.plots import draw_pngs
 from app.scoring import score, sentence_bleu
 from app.update import sequence_loss
-from app.utils import amp_dtype, autocast
+from app.utils import Stopwatch, amp_dtype, autocast
+
+# the parts of a validation that run the model; the rest of its time is host work
+MODEL_PARTS = ("forward", "decode", "aer")
 
 
 @torch.no_grad()
-def dev_scores(
-    model, dev: ParallelData, tokenizer: Tokenizer, cfg: Config, device, dtype, progress: bool = False
-) -> dict:
-    """Dev perplexity (teacher forcing, no smoothing) and dev BLEU/chrF of greedy translations."""
+def dev_loss(model, dev: ParallelData, cfg: Config, device, dtype) -> dict:
+    """Dev loss and perplexity: teacher forcing, no label smoothing."""
+    was_training = model.training
     model.eval()
     loss_sum, tokens = 0.0, 0
     for batch in sorted_batches(dev.src, dev.tgt, cfg.decode.batch_tokens):
@@ -34,68 +45,80 @@ def dev_scores(
             logits = model(batch.src, batch.tgt_in, src_lengths=batch.src_lengths)
         loss_sum += sequence_loss(logits.float(), batch.tgt_out).item()
         tokens += int((batch.tgt_out != PAD).sum())
-    hyps = decode_corpus(model, dev.src, device, cfg.decode.greedy(), amp_dtype=dtype, progress=progress)
-    metrics = score(tokenizer.decode_tgt(hyps.tokens), dev.tgt_texts, ter=False)
-    model.train()
-    return {"loss": loss_sum / tokens, "ppl": math.exp(min(loss_sum / tokens, 50)), **metrics}
-
-
-@torch.no_grad()
-def log_samples(writer, model, dev: ParallelData, tokenizer: Tokenizer, cfg: Config, device, dtype, step: int) -> None:
-    """The same ``viz.sentences`` dev sentences at every validation, greedily translated: a text table
-    (source, reference, hypothesis, sentence BLEU) and their heatmaps, sized for TensorBoard's IMAGES
-    tab (sentences short enough for readable labels), and two scalars over them: mean attention
-    entropy and monotonicity (the step slider shows alignment emerging)."""
-    chosen = tensorboard_sentences(dev.src, min(cfg.viz.sentences, len(dev)))
-    if not chosen:
-        return
-    src = [dev.src[i] for i in chosen]
-    hyps = decode_corpus(model, src, device, cfg.decode.greedy(), amp_dtype=dtype, need_attention=True)
-    texts, refs = tokenizer.decode_tgt(hyps.tokens), [dev.tgt_texts[i] for i in chosen]
-    table = sample_table(
-        [dev.ids[i] for i in chosen], [dev.src_texts[i] for i in chosen], refs, texts, sentence_bleu(texts, refs)
-    )
-    writer.add_text("dev/samples", table, step)
-    if hyps.attention is None:  # a model without attention
-        return
-    pairs = list(zip(src, hyps.tokens, hyps.attention))
-    add_alignment_figures(writer, "alignment", pairs, tokenizer, cfg.viz.layer, step)
-    shape = attention_shape(hyps.attention, cfg.viz.layer)
-    writer.add_scalar("dev/attention_entropy", shape["entropy"], step)
-    writer.add_scalar("dev/attention_monotonicity", shape["monotonicity"], step)
+    model.train(was_training)
+    return {"loss": loss_sum / tokens, "ppl": math.exp(min(loss_sum / tokens, 50))}
 
 
 def validate(
     model, dev: ParallelData, dev_links, tokenizer: Tokenizer, cfg: Config, writer, progress, closing: bool = False
 ) -> dict:
     """One validation at ``progress.step``: scores and heatmaps to TensorBoard, recorded in ``progress``
-    (best dev BLEU, early stopping), a line on the console; returns the scores and whether they are
-    the best so far. With the dev split's reference links (``dev_links``), also the AER of the best
-    view of the attention (``dev/aer``). ``closing``: the validation after the last step, with a progress bar
-    (nothing else is on screen then)."""
+    (best dev BLEU, early stopping), a line on the console; returns the scores, whether they are the best
+    so far, and the seconds of each part (``seconds``; ``host``: all but the forward passes and decoding).
+
+    The same ``viz.sentences`` dev sentences every time, greedily translated: a text table (source,
+    reference, hypothesis, sentence BLEU), their heatmaps sized for TensorBoard's IMAGES tab (sentences
+    short enough for readable labels), and two scalars over them, mean attention entropy and monotonicity
+    (the step slider shows alignment emerging). With the dev split's reference links (``dev_links``), also
+    the AER of the best view of the attention (``dev/aer``). ``closing``: the validation after the last
+    step, with a progress bar (nothing else is on screen then)."""
     device = next(model.parameters()).device
     dtype = amp_dtype(cfg.train.amp, device)
-    start, step = time.time(), progress.step
+    start, step, clock = time.perf_counter(), progress.step, Stopwatch()
+    worker = host_worker(preload=(score.__module__, draw_pngs.__module__)) if cfg.viz.worker else None
     if closing:
         tqdm.write(f"step {step}: closing validation on {len(dev)} dev sentences")
-    metrics = dev_scores(model, dev, tokenizer, cfg, device, dtype, progress=closing)
-    log_samples(writer, model, dev, tokenizer, cfg, device, dtype, step)
+    greedy = cfg.decode.greedy()
+    with clock("decode"):
+        hyps = decode_corpus(model, dev.src, device, greedy, amp_dtype=dtype, progress=closing)
+    scoring = submit(worker, score, tokenizer.decode_tgt(hyps.tokens), dev.tgt_texts, False)
+    chosen = tensorboard_sentences(dev.src, min(cfg.viz.sentences, len(dev)))
+    samples = drawing = None
+    if chosen:
+        with clock("decode"):
+            src = [dev.src[i] for i in chosen]
+            samples = decode_corpus(model, src, device, greedy, amp_dtype=dtype, need_attention=True)
+        if samples.attention is not None:  # a model with attention
+            pairs = list(zip(src, samples.tokens, samples.attention))
+            drawing = submit(worker, draw_pngs, alignment_figures("alignment", pairs, tokenizer, cfg.viz.layer))
+    with clock("forward"):
+        metrics = dev_loss(model, dev, cfg, device, dtype)
     aer = ""
     if dev_links is not None:
         scope = align_scope(cfg.eval.align_scope, gold_file=False)  # the corpus's own links, as make eval scores them
-        batch_tokens = cfg.decode.batch_tokens
-        score, _ = score_alignments(model, dev, dev_links, tokenizer, device, dtype, batch_tokens, scope=scope)
-        if score is not None:
-            view = score.best()
-            metrics["aer"], metrics["aer_view"] = score.result(view)["aer"], view
+        with clock("aer"):  # forced attention (forward passes) and each view's hard alignments
+            result, _ = score_alignments(
+                model, dev, dev_links, tokenizer, device, dtype, cfg.decode.batch_tokens, scope=scope
+            )
+        if result is not None:
+            view = result.best()
+            metrics["aer"], metrics["aer_view"] = result.result(view)["aer"], view
             aer = f" AER {metrics['aer']:.3f} ({view})"
+    with clock("wait"):  # for the worker, where it took longer than the forward passes
+        metrics.update(scoring.result())
+        pngs = drawing.result() if drawing is not None else {}
+    if samples is not None:
+        texts, refs = tokenizer.decode_tgt(samples.tokens), [dev.tgt_texts[i] for i in chosen]
+        ids, sources = [dev.ids[i] for i in chosen], [dev.src_texts[i] for i in chosen]
+        writer.add_text("dev/samples", sample_table(ids, sources, refs, texts, sentence_bleu(texts, refs)), step)
+        write_pngs(writer, pngs, step)
+        if samples.attention is not None:
+            shape = attention_shape(samples.attention, cfg.viz.layer)
+            writer.add_scalar("dev/attention_entropy", shape["entropy"], step)
+            writer.add_scalar("dev/attention_monotonicity", shape["monotonicity"], step)
     for key in ("loss", "ppl", "bleu", "chrf", "aer"):
         if key in metrics:
             writer.add_scalar(f"dev/{key}", metrics[key], step)
-    seconds = time.time() - start
+    seconds = time.perf_counter() - start
+    host = seconds - sum(clock.seconds.get(part, 0.0) for part in MODEL_PARTS)
+    writer.add_scalar("dev/validation_seconds", seconds, step)
+    writer.add_scalar("dev/host_seconds", host, step)
+    metrics["seconds"] = {**clock.rounded(), "host": round(host, 2), "total": round(seconds, 2)}
     metrics["improved"] = progress.record_validation(metrics["bleu"], seconds)
+    parts = ", ".join(f"{part} {clock.seconds[part]:.1f}s" for part in MODEL_PARTS if part in clock.seconds)
     tqdm.write(
         f"step {step}: dev loss {metrics['loss']:.3f} ppl {metrics['ppl']:.2f} BLEU {metrics['bleu']:.2f} "
-        f"chrF {metrics['chrf']:.2f}{aer} ({seconds:.0f}s){' *best*' if metrics['improved'] else ''}"
+        f"chrF {metrics['chrf']:.2f}{aer} ({seconds:.0f}s: {parts}, host {host:.1f}s)"
+        f"{' *best*' if metrics['improved'] else ''}"
     )
     return metrics

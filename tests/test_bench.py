@@ -54,18 +54,22 @@ def test_a_failing_ablation_row_does_not_lose_the_others(monkeypatch):
 
     import app.bench
 
+    calls = []
+
     def fake_training(model, cfg, data, device, dtype, steps, warmup, naive=frozenset()):
+        calls.append(cfg)
         if not cfg.train.fused_optimizer:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
-        return {"steps_per_s": 1.0, "train_tgt_tokens_per_s": 900, "padding_ratio": 0.05, "mfu": None}, None
+        tokens = 1000 if len(calls) == 1 else 900  # the first call times the defaults
+        return {"steps_per_s": 1.0, "train_tgt_tokens_per_s": tokens, "padding_ratio": 0.05, "mfu": None}, None
 
     monkeypatch.setattr(app.bench, "time_training", fake_training)
     cfg = compose_config("model=transformer_small")
-    baseline = {"steps_per_s": 1.0, "train_tgt_tokens_per_s": 1000, "mfu": None}
-    rows = app.bench.ablation(cfg, lambda: None, None, torch.device("cpu"), None, 1, 0, baseline)
+    rows = app.bench.ablation(cfg, lambda: None, None, torch.device("cpu"), None, 1, 0)
     failed = [r for r in rows if "error" in r]
     assert [r["setting"] for r in failed] == ["without fused AdamW (its non-finite check then syncs)"]
     assert failed[0]["error"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert rows[0]["train_tgt_tokens_per_s"] == 1000 and rows[0]["vs_defaults"] == 1.0
     assert len(rows) == 6 and all(r["vs_defaults"] == 0.9 for r in rows[1:] if "error" not in r)
 
 

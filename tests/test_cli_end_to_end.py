@@ -314,13 +314,15 @@ def test_eval_logs_scores_figures_samples_and_hparams_into_the_runs_tensorboard(
 
 def test_eval_writes_an_explorer_that_chromium_draws(workdir):
     """The explorer of a real evaluation, in headless Chromium: the sentence and head of the hash, the
-    hypothesis tokens of alignments.jsonl as rows, and the colour of a cell from its weight."""
+    hypothesis tokens of alignments.jsonl as rows, and the colour of a cell from its weight in alignments.npz."""
     import io
 
     import numpy as np
     from browser import Browser, find_chromium
     from matplotlib import colormaps
     from PIL import Image
+
+    from app.alignment import read_attention
 
     out = workdir / "checkpoints" / "tiny" / "eval" / "test"
     result = run_cli(workdir, "command=eval", "name=tiny", "device=cpu", "viz.eval_plots=0")
@@ -348,11 +350,13 @@ def test_eval_writes_an_explorer_that_chromium_draws(workdir):
         )
         with Image.open(io.BytesIO(b.screenshot())) as image:
             drawn = image.convert("RGB").getpixel((int(x + 0.5 * cell), int(y + 0.5 * cell)))
-    weight = rows[1]["head_weights"][1][0][0]  # layer 0, head 1: first hypothesis piece on the first source piece
-    assert all(abs(a - b) <= 3 for a, b in zip(drawn, viridis[round(weight * 255)])), (drawn, weight)
+    maps = read_attention(str(out), 1)
+    weight = maps["maps"][maps["views"].index("layer 0 head 1"), 0, 0]  # first hypothesis piece, first source piece
+    assert all(abs(a - b) <= 1 for a, b in zip(drawn, viridis[round(weight * 255)])), (drawn, weight)
 
 
-def test_eval_writes_alignment_heatmaps_and_jsonl(workdir):
+def test_eval_writes_alignment_heatmaps_and_attention_files(workdir):
+    import numpy as np
     from PIL import Image
 
     out = workdir / "checkpoints" / "tiny" / "eval" / "test"
@@ -363,15 +367,18 @@ def test_eval_writes_alignment_heatmaps_and_jsonl(workdir):
         assert image.size[0] >= 300 and image.size[1] >= 200
     rows = [json.loads(line) for line in (out / "alignments.jsonl").read_text(encoding="utf-8").splitlines()]
     hyps = (out / "hyp.txt").read_text(encoding="utf-8").split("\n")[:-1]
-    assert len(rows) == len(hyps)
-    for row in rows:
-        assert row["src_tokens"][-1] == "</s>" and row["hyp_tokens"][-1] == "</s>"
-        assert len(row["weights"]) == len(row["hyp_tokens"])
-        for weights in row["weights"]:
-            assert len(weights) == len(row["src_tokens"])  # no padding columns
-            assert sum(weights) == pytest.approx(1.0, abs=2e-3)  # rounded to 4 decimals
-        assert row["layer"] == 0 and len(row["head_weights"]) == 2  # 1 layer, 2 heads
-        assert sum(row["head_weights"][1][0]) == pytest.approx(1.0, abs=2e-3)
+    assert len(rows) == len(hyps) and [row["index"] for row in rows] == list(range(len(hyps)))
+    test_ids = [line.split("\t")[0] for line in open(workdir / "data" / "tiny" / "test.tsv", encoding="utf-8")]
+    assert [row["id"] for row in rows] == test_ids  # the split's order
+    with np.load(out / "alignments.npz") as archive:  # numpy alone reads the maps
+        for row in rows:
+            assert row["src_tokens"][-1] == "</s>" and row["hyp_tokens"][-1] == "</s>"
+            # 1 layer of 2 heads: both heads of layer 0 (viz.layer), then its mean
+            assert row["layer"] == 0 and row["views"] == ["layer 0 head 0", "layer 0 head 1", "layer 0 mean"]
+            maps = archive[row["array"]]
+            assert maps.dtype == np.uint8 and maps.shape == (3, len(row["hyp_tokens"]), len(row["src_tokens"]))
+            # rows sum to 1 within the rounding of each weight to 1/255
+            assert np.abs(maps.sum(-1) / 255 - 1).max() <= len(row["src_tokens"]) / 510
 
 
 @pytest.mark.parametrize(
@@ -416,6 +423,46 @@ def test_eval_reports_alignment_error_rate_against_a_gold_file(workdir, gold_kin
     assert meta["AER"].startswith(f"{alignment['aer']:.3f}") and len(sentences) == len(refs)
     drawn = [len(s["ref"]["links"]["sure"]) + len(s["ref"]["links"]["possible"]) for s in sentences]
     assert all(drawn) if gold_kind == "every pair possible" else not any(drawn)
+
+
+def test_eval_of_the_first_sentences_says_it_is_a_subset(workdir):
+    """eval.max_sentences=3: the first 3 test pairs in the split's order, said so in the output, metrics.json,
+    the explorer and TensorBoard (its own tags, no test HPARAMS); the AER reads the same 3 pairs' links
+    (a gold file right on them and wrong on every other pair scores 0)."""
+    from test_explorer import read_explorer
+
+    run, n = workdir / "checkpoints" / "tiny", 3
+    refs = [line.rstrip("\n").split("\t") for line in open(workdir / "data" / "tiny" / "test.tsv", encoding="utf-8")]
+    gold = workdir / "gold_first.align"
+    right = [" ".join(f"{i}?{j}" for i in range(len(s.split())) for j in range(len(t.split()))) for _, s, t in refs[:n]]
+    wrong = [" ".join(f"{len(s.split()) + 5}-{j}" for j in range(len(t.split()))) for _, s, t in refs[n:]]
+    gold.write_text("".join(line + "\n" for line in right + wrong))
+    hparams_before = len(tensorboard(run).Scalars("hparams/test_bleu"))
+    args = ["command=eval", "name=tiny", "device=cpu", "decode.beam_size=1", "viz.eval_plots=0"]
+    result = run_cli(workdir, *args, f"eval.max_sentences={n}", f"eval.gold_align={gold}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"(first {n} of {len(refs)} sentences: a subset, not the split's score;" in result.stdout
+    out = run / "eval" / "test"
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (metrics["sentences"], metrics["split_sentences"]) == (n, len(refs))
+    assert metrics["subset"] == f"first {n} of {len(refs)} sentences"
+    hyps = (out / "hyp.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(hyps) == n and metrics["bleu"] == round(sacrebleu.corpus_bleu(hyps, [[r[2] for r in refs[:n]]]).score, 2)
+    alignment = metrics["alignment"]
+    assert alignment["aer"] == 0.0 and alignment["links"] == sum(len(t.split()) for _, _, t in refs[:n])
+    index = [json.loads(line) for line in (out / "alignments.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [row["id"] for row in index] == [r[0] for r in refs[:n]]
+    _, meta, sentences = read_explorer(out / "alignments.html")
+    assert len(sentences) == n and meta["sentences"] == metrics["subset"]
+    events = tensorboard(run)
+    assert [e.value for e in events.Scalars(f"eval/test_first{n}/bleu")][-1] == pytest.approx(metrics["bleu"])
+    assert len(events.Scalars("hparams/test_bleu")) == hparams_before  # a subset is not the test score
+    # a gold file that is not the split's length is refused, though its first lines would do
+    (workdir / "short.align").write_text("".join(line + "\n" for line in right))
+    short = run_cli(workdir, *args, f"eval.max_sentences={n}", f"eval.gold_align={workdir / 'short.align'}")
+    assert short.returncode == 2 and f"{len(refs)} sentences to align but the reference links have {n}" in short.stderr
+    negative = run_cli(workdir, *args, "eval.max_sentences=-1")
+    assert negative.returncode == 2 and "eval.max_sentences=-1" in negative.stderr
 
 
 def test_bench_prints_and_writes_the_table(workdir, monkeypatch):
@@ -565,7 +612,8 @@ def test_export_to_ctranslate2_then_translate_and_eval_with_it(workdir):
     assert "no per-head maps" in result.stdout
     assert sum(a == b for a, b in zip(hyps["torch"], hyps["ct2"])) >= 0.9 * len(hyps["torch"])
     rows = [json.loads(line) for line in (run / "eval" / "test" / "alignments.jsonl").read_text().splitlines()]
-    assert "head_weights" not in rows[0] and len(rows[0]["weights"]) == len(rows[0]["hyp_tokens"])
+    assert rows[0]["views"] == ["attention"]  # one map: the mean of the heads of decoder layer viz.layer
+    assert rows[0]["shape"] == [1, len(rows[0]["hyp_tokens"]), len(rows[0]["src_tokens"])]
 
     # an export of another checkpoint is not scored as this one; a run without an export says how to make one
     other = "step_0000040" if info["run"]["step"] == 20 else "step_0000020"

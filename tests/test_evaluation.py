@@ -1,5 +1,7 @@
 """Corpus scores agree with sacrebleu's own functions."""
 
+import os
+
 import pytest
 import sacrebleu
 
@@ -90,3 +92,99 @@ def test_bleu_of_the_longest_tenth():
     hyps[5] = refs[5]  # the later 5-word sentence is not among them
     assert bleu_of_longest(hyps, refs, sources, 0.1) == (0.0, 2)
     assert bleu_of_longest([], [], [], 0.1) == (None, 0)
+
+
+def test_bleu_counted_once_gives_sacrebleus_numbers():
+    """split_scores counts BLEU statistics once: corpus BLEU, each bucket's, the longest tenth's and every
+    sentence's BLEU are sums of them, equal to sacrebleu's own scores of those sentences."""
+    from sacrebleu.metrics import BLEU
+
+    from app.scoring import BleuStatistics, split_scores
+
+    hyps, refs = HYPS * 3, REFS[1:] + REFS[:1] + REFS * 2  # some sentences far from their reference
+    sources = ["a " * n for n in (3, 12, 25, 7, 40, 2, 18, 9, 31, 5, 14, 22)]
+    metrics, sentence = split_scores(hyps, refs, sources, [10, 20], ter=False)
+    assert "ter" not in metrics and metrics["sentences"] == 12
+    assert metrics["bleu"] == round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
+    reference = score(hyps, refs, ter=False)
+    assert (metrics["bleu_signature"], metrics["chrf_signature"]) == (
+        reference["bleu_signature"],
+        reference["chrf_signature"],
+    )
+    assert metrics["chrf"] == round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2)
+    assert sentence == [BLEU(effective_order=True).sentence_score(h, [r]).score for h, r in zip(hyps, refs)]
+    assert len(set(sentence)) > 3
+    for bucket, members in zip(metrics["bleu_by_source_length"], ([0, 3, 5, 7, 9], [1, 6, 10], [2, 4, 8, 11])):
+        assert bucket["sentences"] == len(members)
+        picked = [hyps[i] for i in members], [[refs[i] for i in members]]
+        assert bucket["bleu"] == round(sacrebleu.corpus_bleu(*picked).score, 2)
+    assert metrics["longest_10pct_sentences"] == 2  # sources of 40 and 31 words
+    assert metrics["bleu_longest_10pct"] == round(
+        sacrebleu.corpus_bleu([hyps[4], hyps[8]], [[refs[4], refs[8]]]).score, 2
+    )
+    stats = BleuStatistics(hyps, refs)
+    assert stats.corpus([1, 2]) == sacrebleu.corpus_bleu(hyps[1:3], [refs[1:3]]).score
+
+
+def test_ter_in_a_worker_process_is_sacrebleus_ter():
+    from app.scoring import BackgroundTER, split_scores
+
+    worker = BackgroundTER(HYPS, REFS)
+    result = worker.result()
+    reference = score(HYPS, REFS)
+    assert result == {"ter": reference["ter"], "ter_signature": reference["ter_signature"]}
+    assert worker.seconds > 0
+    inline, _ = split_scores(HYPS, REFS, ["a b"] * 4, [10])
+    assert (inline["ter"], inline["ter_signature"]) == (result["ter"], result["ter_signature"])
+    with pytest.raises(UserError, match="3 hypotheses against 4 references"):
+        BackgroundTER(HYPS[:3], REFS)
+
+
+def test_a_worker_stopped_early_is_gone():
+    from app.scoring import BackgroundTER
+
+    worker = BackgroundTER(HYPS * 200, REFS * 200)
+    worker.close()
+    assert worker._process.poll() is not None and not os.path.exists(worker._input)
+
+
+def test_a_look_at_the_first_sentences_is_not_the_splits_evaluation(tmp_path):
+    """train's closing evaluation is skipped for a run evaluated since its checkpoint, but not when that was
+    an eval.max_sentences look at the first sentences."""
+    import json
+    import time
+
+    from app.config import Config
+    from app.evaluate import evaluated
+
+    cfg = Config(name="run", run_dir=str(tmp_path))
+    (tmp_path / "best.pt").write_bytes(b"")
+    assert not evaluated(cfg)
+    time.sleep(0.01)
+    metrics = tmp_path / "eval" / "test" / "metrics.json"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text(json.dumps({"bleu": 1.0, "subset": "first 5 of 998 sentences"}))
+    assert not evaluated(cfg)
+    metrics.write_text(json.dumps({"bleu": 1.0, "subset": None}))
+    assert evaluated(cfg)
+
+
+def test_ter_worker_from_a_script_without_a_main_guard(tmp_path):
+    """A user's script that calls make eval's scoring at top level (no ``if __name__ == "__main__"``): the
+    worker does not run that script again (as multiprocessing's spawn would) and leaves no file behind."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "score.py"
+    script.write_text(
+        "import glob, tempfile\n"
+        "from app.scoring import BackgroundTER\n"
+        f"worker = BackgroundTER({HYPS!r}, {REFS!r})\n"
+        "print('result', worker.result()['ter'], worker._input)\n"
+    )
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=repo, timeout=120)
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.splitlines()  # printed once: the script ran once
+    _, ter, path = line.split()
+    assert float(ter) == score(HYPS, REFS)["ter"] and not os.path.exists(path)

@@ -88,9 +88,20 @@ def untext7(text: str) -> bytes:
     return np.packbits(bits[: len(bits) // 8 * 8]).tobytes()
 
 
+def kept_views(attention, layer: int = -1, keep: str = "layer") -> np.ndarray:
+    """The views an explorer keeps of a sentence's attention, computed here with numpy alone: an RNN's one
+    map; a Transformer's heads of ``layer`` (``keep="layer"``) or of every layer, then each layer's mean."""
+    a = np.asarray(attention, dtype=np.float32)
+    if a.ndim == 2:
+        return a[None]
+    kept = list(range(len(a))) if keep == "all" else [layer % len(a)]
+    return np.concatenate([a[kept].reshape(-1, *a.shape[2:]), a.mean(1)])
+
+
 def read_explorer(path) -> tuple[str, dict, list[dict]]:
-    """(page, meta, sentences) of an explorer file, each sentence with its uint8 "maps" (layers, heads, tgt,
-    src), and its "ref" (when it has forced attention) with the reference rows' "maps"."""
+    """(page, meta, sentences) of an explorer file, each sentence with its uint8 "maps" (views, tgt, src):
+    the heads of its headLayers, then each layer's mean (an RNN: one map); and its "ref" (when it has
+    forced attention) with the reference rows' "maps"."""
     page = Path(path).read_text(encoding="utf-8")
 
     def script(name):
@@ -101,7 +112,8 @@ def read_explorer(path) -> tuple[str, dict, list[dict]]:
         for rows in filter(None, (sent, sent["ref"])):
             start, length = rows["at"]
             data = np.frombuffer(zlib.decompress(untext7(maps[start : start + length])), np.uint8)
-            rows["maps"] = data.reshape(sent["layers"], sent["heads"], len(rows["tgt"]), len(sent["src"]))
+            views = 1 if sent["rnn"] else len(sent["headLayers"]) * sent["heads"] + sent["layers"]
+            rows["maps"] = data.reshape(views, len(rows["tgt"]), len(sent["src"]))
     return page, json.loads(script("meta-data")), sentences
 
 
@@ -188,8 +200,10 @@ def test_maps_decode_back_within_quantization_error(tmp_path):
     assert meta == {"model": "transformer", "BLEU": 12.5}
     assert [s["id"] for s in sentences] == ["Gen.1.1", "Gen.1.2", "Gen.1.10", "Gen.1.9", "rnn"]
     for record, sent in zip(records, sentences):
-        assert sent["maps"].shape == record.attention.shape
-        assert np.abs(sent["maps"] / 255 - record.attention).max() <= 1 / 510 + 1e-6
+        # layer 1's 3 heads (viz.layer -1, the default), then the 2 layers' means
+        assert (sent["layers"], sent["heads"], sent["headLayers"]) == (2, 3, [1])
+        assert sent["maps"].shape == (3 + 2, *record.attention.shape[2:])
+        assert np.abs(sent["maps"] / 255 - kept_views(record.attention)).max() <= 1 / 510 + 1e-6
         assert (sent["src"], sent["tgt"]) == (record.src_tokens, record.tgt_tokens)
         assert (sent["source"], sent["hypothesis"], sent["reference"], sent["bleu"]) == (
             record.source,
@@ -199,13 +213,31 @@ def test_maps_decode_back_within_quantization_error(tmp_path):
         )
     # the forced reference: a second blob of its own rows, decoded alike
     ref, forced = sentences[1]["ref"], records[1].ref_attention
-    assert ref["tgt"] == records[1].ref_tokens and ref["maps"].shape == forced.shape == (2, 3, 4, 3)
-    assert np.abs(ref["maps"] / 255 - forced).max() <= 1 / 510 + 1e-6
+    assert ref["tgt"] == records[1].ref_tokens and ref["maps"].shape == (5, 4, 3)
+    assert np.abs(ref["maps"] / 255 - kept_views(forced)).max() <= 1 / 510 + 1e-6
     assert ref["at"][0] == sum(sentences[1]["at"])  # right after the sentence's hypothesis maps
-    assert sentences[-1]["rnn"] and sentences[-1]["maps"].shape == (1, 1, 2, 3)
-    assert np.abs(sentences[-1]["maps"][0, 0] / 255 - rnn.attention.numpy()).max() <= 1 / 510 + 1e-6
-    assert sentences[-1]["ref"]["maps"].shape == (1, 1, 3, 3) and sentences[-1]["ref"]["links"] is None
-    assert np.abs(sentences[-1]["ref"]["maps"][0, 0] / 255 - rnn.ref_attention.numpy()).max() <= 1 / 510 + 1e-6
+    assert sentences[-1]["rnn"] and sentences[-1]["maps"].shape == (1, 2, 3)
+    assert np.abs(sentences[-1]["maps"][0] / 255 - rnn.attention.numpy()).max() <= 1 / 510 + 1e-6
+    assert sentences[-1]["ref"]["maps"].shape == (1, 3, 3) and sentences[-1]["ref"]["links"] is None
+    assert np.abs(sentences[-1]["ref"]["maps"][0] / 255 - rnn.ref_attention.numpy()).max() <= 1 / 510 + 1e-6
+
+
+def test_every_head_of_every_layer_on_request_and_another_layers_heads(tmp_path):
+    """keep="all" (make eval's eval.attention=all) embeds every head of every layer; layer= picks the layer
+    whose heads the default keeps. Fewer maps make a smaller file."""
+    records = known_records()
+    sizes = {}
+    for keep, layer, head_layers in (("layer", -1, [1]), ("layer", 0, [0]), ("all", -1, [0, 1])):
+        path = tmp_path / f"{keep}{layer}.html"
+        write_explorer(str(path), records, "test", {}, layer=layer, keep=keep)
+        sizes[keep, layer] = path.stat().st_size
+        for record, sent in zip(records, read_explorer(path)[2]):
+            assert sent["headLayers"] == head_layers
+            expected = kept_views(record.attention, layer, keep)
+            assert np.abs(sent["maps"] / 255 - expected).max() <= 1 / 510 + 1e-6
+    assert sizes["all", -1] > sizes["layer", -1]
+    with pytest.raises(Exception, match="eval.attention='every': choose layer"):
+        write_explorer(str(tmp_path / "x.html"), records, "test", {}, keep="every")
 
 
 def test_a_sentence_without_forced_attention_has_no_reference_rows(tmp_path):
@@ -427,11 +459,19 @@ def test_explorer_in_chromium(browser, tmp_path):
     b.click(*b.center("#heads button[data-value='mean']"))
     shown(b, "0,1,mean,hypothesis")
     assert b.evaluate("location.hash") == "#s=0&l=1&h=mean"
-    mean = sentences[0]["maps"][1, :, 0, PERM[0]].mean() / 255
-    assert 1 / 3 < mean < 1
+    mean = sentences[0]["maps"][3 + 1, 0, PERM[0]] / 255  # after layer 1's 3 heads: layer 0's mean, layer 1's
+    assert 1 / 3 < mean < 1 and abs(mean - records[0].attention[1, :, 0, PERM[0]].mean()) <= 1 / 510 + 1e-6
     assert close(pixel(snapshot(b), *cell_center(b, 0, PERM[0])), VIRIDIS[round(mean * 255)], 1)
+
+    # layer 0 keeps only its mean (make eval keeps the heads of viz.layer): no head buttons, a note says so;
+    # a head asked for in the address falls back to the mean
     b.click(*b.center("#layers button[data-value='0']"))
     shown(b, "0,0,mean,hypothesis")
+    assert texts(b, "#heads button") == ["mean"]
+    assert "heads kept for layer 1" in texts(b, "#heads .note")[0]
+    b.evaluate("location.hash = 's=0&l=0&h=2'")
+    shown(b, "0,0,mean,hypothesis")
+    assert b.evaluate("location.hash") == "#s=0&l=0&h=mean"
 
     # another sentence from the list keeps the layer and head and shows its hypothesis rows, without links
     b.click(*b.center(".item[data-i='1']"))
@@ -525,7 +565,10 @@ def test_explorer_in_chromium(browser, tmp_path):
             " s.dispatchEvent(new Event('change')); })()"
         )
 
-    assert order() == [0, 1, 3, 2]  # Gen.1.1, Gen.1.2, Gen.1.9, Gen.1.10
+    assert order() == [0, 1, 2, 3]  # the corpus order: Gen.1.1, Gen.1.2, Gen.1.10, Gen.1.9, as given
+    b.click(*b.center("#order"))
+    assert order() == [3, 2, 1, 0]
+    b.click(*b.center("#order"))
     sort_by("bleu")
     assert order() == [1, 0, 2, 3]
     b.click(*b.center("#order"))
@@ -597,7 +640,7 @@ def test_screenshot_for_the_readme(browser, tmp_path):
 @pytest.mark.parametrize("forced", [False, True], ids=["hypothesis", "hypothesis+forced"])
 def test_a_full_test_set_opens_quickly(browser, tmp_path, capsys, forced):
     """1000 sentences, 6 layers x 8 heads, 25-55 source pieces (synthetic peaked attention, not a
-    model's), with or without every sentence's forced reference maps: the file stays under 20 MB a map
+    model's), with or without every sentence's forced reference maps: the file stays under 8 MB a map
     set and the first heatmap shows within seconds, as opening parses only the list; the forced maps
     are inflated when their rows are first shown."""
     records = synthetic_records(1000, forced=forced)
@@ -623,5 +666,5 @@ def test_a_full_test_set_opens_quickly(browser, tmp_path, capsys, forced):
         report += f"; its reference rows {reference_ms:.0f} ms"
     with capsys.disabled():
         print(report)
-    assert megabytes < 20 * (1 + forced)
+    assert megabytes < 8 * (1 + forced)  # the heads of one layer and every layer's mean (make eval's default)
     assert first_render_ms < 5000

@@ -1,0 +1,170 @@
+"""A process beside training for validation's host work (scoring the dev translations, drawing heatmaps
+as PNG), so that it runs while the training process does the model's forward passes instead of after them.
+
+One worker per process, started on first use and reused by every validation: a fresh interpreter (spawn:
+no CUDA state, threads or tensors inherited; it loads numpy, matplotlib and sacrebleu, not torch). Jobs
+are module-level functions and their arguments, run in the order sent; each validation collects the
+results of its own jobs before it returns, so nothing is pending between validations and none is lost.
+
+Shutdown. The worker reads jobs from a pipe whose sending end this process alone holds: when this process
+ends, however it ends, the worker reads end-of-file and exits. At interpreter exit that pipe is closed and
+the worker joined (no zombie). It ignores SIGINT, which a terminal sends to the whole process group: Ctrl-C
+is the training process's to handle (app/interrupt.py). Should the worker fail to start or die, its jobs
+run in this process instead: the same functions, the same results."""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import logging
+import multiprocessing
+import queue
+import signal
+import threading
+import traceback
+from collections import deque
+from collections.abc import Callable
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Optional
+
+log = logging.getLogger(__name__)
+
+
+def _serve(jobs, results, preload: tuple[str, ...]) -> None:
+    """The worker's loop: run each (function, args) received, send back (ok, value) in the same order.
+    ``preload``: modules imported at once, while the first jobs are still being prepared."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for module in preload:
+        importlib.import_module(module)
+    while True:
+        try:
+            fn, args = jobs.recv()
+        except (EOFError, OSError):  # the training process closed the pipe or is gone
+            return
+        try:
+            reply = (True, fn(*args))
+        except Exception as error:
+            reply = (False, f"{type(error).__name__}: {error}\n{traceback.format_exc()}")
+        try:
+            results.send(reply)
+        except OSError:  # the training process no longer reads results: it is closing or gone
+            return
+
+
+class Job:
+    """A function call sent to the worker (or, without one, run at once); ``result()`` waits for it."""
+
+    def __init__(self, worker: Optional[HostWorker], fn: Callable, args: tuple):
+        self._worker, self._fn, self._args = worker, fn, args
+        self._reply: Optional[tuple[bool, Any]] = None  # (ok, value or the worker's traceback)
+        if worker is None:
+            self._run_here()
+
+    def _run_here(self) -> None:
+        self._reply = (True, self._fn(*self._args))
+
+    def result(self) -> Any:
+        while self._reply is None:
+            if self._worker.broken:
+                self._run_here()
+            else:
+                self._worker.receive_next()
+        ok, value = self._reply
+        if not ok:
+            raise RuntimeError(f"{self._fn.__module__}.{self._fn.__qualname__} failed in the host worker: {value}")
+        return value
+
+
+class HostWorker:
+    """The worker process and the jobs sent to it whose results are not in yet."""
+
+    def __init__(self, preload: tuple[str, ...] = ()) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._results, results_end = context.Pipe(duplex=False)
+        jobs_end, self._jobs = context.Pipe(duplex=False)
+        self._process = context.Process(
+            target=_serve, args=(jobs_end, results_end, preload), name="host-worker", daemon=True
+        )
+        self._process.start()
+        jobs_end.close()  # the worker holds the other copies: this process keeps only its own ends
+        results_end.close()
+        self._pending: deque[Job] = deque()
+        self.broken = False
+        # A pipe holds 64 KiB: writing a larger job would block the caller until the worker reads it, after
+        # the jobs before it. A thread writes them instead (in the pipe's write call, without the GIL).
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._sender = threading.Thread(target=self._send_all, name="host-worker-sender", daemon=True)
+        self._sender.start()
+
+    def _send_all(self) -> None:
+        while (payload := self._outbox.get()) is not None:
+            try:
+                self._jobs.send_bytes(payload)
+            except (OSError, ValueError):  # the worker is gone: receive_next finds out
+                return
+
+    def submit(self, fn: Callable, *args) -> Job:
+        """``fn(*args)`` sent to the worker (a module-level function: it is sent by name)."""
+        job = Job(self, fn, args)
+        if not self.broken:
+            self._outbox.put(ForkingPickler.dumps((fn, args)))  # pickled here: an unpicklable job fails here
+            self._pending.append(job)
+        return job
+
+    def receive_next(self) -> None:
+        """The oldest pending job's result. If the worker died, it is broken: jobs without a result then
+        run here when asked for (``Job.result``)."""
+        try:
+            ok, value = self._results.recv()
+        except (EOFError, OSError) as error:
+            self._fail(error)
+            return
+        self._pending.popleft()._reply = ok, value
+
+    def _fail(self, error: BaseException) -> None:
+        self.close()
+        log.warning(
+            "host worker process stopped (%s, exit code %s): validation's host work runs in the training process",
+            error,
+            self._process.exitcode,
+        )
+        self.broken, self._pending = True, deque()
+
+    def close(self) -> None:
+        """Send the worker end-of-file after its jobs (it exits once they are done) and wait for it."""
+        if self._pending:  # results no one will read: the worker stops at the first it cannot send
+            self._results.close()
+        self._outbox.put(None)
+        self._sender.join(timeout=30)
+        self._jobs.close()
+        self._process.join(timeout=30)
+        if self._process.is_alive():
+            self._process.terminate()
+            self._process.join()
+        self._results.close()
+
+
+_worker: Optional[HostWorker] = None
+_unavailable = False  # the worker could not start, or died: host work stays in this process
+
+
+def host_worker(preload: tuple[str, ...] = ()) -> Optional[HostWorker]:
+    """This process's worker, started on first use (importing the modules of ``preload``); None where
+    there is none (jobs then run here)."""
+    global _worker, _unavailable
+    if _worker is None and not _unavailable:
+        try:
+            _worker = HostWorker(preload)
+        except (OSError, RuntimeError) as error:
+            log.warning("no host worker process (%s): validation's host work runs in the training process", error)
+            _unavailable = True
+            return None
+        atexit.register(_worker.close)
+    if _worker is not None and _worker.broken:
+        _worker, _unavailable = None, True
+    return _worker
+
+
+def submit(worker: Optional[HostWorker], fn: Callable, *args) -> Job:
+    """``fn(*args)`` in ``worker``, or here and now without one."""
+    return worker.submit(fn, *args) if worker is not None else Job(None, fn, args)
