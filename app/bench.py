@@ -41,7 +41,7 @@ from app.data.corpus import load_split, load_tokenized, prepare_data
 from app.data.tokenizer import PAD
 from app.flops import peak_flops, training_flops
 from app.models import build_model, count_parameters
-from app.profiling import profile_steps
+from app.profiling import count_ops, profile_steps
 from app.update import compiled_for_training, make_optimizer, train_step
 from app.utils import amp_dtype, atomic_write_text, resolve_device, seed_everything
 
@@ -278,6 +278,8 @@ def bench(cfg: Config) -> dict:
         result["threads"] = {"torch": torch.get_num_threads(), "ctranslate2": cfg.bench.ct2_threads}
     figures, one_more_step = time_trainer(cfg, steps, warmup)
     result.update(figures)
+    # the launches a training step costs: what steers its host time without a GPU (docs/benchmarking.md)
+    result["train_step_operators"] = count_ops(one_more_step, 2, device, dispatch=not cfg.train.compile)
     os.makedirs(os.path.join("checkpoints", "bench"), exist_ok=True)
     if cfg.bench.profile_steps:
         result["profile"], table = profile_steps(

@@ -1,10 +1,13 @@
 """``make bench``'s decoding rows: the test split decoded greedily and with ``decode.beam_size`` by our
-decoder and, for a Transformer, by its CTranslate2 export (float32 and int8, the same beam), on the same
-device, with BLEU beside each. The engines take turns in each of ``bench.decode_rounds`` rounds (a load
-change on a shared machine hits all of them alike) and the best time of each is kept."""
+decoder (on CUDA also with its steps captured in CUDA graphs) and, for a Transformer, by its CTranslate2
+export (float32 and int8, on CUDA also float16; the same beam, the same batch budget), on the same device,
+with BLEU beside each. The engines take turns in each of ``bench.decode_rounds`` rounds (a load change on a
+shared machine hits all of them alike) and the best time of each is kept. ``decode_step_operators``: the
+ATen operators and kernels one greedy and one beam step launch (app/profiling.py, ``count_ops``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import time
@@ -13,12 +16,18 @@ from collections.abc import Callable
 import sacrebleu
 import torch
 
+from app.beam import BeamSearch
 from app.config import Config
 from app.ct2_engine import CT2Translator
+from app.data.batching import Batcher
 from app.decoding import decode_corpus
 from app.export import convert
+from app.profiling import count_ops
+from app.search import GreedySearch
+from app.utils import autocast
 
-CT2_QUANTIZATIONS = {"float32": "none", "int8": "int8"}  # row name -> export.quantization
+CT2_QUANTIZATIONS = {"float32": "none", "int8": "int8", "float16": "float16"}  # row name -> export.quantization
+COUNTED_STEPS = 5  # decoding steps whose operators are counted, after two not counted
 
 
 def sync(device: torch.device) -> None:
@@ -29,22 +38,59 @@ def sync(device: torch.device) -> None:
 def decoders(model, cfg: Config, tokenizer, device, dtype) -> dict[str, Callable[[list[list[int]]], list]]:
     """Row name -> a function from source ids to hypothesis ids."""
     runs = {}
-    for decode in [cfg.decode.greedy()] + ([cfg.decode] if cfg.decode.beam_size > 1 else []):
-        runs[f"decode_beam{decode.beam_size}"] = lambda src, d=decode: (
-            decode_corpus(model, src, device, d, amp_dtype=dtype).tokens
-        )
+    for greedy_or_beam in [cfg.decode.greedy()] + ([cfg.decode] if cfg.decode.beam_size > 1 else []):
+        name = f"decode_beam{greedy_or_beam.beam_size}"
+        variants = {name: False} | ({f"{name}_cuda_graphs": True} if device.type == "cuda" else {})
+        for row, graphs in variants.items():
+            decode = dataclasses.replace(greedy_or_beam, cuda_graphs=graphs)
+            runs[row] = lambda src, d=decode: decode_corpus(model, src, device, d, amp_dtype=dtype).tokens
     if cfg.model.arch == "transformer" and importlib.util.find_spec("ctranslate2") is None:
         print("no CTranslate2 rows: ctranslate2 is not installed (a lent GPU machine: see make gpu-wheels)")
     elif cfg.model.arch == "transformer":
         threads = cfg.bench.ct2_threads if device.type == "cpu" else 0
+        # CTranslate2 batches by source tokens before the beam (batch_source_tokens): give it our budget on CUDA
+        budget = cfg.decode.cuda_batch_tokens if device.type == "cuda" else cfg.decode.batch_tokens
+        ct2_decode = dataclasses.replace(cfg.decode, batch_tokens=budget)
         for name, quantization in CT2_QUANTIZATIONS.items():
+            if name == "float16" and device.type != "cuda":  # CTranslate2 computes float16 on GPUs only
+                continue
             out = os.path.join("checkpoints", "bench", f"{cfg.name}_ct2_{name}")
             convert(model, cfg.model, tokenizer.src_path, tokenizer.tgt_path, out, quantization, {"bench": cfg.name})
             engine = CT2Translator(out, device.type, threads=threads, device_index=device.index or 0)
-            runs[f"decode_beam{cfg.decode.beam_size}_ct2_{name}"] = lambda src, e=engine: (
-                e.translate(src, cfg.decode).tokens
+            runs[f"decode_beam{cfg.decode.beam_size}_ct2_{name}"] = lambda src, e=engine, d=ct2_decode: (
+                e.translate(src, d).tokens
             )
     return runs
+
+
+def step_operators(model, cfg: Config, test, device: torch.device, dtype) -> dict:
+    """ATen operators and kernels per decoding step (``count_ops``), greedy and with ``decode.beam_size``, on a
+    batch of the 16 longest test sentences (still decoding while counted), the steps as ``decode_corpus`` runs
+    them on this device (eager: the graphs of decode.cuda_graphs would launch one replay per step)."""
+    longest = sorted(range(len(test.src)), key=lambda i: -len(test.src[i]))[:16]
+    src = Batcher(test.src)(longest).src.to(device)
+    figures = {}
+    was_training = model.training
+    model.eval()
+    for beam in dict.fromkeys([1, cfg.decode.beam_size]):
+        with torch.no_grad(), autocast(device, dtype):
+            d = cfg.decode
+            if beam == 1:
+                search = GreedySearch(model, src, d.max_len_ratio, d.max_len_extra, onednn=d.cpu_onednn)
+            else:
+                search = BeamSearch(
+                    model, src, beam, d.length_penalty, d.max_len_ratio, d.max_len_extra, onednn=d.cpu_onednn
+                )
+            steps = min(COUNTED_STEPS, search.steps - 3)
+
+            def step(search=search) -> None:
+                search.step(check=(search.t + 1) % search.check_every == 0)
+
+            for _ in range(2):
+                step()
+            figures[f"beam{beam}"] = count_ops(step, steps, device)
+    model.train(was_training)
+    return figures
 
 
 def time_decoding(model, cfg: Config, tokenizer, test, device, dtype) -> dict:
@@ -72,4 +118,5 @@ def time_decoding(model, cfg: Config, tokenizer, test, device, dtype) -> dict:
         }
         if "_ct2_" in name:
             rows[name]["speedup_vs_ours"] = round(ours / best, 2)
+    rows["decode_step_operators"] = step_operators(model, cfg, test, device, dtype)
     return rows

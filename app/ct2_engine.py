@@ -1,6 +1,6 @@
 """Translate with a CTranslate2 export (app/export.py) under the project's decoding settings.
 
-    CT2Translator(out_dir).translate(src_ids, decode_cfg)   app.decoding.Hypotheses
+    CT2Translator(out_dir).translate(src_ids, decode_cfg)   app.search.Hypotheses
 
 docs/ctranslate2_export.md says how CTranslate2's decoding differs from ours and what is done about it.
 """
@@ -16,8 +16,8 @@ import torch
 
 from app.config import Config, DecodeConfig
 from app.data.tokenizer import Tokenizer
-from app.decoding import Hypotheses, check_source_lengths, length_limits, length_penalty
 from app.errors import UserError
+from app.search import Hypotheses, check_source_lengths, length_limits, length_penalty
 
 # An export's directory holds the CTranslate2 model, its vocabularies, the SentencePiece model(s) and this
 # file: what was exported (model settings, run and step, quantization), written by app.export.convert
@@ -30,7 +30,7 @@ def export_dir(cfg: Config) -> str:
 
 
 class CT2Translator:
-    """A CTranslate2 export behind the project's decoding settings; results as app.decoding.Hypotheses.
+    """A CTranslate2 export behind the project's decoding settings; results as app.search.Hypotheses.
 
     ``nbest`` is scored as ours, log p(Y|X) / ((5 + |Y|) / 6)^α with |Y| counting EOS, except that
     CTranslate2 removes <pad> and <s> before its softmax (suppress_sequences) where ours removes them

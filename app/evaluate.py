@@ -35,12 +35,12 @@ from app.checkpoint import checkpoint_path
 from app.config import Config, VizConfig
 from app.data.corpus import ParallelData, load_split
 from app.data.tokenizer import EOS, Tokenizer
-from app.decoding import Hypotheses
 from app.errors import UserError
 from app.explorer import evaluation_records, write_explorer
 from app.models import count_parameters
 from app.plots import alignment_figure, figures, png_bytes
 from app.scoring import BackgroundTER, split_scores
+from app.search import Hypotheses
 from app.trained import TrainedModel, check_engine, load_ct2, load_trained
 from app.utils import Stopwatch, atomic_write, atomic_write_text, resolve_device
 

@@ -9,6 +9,7 @@ host to launch work (many small kernels, as in an RNN decoder loop) rather than 
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import defaultdict
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from collections.abc import Callable
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # first match wins; names are ATen ops (aten::mm), autograd nodes and compiled regions
 KINDS = [
@@ -69,3 +71,56 @@ def profile_steps(run_step: Callable[[], None], steps: int, device: torch.device
         summary["device_busy"] = round(total / 1e3 / wall_ms, 3)  # profiler times are microseconds
     sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
     return summary, averages.table(sort_by=sort_by, row_limit=20)
+
+
+def count_ops(run_step: Callable[[], None], steps: int, device: torch.device, dispatch: bool = True) -> dict:
+    """ATen operators per call of ``run_step`` (one decoding or training step), over ``steps`` calls:
+
+    - ``ops``: the operators called from Python (the profiler's top-level ATen events), each one trip through
+      the dispatcher: a step's host cost;
+    - ``kernels``: the operators that compute, as they reach the kernels (composites such as ``linear``
+      counted as what they run, views and allocations left out): what a GPU launches. On CUDA, the kernels
+      the profiler saw launched. Without ``dispatch`` (a compiled step, whose generated kernels pass no
+      dispatcher) a CPU's are not counted (None).
+    """
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    counter = KernelCounter() if dispatch and not cuda else contextlib.nullcontext()
+    with profile(activities=activities) as prof, counter:
+        for _ in range(steps):
+            run_step()
+        if cuda:
+            torch.cuda.synchronize(device)
+    # operators of every namespace (aten::, mkldnn::, ...), not the profiler's own records
+    events = [e for e in prof.profiler.function_events if re.match(r"\w+::\w+", e.name)]
+    nested = set(id(e) for e in events)
+
+    def top_level(event) -> bool:
+        parent = event.cpu_parent
+        while parent is not None and id(parent) not in nested:
+            parent = parent.cpu_parent
+        return parent is None
+
+    ops = sum(top_level(e) for e in events)
+    if cuda:
+        kernels = sum(e.device_type == DeviceType.CUDA for e in prof.profiler.function_events)
+    else:
+        kernels = counter.kernels if dispatch else None
+    return {"ops": round(ops / steps, 1), "kernels": None if kernels is None else round(kernels / steps, 1)}
+
+
+class KernelCounter(TorchDispatchMode):
+    """Counts the ATen operators that reach a kernel and compute: not views (``is_view``), allocations or
+    questions the host asks about shapes and kernels."""
+
+    NOT_KERNELS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_"}
+    NOT_KERNELS |= {"_fused_sdp_choice"}
+
+    def __init__(self):
+        super().__init__()
+        self.kernels = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func.__name__.split(".")[0] not in self.NOT_KERNELS:
+            self.kernels += 1
+        return func(*args, **(kwargs or {}))

@@ -484,6 +484,10 @@ def test_bench_prints_and_writes_the_table(workdir, monkeypatch):
     assert table["train_src_tgt_tokens_per_s"] > table["train_tgt_tokens_per_s"] > 0
     assert 0 <= table["padding_ratio"] < 1 and table["model_tflops_per_s"] > 0
     assert table["decode_sentences"] == 4 and table["decode_beam2"]["sentences_per_s"] > 0
+    # operators per step (app/profiling.count_ops): a training step launches far more than a decoding step
+    train_ops, decode_ops = table["train_step_operators"], table["decode_step_operators"]
+    assert train_ops["ops"] > decode_ops["beam2"]["ops"] > 0 and train_ops["kernels"] > decode_ops["beam2"]["kernels"]
+    assert decode_ops["beam1"]["kernels"] > 0 and decode_ops["beam2"]["kernels"] >= decode_ops["beam1"]["kernels"]
     # the decoding rows score the checkpoint's weights, not the ones the timed training steps left
     from app.config import DecodeConfig
     from app.data.corpus import load_split

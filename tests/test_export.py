@@ -19,10 +19,11 @@ from app.config import DecodeConfig, RNNConfig, TransformerConfig  # noqa: E402
 from app.ct2_engine import CT2Translator  # noqa: E402
 from app.data.batching import Batcher  # noqa: E402
 from app.data.tokenizer import BOS, EOS, PAD  # noqa: E402
-from app.decoding import decode_corpus, length_penalty  # noqa: E402
+from app.decoding import decode_corpus  # noqa: E402
 from app.errors import UserError  # noqa: E402
 from app.export import convert  # noqa: E402
 from app.models import build_model  # noqa: E402
+from app.search import length_penalty  # noqa: E402
 from app.update import sequence_loss  # noqa: E402
 
 SWORD = "/usr/share/sword"
@@ -270,15 +271,6 @@ def train(model, src, tgt, steps: int, batch_size: int = 32, lr: float = 3e-3, s
         optimizer.step()
         schedule.step()
     return model.eval()
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    # a tiny model trains faster on one thread than on two contended ones
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

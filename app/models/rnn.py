@@ -51,15 +51,20 @@ class RNNMemory:
 class RNNState:
     hidden: Hidden
     feed: Optional[torch.Tensor] = None  # Luong input feeding: h̃_{t-1} (B, H)
+    memory: Optional[RNNMemory] = None  # decoding (``start``): the encoder memory of every row
 
     def select(self, index: torch.Tensor) -> RNNState:
-        """Rows ``index`` of the batch (beam search: follow the surviving beams); hidden is batch-second."""
+        """Rows ``index`` of the batch (beam search: follow the surviving beams); hidden is batch-second. Fewer
+        rows than now: the sentences still decoding, whose memory is the same for all their beams."""
         hidden = (
             tuple(h.index_select(1, index) for h in self.hidden)
             if isinstance(self.hidden, tuple)
             else self.hidden.index_select(1, index)
         )
-        return RNNState(hidden, None if self.feed is None else self.feed.index_select(0, index))
+        memory = self.memory
+        if memory is not None and index.size(0) != memory.states.size(0):
+            memory = memory.select(index)
+        return RNNState(hidden, None if self.feed is None else self.feed.index_select(0, index), memory)
 
 
 def _rnn(cell: str, *args, **kwargs) -> nn.RNNBase:
@@ -315,12 +320,25 @@ class RNNSeq2Seq(nn.Module):
         logits, attention, _ = self.decoder(memory, tgt_in, self.decoder.initial_state(memory), need_attention)
         return logits, attention
 
+    def start(self, memory: RNNMemory, beam: int = 1, steps: Optional[int] = None, onednn: bool = False) -> RNNState:
+        """The decoding state of ``beam`` consecutive rows per sentence of ``memory`` (``steps`` and ``onednn``: the
+        API's, unused: an RNN's state does not grow, and its steps are many small operations)."""
+        if beam > 1:
+            memory = memory.select(
+                torch.arange(memory.states.size(0), device=memory.states.device).repeat_interleave(beam)
+            )
+        state = self.decoder.initial_state(memory)
+        state.memory = memory
+        return state
+
     def step(
         self, memory: RNNMemory, prev_tokens: torch.Tensor, state: Optional[RNNState], need_attention: bool = False
     ):
-        state = self.decoder.initial_state(memory) if state is None else state
-        logits, attention, state = self.decoder(memory, prev_tokens[:, None], state, need_attention)
-        return logits[:, 0], attention, state
+        """One token for every row; ``memory`` starts the state when there is none (the state then holds it)."""
+        state = self.start(memory, prev_tokens.size(0) // memory.states.size(0)) if state is None else state
+        logits, attention, new = self.decoder(state.memory, prev_tokens[:, None], state, need_attention)
+        new.memory = state.memory
+        return logits[:, 0], attention, new
 
     def forward(
         self,

@@ -2,10 +2,13 @@
 
     encode(src, src_mask)             -> Memory
     decode(memory, tgt_in)            -> logits (B, T, V), attention (B, layers, heads, T, S) | None
-    step(memory, prev_tokens, state)  -> logits (B, V),    attention (B, layers, heads, 1, S) | None, state
+    start(memory, beam, steps)        -> DecoderState for ``beam`` consecutive rows per sentence
+    step(memory, prev_tokens, state)  -> logits (rows, V), attention (rows, layers, heads, 1, S) | None, state
 
-``step`` caches each decoder layer's self-attention keys/values and the projected encoder memory, so
-a decoding step costs one token's worth of compute per layer.
+``step`` keeps each decoder layer's self-attention keys/values in a cache allocated once and written in
+place, and the encoder memory's cross-attention keys/values, projected once per sentence (all layers in one
+matrix multiply) and shared by its beams, whose queries attend together. A decoding step costs one
+token's worth of compute per layer (docs/benchmarking.md, "Decoding speed").
 
 Variants from the literature are settings of this one implementation (docs/transformer_variants.md):
 model.pos (sinusoidal | learned | rope | alibi, app/models/positions.py), model.norm_type (layernorm |
@@ -16,15 +19,17 @@ encoder self-attention).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from app.config import TransformerConfig
 from app.data.tokenizer import PAD
-from app.models.attention import MultiHeadAttention, band_mask
+from app.models.attention import MultiHeadAttention, attention_weights, band_mask
+from app.models.decoder_state import DecoderState, Projection, StepWeights, beam_queries, beam_rows, grouped_queries
 from app.models.positions import POSITIONS, ALiBi, LearnedPositions, Rotary, Rotation, SinusoidalPositions
 
 NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}
@@ -38,22 +43,6 @@ class Memory:
     def select(self, index: torch.Tensor) -> Memory:
         """Rows ``index`` of the batch (beam search: expand per beam)."""
         return Memory(self.states.index_select(0, index), self.src_mask.index_select(0, index))
-
-
-@dataclass
-class DecoderState:
-    position: int = 0
-    self_kv: list = field(default_factory=list)  # per layer (k, v): (B, kv_heads, t, d_head); RoPE keys rotated
-    cross_kv: list = field(default_factory=list)  # per layer (k, v): (B, kv_heads, S, d_head), computed once
-
-    def select(self, index: torch.Tensor) -> DecoderState:
-        """Rows ``index`` of the batch (beam search: follow the surviving beams)."""
-        pick = lambda kv: [t.index_select(0, index) for t in kv]  # noqa: E731
-        return DecoderState(self.position, [pick(kv) for kv in self.self_kv], [pick(kv) for kv in self.cross_kv])
-
-    def cache_bytes(self) -> int:
-        """Bytes held by the cached keys and values (tensor metadata: no device sync)."""
-        return sum(t.nbytes for kv in (*self.self_kv, *self.cross_kv) for t in kv)
 
 
 class FeedForward(nn.Sequential):
@@ -78,6 +67,14 @@ class Sublayer(nn.Module):
         out, extra = fn(self.norm(x) if self.pre_norm else x)
         x = x + self.dropout(out)
         return (x if self.pre_norm else self.norm(x)), extra
+
+    def residual(self, x: torch.Tensor, fn, with_extra: bool = False):
+        """``forward`` in inference (no dropout), for a decoding step: ``fn(h, x)`` returns x + f(h), its last
+        projection adding the residual x."""
+        out = fn(self.norm(x) if self.pre_norm else x, x)
+        out, extra = out if with_extra else (out, None)
+        out = out if self.pre_norm else self.norm(out)
+        return (out, extra) if with_extra else out
 
 
 def attention(cfg: TransformerConfig) -> MultiHeadAttention:
@@ -120,40 +117,92 @@ class DecoderLayer(nn.Module):
         memory: torch.Tensor,
         key_mask,
         need_weights=False,
-        self_kv=None,
-        cross_kv=None,
         rotation: Optional[Rotation] = None,
         bias: Optional[torch.Tensor] = None,
     ):
-        """Whole target (self_kv None, causal) or one cached step (self_kv = keys/values so far, with x).
-        Positions (RoPE rotation, ALiBi bias) enter self-attention only: cross-attention has none."""
+        """The whole target, causal (``step`` decodes one token). Positions (RoPE rotation, ALiBi bias) enter
+        self-attention only: cross-attention has none."""
         x, _ = self.self_block(
             x,
             lambda h: self.self_attn(
                 h,
                 mask=None,
-                causal=self_kv is None,
+                causal=True,
                 rotation=rotation,
                 bias=bias,
-                kv=_extend(self_kv, self.self_attn, h, rotation),
+                kv=self.self_attn.project_kv(h, rotation),
             ),
         )
-        x, weights = self.cross_block(
-            x, lambda h: self.cross_attn(h, memory, mask=key_mask, need_weights=need_weights, kv=cross_kv)
-        )
+        x, weights = self.cross_block(x, lambda h: self.cross_attn(h, memory, mask=key_mask, need_weights=need_weights))
         x, _ = self.ff_block(x, lambda h: (self.ff(h), None))
         return x, weights
 
+    def step_weights(self, onednn: bool = False, dtype: Optional[torch.dtype] = None) -> StepWeights:
+        """The layer's projections for decoding steps (read from the parameters when a decoding starts; ``dtype``:
+        autocast's, if on)."""
+        a, c, ff = self.self_attn, self.cross_attn, self.ff
 
-def _extend(cache: Optional[list], attn: MultiHeadAttention, h: torch.Tensor, rotation: Optional[Rotation]):
-    """Keys/values for self-attention: of ``h`` alone, or appended to the cache (a list, updated in place)."""
-    k, v = attn.project_kv(h, rotation)
-    if cache is None:
-        return k, v
-    if cache:
-        k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
-    cache[:] = [k, v]
-    return k, v
+        def projection(*linears: nn.Linear, activation: str = "none") -> Projection:
+            weight, bias = torch.cat([lin.weight for lin in linears]), torch.cat([lin.bias for lin in linears])
+            return Projection(weight, bias, onednn, dtype, activation)
+
+        return StepWeights(
+            projection(a.q_proj, a.k_proj, a.v_proj),
+            projection(a.out_proj),
+            projection(c.q_proj),
+            projection(c.out_proj),
+            projection(ff[0], activation="gelu" if isinstance(ff[1], nn.GELU) else "relu"),
+            projection(ff[3]),
+        )
+
+    def step(
+        self,
+        x: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor],
+        cross: tuple[torch.Tensor, torch.Tensor],
+        state: DecoderState,
+        weights: StepWeights,
+        span: int,
+        self_mask: Optional[torch.Tensor],
+        rotation: Optional[Rotation],
+        need_weights: bool,
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """One token per row, x (rows, D), in inference: the keys and values of x go into the ``cache``'s
+        (keys, values), (rows, kv_heads, capacity, d_head) each, at ``state.position``; its query attends over
+        the first ``span`` positions (``self_mask``: which of them, or a float bias; None: all), then over the source's
+        ``cross`` keys and values (sentences, kv_heads, S, d_head)."""
+        heads, kv_heads, d_head = self.self_attn.heads, self.self_attn.kv_heads, self.self_attn.d_head
+        rows = x.size(0)
+
+        def attend_self(h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+            qkv = weights.qkv(h).view(rows, heads + 2 * kv_heads, 1, d_head)
+            if rotation is None:
+                q, new_k, new_v = qkv.split([heads, kv_heads, kv_heads], 1)
+            else:  # RoPE: queries and keys turn by the angle of their position, values do not
+                qk, new_v = qkv.split([heads + kv_heads, kv_heads], 1)
+                q, new_k = rotation(qk).split([heads, kv_heads], 1)
+            keys, values = cache
+            keys.index_copy_(2, state.position, new_k)
+            values.index_copy_(2, state.position, new_v)
+            k, v = (keys, values) if span == keys.size(2) else (keys.narrow(2, 0, span), values.narrow(2, 0, span))
+            context = F.scaled_dot_product_attention(grouped_queries(q, kv_heads), k, v, attn_mask=self_mask)
+            return weights.self_out(context.reshape(rows, -1), residual)
+
+        def attend_source(h: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+            q = beam_queries(weights.cross_q(h), state.beam, kv_heads, d_head)
+            k, v = cross
+            if need_weights:
+                attention = attention_weights(q @ k.transpose(-2, -1) / math.sqrt(d_head), state.key_mask)
+                context = attention @ v
+                attention = beam_rows(attention, state.beam, kv_heads).view(rows, heads, 1, -1)
+            else:
+                context, attention = F.scaled_dot_product_attention(q, k, v, attn_mask=state.key_mask), None
+            return weights.cross_out(beam_rows(context, state.beam, kv_heads), residual), attention
+
+        x = self.self_block.residual(x, attend_self)
+        x, attention = self.cross_block.residual(x, attend_source, with_extra=True)
+        x = self.ff_block.residual(x, lambda h, residual: weights.ff_out(weights.ff_in(h), residual))
+        return x, attention
 
 
 class Transformer(nn.Module):
@@ -245,33 +294,73 @@ class Transformer(nn.Module):
             return logits, torch.stack(attention, dim=1)
         return logits, None if only is None else attention[only]
 
+    @torch.no_grad()
+    def start(self, memory: Memory, beam: int = 1, steps: Optional[int] = None, onednn: bool = False) -> DecoderState:
+        """The decoding state of ``beam`` consecutive rows per sentence of ``memory`` for at most ``steps`` steps
+        (unknown: the cache grows as it fills). Computes every layer's cross-attention keys and values at once.
+        ``onednn``: the steps' matrix multiplies on a CPU through oneDNN (``Projection``)."""
+        sentences, src_len, _ = memory.states.shape
+        device = memory.states.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        layers, attention = len(self.decoder), self.decoder[0].cross_attn
+        kv_heads, d_head = attention.kv_heads, attention.d_head
+        projections = [proj for layer in self.decoder for proj in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)]
+        weight, bias = torch.cat([p.weight for p in projections]), torch.cat([p.bias for p in projections])
+        cross = Projection(weight, bias, onednn)(memory.states.flatten(0, 1))
+        # (sentences · S, layers · 2 · kv_heads · d_head) -> (layers, sentences, 2 · kv_heads, S, d_head)
+        cross = cross.view(sentences, src_len, layers, 2 * kv_heads, d_head).permute(2, 0, 3, 1, 4).contiguous()
+        state = DecoderState(
+            layers=layers,
+            rows=sentences * beam,
+            capacity=steps if steps is not None else 16,
+            cross=cross,
+            key_mask=memory.src_mask[:, None, None, :],
+            beam=beam,
+            weights=[layer.step_weights(onednn, dtype) for layer in self.decoder],
+            output=Projection(self.out_proj.weight, None, onednn, dtype),
+            embedding=self.tgt_embed.weight * math.sqrt(self.d_model),
+            exact=beam > 1 and steps is not None,
+            grows=steps is None,
+        )
+        state.cross_views()
+        return state
+
+    @torch.no_grad()
     def step(
         self, memory: Memory, prev_tokens: torch.Tensor, state: Optional[DecoderState], need_attention: bool = False
     ):
+        """One token for every row: ``prev_tokens`` (rows,) -> next-token logits (rows, V). ``memory`` starts the
+        state when there is none (one row per sentence, or ``rows / sentences`` beams each); the state holds what
+        later steps need. Inference only: no dropout."""
         if state is None:
-            state = DecoderState(
-                0,
-                [[] for _ in self.decoder],
-                [layer.cross_attn.project_kv(memory.states) for layer in self.decoder],
-            )
-        x = self.embed(self.tgt_embed, prev_tokens[:, None], offset=state.position)
-        key_mask = memory.src_mask[:, None, None, :]
-        rotation, bias = self.relative_positions(state.position, 1)
+            state = self.start(memory, prev_tokens.size(0) // memory.states.size(0))
+        if state.length == state.capacity:
+            state.make_room()
+        span = state.length + 1 if state.static is None else state.static
+        x = F.embedding(prev_tokens, state.embedding)  # E y · √d_model
+        if self.positions is not None:
+            table = self.positions.table
+            x = x + (table.weight if isinstance(table, nn.Embedding) else table).index_select(0, state.position)
+        rotation, self_mask = None, None
+        if self.rotary is not None:  # the angles m·θ of this position (Rotary.forward's, m on the device)
+            angles = state.position.float()[:, None] * self.rotary.inv_freq
+            rotation = Rotation(angles.cos(), angles.sin())
+        if self.alibi is not None:  # -m_h · |t - j| over the keys (ALiBi.forward's), heads grouped as the queries
+            distance = (state.position[:, None] - torch.arange(span, device=x.device)[None, :]).abs()
+            bias = -self.alibi.slopes[:, None, None] * distance
+            self_mask = bias.view(self.decoder[0].self_attn.kv_heads, -1, span)
+        if state.static is not None:  # positions past this step's are not written yet
+            written = torch.arange(span, device=x.device)[None, :] <= state.position  # (1, span)
+            self_mask = written if self_mask is None else self_mask.masked_fill(~written, float("-inf"))
         attention = []
-        for layer, self_kv, cross_kv in zip(self.decoder, state.self_kv, state.cross_kv):
-            x, weights = layer(
-                x,
-                None,
-                key_mask,
-                need_weights=need_attention,
-                self_kv=self_kv,
-                cross_kv=cross_kv,
-                rotation=rotation,
-                bias=bias,
+        for layer, cache, cross, weights in zip(self.decoder, state.layers, state.cross_layers, state.weights):
+            x, layer_attention = layer.step(
+                x, cache, cross, state, weights, span, self_mask, rotation, need_weights=need_attention
             )
-            attention.append(weights)
+            attention.append(layer_attention)
         state.position += 1
-        logits = self.out_proj(self.dec_norm(x))[:, 0]
+        state.length += 1
+        logits = state.output(self.dec_norm(x))
         return logits, torch.stack(attention, dim=1) if need_attention else None, state
 
     def forward(

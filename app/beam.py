@@ -1,0 +1,169 @@
+"""Batched beam search (``BeamSearch``) over the model API, on the device; the host reads its results once."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from app.data.tokenizer import BOS, EOS, PAD
+from app.search import Hypotheses, Search, length_penalty
+
+
+class BeamSearch(Search):
+    """Batched beam search: all sentences and beams of the batch advance together, on the device.
+
+    Every step extends the live beams by every token, keeps the 2k best candidates per sentence, sets
+    aside those ending in EOS among the first k (scored log p(Y|X) / lp(Y)), and continues with the k
+    best others. A sentence is done when k hypotheses have ended and its best live beam, ended at the
+    next step, would not rank among them; each beam ends at its length limit. With k = 1 and α = 0
+    this is greedy search (with α > 0 one beam may go on past an EOS that a longer hypothesis beats).
+
+    Per step only the k best ended scores are kept (what the stopping rule needs); every ended
+    candidate is written out with the step and the beam it came from, and the n best of each sentence
+    are ranked once, at the end (a stable sort of them in the order they ended ranks equal scores as
+    the step-by-step merge would), then read back along the backpointers.
+    """
+
+    def __init__(
+        self,
+        model,
+        src,
+        beam_size=5,
+        alpha=1.0,
+        max_len_ratio=1.5,
+        max_len_extra=10,
+        n_best=1,
+        need_attention=False,
+        onednn=True,
+        graphs=False,
+    ):
+        super().__init__(model, src, beam_size, max_len_ratio, max_len_extra, need_attention, onednn, graphs)
+        k, device, batch = beam_size, self.device, self.batch
+        self.alpha, self.n_best = alpha, n_best
+        scores = torch.full((batch, k), float("-inf"), device=device)
+        scores[:, 0] = 0.0  # all beams start identical: let only the first one expand
+        self.scores = scores.view(-1, 1)  # (rows, 1) log p of each live beam
+        self.row_limits = self.limits.repeat_interleave(k)
+        self.prev = torch.full((batch * k,), BOS, dtype=torch.long, device=device)
+        self.kth_best = torch.full((batch, k), float("-inf"), device=device)  # the k best ended scores so far
+        self.live = torch.ones(batch, 1, dtype=torch.bool, device=device)  # not done
+        self.offsets = (torch.arange(batch, device=device) * k)[:, None]
+        # backpointers: after step t, row j continues row parents[t][j] of the rows entering step t, with
+        # token tokens[t][j]; attention[t]: the rows entering step t
+        self.history_tokens: list[torch.Tensor] = []
+        self.history_parents: list[torch.Tensor] = []
+        self.history_attention: list[torch.Tensor] = []
+        # every ended candidate: (batch, steps, k) scores (-inf: none) and the row it ended from
+        self.ended_scores = torch.full((batch, self.steps, k), float("-inf"), device=device)
+        self.ended_rows = torch.zeros((batch, self.steps, k), dtype=torch.long, device=device)
+        self.segment_scores: list[torch.Tensor] = []
+        self.segment_rows: list[torch.Tensor] = []
+        self.eos_only: Optional[torch.Tensor] = None
+        # whether done sentences can stay in the batch for a while (else each leaves at the step it is done)
+        self.riding = self.check_every > 1 or self.compact_share > 0
+
+    def step(self, check: bool) -> bool:
+        """One token per beam; with ``check`` (a host sync), the sentences that are done leave. True: all done."""
+        k, alpha, t = self.beam, self.alpha, self.t
+        logits, attn = self.model_step()
+        if self.need_attention and attn is not None:
+            self.history_attention.append(attn)
+        logp = self.next_token_scores(logits)
+        vocab = logp.size(-1)
+        if t >= self.min_limit:  # only EOS may follow a beam at its length limit
+            if self.eos_only is None:
+                self.eos_only = torch.full((vocab,), float("-inf"), device=self.device)
+                self.eos_only[EOS] = 0.0
+            logp = torch.where((t >= self.row_limits)[:, None], self.eos_only, logp)
+        sentences = self.offsets.size(0)
+        top_scores, top_index = logp.add_(self.scores).view(sentences, k * vocab).topk(2 * k, dim=1)
+        origin = top_index // vocab + self.offsets  # (sentences, 2k) the rows they extend
+        token = top_index % vocab
+        is_eos = token == EOS
+
+        # EOS among the k best candidates ends a hypothesis (of a sentence still searching)
+        ending = is_eos & self.live if self.riding else is_eos  # a done sentence that rides along ends nothing
+        ended = torch.where(ending, top_scores, float("-inf"))[:, :k] / length_penalty(t + 1, alpha)
+        self.segment_scores.append(ended)
+        self.segment_rows.append(origin)
+        self.kth_best = torch.cat([self.kth_best, ended], 1).topk(k, dim=1).values
+        alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)
+        # Done when the best live beam, scored at its next possible end (length t + 2 with EOS), no longer
+        # beats the k-th best ended hypothesis (with fewer than k ended: only when no live beam is left).
+        self.live &= alive_scores[:, :1] / length_penalty(t + 2, alpha) > self.kth_best[:, -1:]
+        rows, token = origin.gather(1, pick), token.gather(1, pick)
+        self.t += 1
+        if check:
+            index = None
+            if not self.live.all():
+                live = [row[0] for row in self.live.tolist()]
+                index = self.keep(live) if self.compacts(live.count(False)) else None
+            if index is not None:
+                if not self.kept:
+                    return True
+                rows, token, alive_scores = rows[index], token[index], alive_scores[index]
+                self.live, self.kth_best = self.live[index], self.kth_best[index]
+                self.offsets = self.offsets[: index.size(0)]
+                self.row_limits = self.limits.repeat_interleave(k)
+        self.prev, rows = token.view(-1), rows.view(-1)
+        self.history_tokens.append(self.prev)
+        self.history_parents.append(rows)
+        self.scores = alive_scores.view(-1, 1)
+        self.state = self.state.select(rows)
+        return False
+
+    def write_segment(self) -> None:
+        if self.segment_scores:
+            start, end = self.segment_start, self.t
+            self.ended_scores[:, start:end].index_copy_(0, self.ids, torch.stack(self.segment_scores, 1))
+            rows = torch.stack(self.segment_rows, 1)[..., : self.beam]
+            self.ended_rows[:, start:end].index_copy_(0, self.ids, rows)
+        self.segment_scores, self.segment_rows = [], []
+        super().write_segment()
+
+    def trace(
+        self, steps: torch.Tensor, rows: torch.Tensor, with_attention: bool
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Tokens (N, max steps) of hypotheses that chose EOS at ``steps`` from row ``rows`` (PAD after the
+        end), and their attention (N, ..., max steps + 1, S): rows 0..steps are theirs, EOS row included;
+        the rows after it are to be cut off. Rows are numbered among the rows of their step: in a batch
+        compacted since, a hypothesis that ended already looks up a row there is (clamped), then ignores it."""
+        n_steps = int(steps.max()) + 1 if steps.numel() else 1
+        compacted = len(self.kept) < self.batch  # some sentences left the batch
+        columns, attention = [], [None] * n_steps
+        cur = rows.clone()
+        for s in reversed(range(n_steps)):
+            if s < n_steps - 1:  # the hypotheses that were still going after step s step back
+                back = s < steps
+                at = cur.clamp(max=self.history_tokens[s].size(0) - 1) if compacted else cur
+                columns.append(torch.where(back, self.history_tokens[s][at], PAD))
+                cur = torch.where(back, self.history_parents[s][at], cur)
+            if with_attention:
+                attention[s] = self.history_attention[s][cur.clamp(max=self.history_attention[s].size(0) - 1)]
+        tokens = torch.stack(columns[::-1], 1) if columns else rows.new_full((rows.size(0), 1), PAD)
+        return tokens, torch.cat(attention, dim=-2) if with_attention else None
+
+    def result(self) -> Hypotheses:
+        n, batch = min(self.n_best, self.beam), self.batch
+        ranked = self.ended_scores.view(batch, -1).sort(dim=1, descending=True, stable=True)
+        norms, best = ranked.values[:, :n], ranked.indices[:, :n]
+        steps = best // self.beam
+        rows = self.ended_rows.view(batch, -1).gather(1, best)
+        tokens, _ = self.trace(steps.reshape(-1), rows.reshape(-1), with_attention=False)
+        tokens, lengths, norms = tokens.view(batch, n, -1).tolist(), steps.tolist(), norms.tolist()
+        nbest = [
+            [(tokens[b][i][: lengths[b][i]], norms[b][i]) for i in range(n) if norms[b][i] > float("-inf")]
+            for b in range(batch)
+        ]
+        best_tokens = [hyps[0][0] for hyps in nbest]
+        if not self.history_attention:
+            return Hypotheses(best_tokens, None, nbest, self.kv_cache_bytes)
+        _, attention = self.trace(steps[:, 0], rows[:, 0], with_attention=True)
+        attention = attention.float().cpu()
+        return Hypotheses(
+            best_tokens,
+            [attention[b, ..., : lengths[b][0] + 1, : self.src_lengths[b]] for b in range(batch)],
+            nbest,
+            self.kv_cache_bytes,
+        )

@@ -1,0 +1,237 @@
+"""What greedy and beam search share, written once for every model family against the model API (encode /
+start / step / state.select), and greedy search.
+
+A batch decodes in steps: every row (a sentence, or a beam of one) gets its next token from one
+``model.step``. The host looks at the results only now and then (``done_check_interval``): then the
+sentences that are done leave the batch (``state.select`` compacts it), so that the steps that remain
+cost only what is still decoding. Hypotheses are read back once, at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from app.data.tokenizer import BOS, EOS, PAD
+from app.errors import UserError
+from app.static_steps import StaticSteps
+
+
+@dataclass
+class Hypotheses:
+    tokens: list[list[int]]  # per sentence, the best hypothesis, without BOS/EOS
+    attention: Optional[list[torch.Tensor]] = None  # per sentence: (..., len(tokens) + 1, src_len), EOS row included
+    nbest: Optional[list[list[tuple[list[int], float]]]] = None  # beam search: per sentence, (tokens, score) best first
+    kv_cache_bytes: Optional[int] = None  # largest key/value cache of a decoding batch; None: the model has none
+
+
+def cache_bytes(state) -> Optional[int]:
+    """Size of a decoder state's key/value cache (Transformers), None for states without one (RNNs). The
+    cache is allocated whole at the start of a batch, so its size then is its peak."""
+    measure = getattr(state, "cache_bytes", None)
+    return measure() if measure is not None else None
+
+
+def never_outputs(device: torch.device) -> torch.Tensor:
+    """The tokens no hypothesis may contain: padding and BOS."""
+    return torch.tensor([PAD, BOS], device=device)
+
+
+def next_token_scores(logits: torch.Tensor, never: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Log-probabilities of the next token; padding and BOS (``never``) are never outputs."""
+    logp = torch.log_softmax(logits if logits.dtype == torch.float32 else logits.float(), dim=-1)
+    return logp.index_fill_(-1, never_outputs(logp.device) if never is None else never, float("-inf"))
+
+
+def max_output_lengths(model, src_mask: torch.Tensor, ratio: float, extra: int) -> torch.Tensor:
+    """ratio × source length + extra, within the positions the model has (``max_positions``, if any)."""
+    return length_limits(src_mask.sum(-1), ratio, extra, getattr(model, "max_positions", None))
+
+
+def length_limits(src_lengths: torch.Tensor, ratio: float, extra: int, max_positions: Optional[int]) -> torch.Tensor:
+    """The output length limits of sources of ``src_lengths`` tokens (EOS included); every decoder's."""
+    limits = (src_lengths.float() * ratio).long() + extra
+    return limits if max_positions is None else limits.clamp(max=max_positions - 1)
+
+
+def check_source_lengths(model, src: list[list[int]]) -> None:
+    max_positions = getattr(model, "max_positions", None)
+    if max_positions is None:
+        return
+    for i, sentence in enumerate(src):
+        if len(sentence) + 1 > max_positions:  # + EOS
+            raise UserError(
+                f"input sentence {i + 1} has {len(sentence)} subword tokens; this model takes at most "
+                f"{max_positions - 1} (model.max_len={max_positions}): split it"
+            )
+
+
+# How often the decoding loops ask a GPU whether sentences are done. Asking is a host sync that drains its
+# queue; steps run after a sentence is done change no result (it only rides along until the next check). A
+# CPU is asked every step, and its finished sentences leave the batch at once.
+CHECK_DONE_EVERY = 8
+
+
+def done_check_interval(device: torch.device) -> int:
+    return CHECK_DONE_EVERY if device.type == "cuda" else 1
+
+
+# Greedy search drops its finished sentences once they are at least 1 / COMPACT_SHARE of the batch: dropping copies
+# the others' key/value caches. Beam search drops them at every check, in the reorder it does anyway; with
+# captured steps both wait for half the batch (each new batch shape is a new graph to capture).
+COMPACT_SHARE = 8
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT length penalty (Wu et al. 2016, eq. 14): lp(Y) = ((5 + |Y|) / 6)^α."""
+    return ((5 + length) / 6) ** alpha
+
+
+class Search:
+    """What greedy and beam search share: a batch of sentences decoding ``beam`` rows each; which of them
+    are still in the batch (``ids``, their places in it, and their length ``limits``); the model's state;
+    results written per segment of steps between two compactions, into tensors of the whole batch."""
+
+    def __init__(
+        self,
+        model,
+        src: torch.Tensor,
+        beam: int,
+        max_len_ratio: float,
+        max_len_extra: int,
+        need_attention: bool,
+        onednn: bool,
+        graphs: bool,
+    ):
+        self.model, self.beam, self.need_attention, self.device = model, beam, need_attention, src.device
+        src_mask = src != PAD
+        self.src_lengths = src_mask.sum(-1).tolist()
+        self.memory = model.encode(src, src_mask)
+        self.limits = max_output_lengths(model, src_mask, max_len_ratio, max_len_extra)
+        self.host_limits = self.limits.tolist()
+        self.steps = max(self.host_limits) + 1  # the last step can only end every hypothesis
+        self.state = model.start(self.memory, beam, self.steps, onednn=onednn)
+        self.kv_cache_bytes = cache_bytes(self.state)
+        self.batch = src.size(0)
+        self.ids = torch.arange(self.batch, device=self.device)
+        self.kept = list(range(self.batch))  # ids on the host
+        self.min_limit = min(self.host_limits)
+        self.t = 0  # steps taken
+        self.segment_start = 0  # the step the current segment of results began at
+        self.never: Optional[torch.Tensor] = None
+        self.check_every = done_check_interval(self.device)
+        # fixed-shape steps (CUDA graphs): for a model whose state has them, when no attention is asked for
+        self.static = None
+        if graphs and not need_attention and hasattr(self.state, "make_static"):
+            self.static = StaticSteps(model, self.memory, self.state, capture=self.device.type == "cuda")
+        # compact once this share of the sentences is done: new shapes are new graphs to capture
+        self.compact_share = 0.5 if self.static is not None else 0.0
+
+    def model_step(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Next-token logits for every row (and the attention, when asked for)."""
+        if self.static is not None:
+            return self.static(self.prev), None
+        logits, attention, self.state = self.model.step(self.memory, self.prev, self.state, self.need_attention)
+        return logits, attention
+
+    def compacts(self, done: int) -> bool:
+        """Whether ``done`` finished sentences of those in the batch are enough to drop them now."""
+        return done > 0 and done >= self.compact_share * len(self.kept)
+
+    def next_token_scores(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.never is None:
+            self.never = never_outputs(logits.device)
+        return next_token_scores(logits, self.never)
+
+    def keep(self, kept: list[bool]) -> Optional[torch.Tensor]:
+        """After a check: the sentences still decoding (``kept``, per sentence in the batch now), as an index,
+        with the results of the steps so far written out; None when all are; the others' ids and limits."""
+        if all(kept):
+            return None
+        self.write_segment()
+        index = torch.tensor([i for i, keep in enumerate(kept) if keep], dtype=torch.long, device=self.device)
+        self.kept = [i for i, keep in zip(self.kept, kept) if keep]
+        self.ids, self.limits = self.ids[index], self.limits[index]
+        self.min_limit = min(self.host_limits[i] for i in self.kept) if self.kept else 0
+        return index
+
+    def write_segment(self) -> None:
+        self.segment_start = self.t
+
+    def run(self) -> Hypotheses:
+        """Steps until every sentence is done (checked every ``check_every`` steps) or the last step."""
+        while self.t < self.steps:
+            if self.step(check=(self.t + 1) % self.check_every == 0):
+                break
+        self.write_segment()
+        return self.result()
+
+
+class GreedySearch(Search):
+    """Picks the most probable token at every step until EOS or the length limit, for a whole batch."""
+
+    def __init__(
+        self, model, src, max_len_ratio=1.5, max_len_extra=10, need_attention=False, onednn=True, graphs=False
+    ):
+        super().__init__(model, src, 1, max_len_ratio, max_len_extra, need_attention, onednn, graphs)
+        if self.static is None:  # leaving copies the caches of those that stay: worth it once enough are done
+            self.compact_share = 1 / COMPACT_SHARE
+        self.prev = torch.full((self.batch,), BOS, dtype=torch.long, device=self.device)
+        self.finished = torch.zeros(self.batch, dtype=torch.bool, device=self.device)
+        self.tokens = torch.full((self.batch, self.steps), PAD, dtype=torch.long, device=self.device)
+        self.attention: Optional[torch.Tensor] = None  # (batch, ..., steps, S)
+        self.segment_tokens: list[torch.Tensor] = []
+        self.segment_attention: list[torch.Tensor] = []
+
+    def step(self, check: bool) -> bool:
+        """One token per sentence; with ``check`` (a host sync), the finished ones leave. True: all finished."""
+        logits, attn = self.model_step()
+        token = self.next_token_scores(logits).argmax(-1)
+        if self.t >= self.min_limit:  # force an end at the limit
+            token = torch.where(self.t >= self.limits, EOS, token)
+        token = token.masked_fill(self.finished, PAD)
+        self.segment_tokens.append(token)
+        if self.need_attention and attn is not None:
+            self.segment_attention.append(attn)
+        self.finished |= token == EOS
+        self.prev = token
+        self.t += 1
+        if not check:
+            return False
+        finished = self.finished.tolist()
+        if all(finished):
+            self.keep([False] * len(finished))
+            return True
+        if not self.compacts(sum(finished)):
+            return False
+        index = self.keep([not done for done in finished])
+        self.state = self.state.select(index)
+        self.prev, self.finished = self.prev[index], self.finished[index]
+        return False
+
+    def write_segment(self) -> None:
+        if self.segment_tokens:
+            start, end = self.segment_start, self.t
+            self.tokens[:, start:end].index_copy_(0, self.ids, torch.stack(self.segment_tokens, 1))
+            if self.segment_attention:
+                segment = torch.cat(self.segment_attention, dim=-2)  # (rows, ..., steps, S)
+                if self.attention is None:
+                    shape = (self.batch, *segment.shape[1:-2], self.steps, segment.size(-1))
+                    self.attention = segment.new_zeros(shape)
+                self.attention[..., start:end, :].index_copy_(0, self.ids, segment)
+        self.segment_tokens, self.segment_attention = [], []
+        super().write_segment()
+
+    def result(self) -> Hypotheses:
+        out = self.tokens.tolist()
+        tokens = [row[: row.index(EOS)] if EOS in row else row for row in out]
+        if self.attention is None:  # not asked for, or a model without attention
+            return Hypotheses(tokens, kv_cache_bytes=self.kv_cache_bytes)
+        attention = self.attention.float().cpu()
+        return Hypotheses(
+            tokens,
+            [attention[i, ..., : len(tokens[i]) + 1, : self.src_lengths[i]] for i in range(self.batch)],
+            kv_cache_bytes=self.kv_cache_bytes,
+        )
