@@ -42,6 +42,7 @@ from app.data.tokenizer import BOS, EOS, PAD, UNK
 from app.errors import UserError
 from app.models.transformer import Transformer
 from app.trained import load_trained
+from app.utils import Stopwatch
 
 # export.quantization -> what ModelSpec.optimize stores (None: float32, as trained). At load time
 # CTranslate2 converts what a device cannot run: on a CPU float16 runs as float32, int8_float16 as int8_float32.
@@ -52,18 +53,29 @@ def export_run(cfg) -> str:
     """``make export``: the run's ``export.checkpoint`` as a CTranslate2 model in ``export.dir`` (default
     ``<run>/ct2``), weights quantized as ``export.quantization``; the attention it returns is the mean of
     the heads of decoder layer ``viz.layer``. Returns the directory."""
-    trained = load_trained(cfg.run_dir, cfg.export.checkpoint, torch.device("cpu"))
+    clock = Stopwatch()
+    with clock("load"):
+        trained = load_trained(cfg.run_dir, cfg.export.checkpoint, torch.device("cpu"))
     out_dir = export_dir(cfg)
     run_info = {"run_dir": cfg.run_dir, "checkpoint": cfg.export.checkpoint, "step": trained.step}
     tok = trained.tokenizer
     model_cfg = trained.config.model
-    convert(
-        trained.model, model_cfg, tok.src_path, tok.tgt_path, out_dir, cfg.export.quantization, run_info, cfg.viz.layer
-    )
+    print(f"exporting {cfg.run_dir} {cfg.export.checkpoint} (step {trained.step}) to {out_dir} ...", flush=True)
+    with clock("convert"):
+        convert(
+            trained.model,
+            model_cfg,
+            tok.src_path,
+            tok.tgt_path,
+            out_dir,
+            cfg.export.quantization,
+            run_info,
+            cfg.viz.layer,
+        )
     size = sum(os.path.getsize(os.path.join(out_dir, f)) for f in os.listdir(out_dir)) / 2**20
     print(
         f"exported {cfg.run_dir} {cfg.export.checkpoint} (step {trained.step}) to {out_dir} "
-        f'({cfg.export.quantization}, {size:.1f} MiB): make translate/eval ARGS="name={cfg.name} '
+        f'({cfg.export.quantization}, {size:.1f} MiB) in {clock.line()}: make translate/eval ARGS="name={cfg.name} '
         f'translate.engine=ct2" (eval.engine=ct2) use it'
     )
     return out_dir

@@ -7,6 +7,7 @@ about a minute on 2 CPU cores.
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -594,6 +595,7 @@ def test_export_to_ctranslate2_then_translate_and_eval_with_it(workdir):
     assert info["quantization"] == "none" and info["run"]["checkpoint"] == "best"
     assert info["run"]["step"] == torch.load(run / "best.pt", weights_only=True)["progress"]["step"]
     assert (run / "ct2" / "model.bin").stat().st_size > 0 and (run / "ct2" / "spm.model").exists()
+    assert re.search(r"in load \d+\.\d s, convert \d+\.\d s \(total \d+\.\d s\)", result.stdout)  # where it waited
 
     # greedy float32: CTranslate2 translates as our decoder does
     lines = "En el principio creó Dios los cielos y la tierra.\nY dijo Dios: Sea la luz.\n"
