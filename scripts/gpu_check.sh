@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks and figures the issues ask for, each part one call to a lent GPU machine (10-minute limit):
-#   bash scripts/gpu_check.sh paths        # the first call: the gpu test tier (tests/test_gpu.py) in stages, each
+#   bash scripts/gpu_check.sh paths        # the first call: the gpu test tier (tests/test_gpu.py, test_decoding_gpu.py) in stages, each
 #                                          # under `timeout` within PATHS_SECONDS (570) in all, the compiles last:
 #                                          # families (bf16 training and beam-5 eval with attention maps of every
-#                                          # family), resume (SIGKILL after the first checkpoint, then resume: the
+#                                          # family), decoding (steps captured in CUDA graphs decode as eager
+#                                          # ones, fp32 and bf16), resume (SIGKILL after the first checkpoint, then resume: the
 #                                          # saved step and per-step losses within a bf16 tolerance), torchrun
 #                                          # (1 GPU, DDP over NCCL), oom (a real out-of-memory with oom_retry),
 #                                          # compile and cuda_graphs (one graph over every batch shape); after each
@@ -80,6 +81,8 @@ gpu_tests_start() {  # before the first stage of paths/tests: pytest is there, a
     cuda=$($PY -c 'import torch; print(int(torch.cuda.is_available()))')
 }
 
+GPU_TESTS="tests/test_gpu.py tests/test_decoding_gpu.py"  # the gpu tier
+
 gpu_tests() {  # STAGE SECONDS K: the gpu tier's tests matching `pytest -k K` (all for ""), at most SECONDS and
     # never past $deadline (seconds since the script started); junit XML in $OUT/<part>_<stage>.xml, the
     # stage's result added to $OUT/<part>.json. On SIGINT from timeout, pytest and the training runs it
@@ -92,8 +95,8 @@ gpu_tests() {  # STAGE SECONDS K: the gpu tier's tests matching `pytest -k K` (a
         echo "!! $stage: no time left ($deadline s in all)" | tee -a "$log"
         rc=-1
     else
-        echo "== $stage: pytest -m gpu tests/test_gpu.py${select:+ -k '$select'} (at most $budget s)" | tee -a "$log"
-        timeout --signal=INT --kill-after=20 "$budget" $PY -m pytest -m gpu tests/test_gpu.py ${select:+-k "$select"} \
+        echo "== $stage: pytest -m gpu $GPU_TESTS${select:+ -k '$select'} (at most $budget s)" | tee -a "$log"
+        timeout --signal=INT --kill-after=20 "$budget" $PY -m pytest -m gpu $GPU_TESTS ${select:+-k "$select"} \
             -p no:cacheprovider --tb=short -o junit_family=legacy --junitxml="$xml" >>"$log" 2>&1
         rc=$?
         tail -n 8 "$log" | grep -v '^\s*$'
@@ -158,6 +161,7 @@ paths)  # every stage bounded, the slowest last: a stage cut by its timeout stil
     gpu_tests_start
     deadline=${PATHS_SECONDS:-570}
     gpu_tests families 240 "test_family"
+    gpu_tests decoding 90 "test_decoding_gpu"
     gpu_tests resume 120 "test_sigkill"
     gpu_tests torchrun 60 "test_torchrun"
     gpu_tests oom 120 "test_oom"
