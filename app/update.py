@@ -112,6 +112,19 @@ class StepResult(NamedTuple):
     align_loss: torch.Tensor  # guided alignment's L_a, the mean of the micro-batches' (0 without it)
 
 
+def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` (L2), bit for bit, for gradients of one device and dtype, the training
+    case: it takes the norms with one foreach call, without the no-op ``.to`` that clip_grad_norm_ calls on
+    each of them (one trip through the dispatcher per parameter: 264 of the 712 operators of the default
+    Transformer's compiled step). Returns the total norm before clipping."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads or len({(g.device, g.dtype) for g in grads}) > 1:
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+    return total
+
+
 def train_step(
     model, batches: list, n_tokens: int, optimizer, scheduler, cfg: Config, dtype, ranks: int = 1
 ) -> StepResult:
@@ -140,7 +153,7 @@ def train_step(
                 align_sum += align.detach()
             objective.backward()
         loss_sum += loss.detach().float()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
+    grad_norm = clip_gradients(list(model.parameters()), cfg.train.clip_norm)
     finite = torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
     if optimizer.defaults.get("fused"):
         optimizer.found_inf = (~finite).float()  # what GradScaler hands fused Adam: skip params and step count

@@ -184,3 +184,25 @@ def test_an_rnn_checkpoint_with_every_familys_keys_compares_only_rnn_settings():
         UserError, match=r"^x.pt: model settings differ from this run's: model.hidden=1024 there, 64 here$"
     ):
         check_compatible(state, "x.pt", {"src": "a"}, RNNConfig(hidden=64, cell="gru"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scale", [1e-3, 50.0, float("inf"), float("nan")])
+def test_gradient_clipping_is_torchs_bit_for_bit(dtype, scale):
+    """app.update.clip_gradients skips clip_grad_norm_'s per-gradient no-op .to; norm and clipped gradients
+    must stay exactly torch's, non-finite ones included (a parameter without a gradient among them)."""
+    from app.update import clip_gradients
+
+    torch.manual_seed(0)
+    theirs = [torch.nn.Parameter(torch.randn(shape, dtype=dtype)) for shape in [(7, 5), (5,), (3, 2, 4), (1,)]]
+    ours = [torch.nn.Parameter(p.detach().clone()) for p in theirs]
+    for i, (a, b) in enumerate(zip(theirs, ours)):
+        grad = torch.randn(a.shape, dtype=dtype) * (scale if i == 2 else 1.0)
+        a.grad, b.grad = (None, None) if i == 1 else (grad.clone(), grad.clone())
+    expected = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+    norm = clip_gradients(ours, 1.0)
+    assert torch.equal(norm, expected) or (norm.isnan() and expected.isnan())
+    for a, b in zip(theirs, ours):
+        assert (a.grad is None) == (b.grad is None)
+        if a.grad is not None:
+            assert torch.equal(a.grad.nan_to_num(), b.grad.nan_to_num())
