@@ -16,14 +16,12 @@ from collections.abc import Callable
 import sacrebleu
 import torch
 
-from app.beam import BeamSearch
 from app.config import Config
 from app.ct2_engine import CT2Translator
 from app.data.batching import Batcher
-from app.decoding import decode_corpus
+from app.decoding import decode_corpus, searcher
 from app.export import convert
 from app.profiling import count_ops
-from app.search import GreedySearch
 from app.utils import autocast
 
 CT2_QUANTIZATIONS = {"float32": "none", "int8": "int8", "float16": "float16"}  # row name -> export.quantization
@@ -72,15 +70,9 @@ def step_operators(model, cfg: Config, test, device: torch.device, dtype) -> dic
     figures = {}
     was_training = model.training
     model.eval()
-    for beam in dict.fromkeys([1, cfg.decode.beam_size]):
+    for decode in [cfg.decode.greedy()] + ([cfg.decode] if cfg.decode.beam_size > 1 else []):
         with torch.no_grad(), autocast(device, dtype):
-            d = cfg.decode
-            if beam == 1:
-                search = GreedySearch(model, src, d.max_len_ratio, d.max_len_extra, onednn=d.cpu_onednn)
-            else:
-                search = BeamSearch(
-                    model, src, beam, d.length_penalty, d.max_len_ratio, d.max_len_extra, onednn=d.cpu_onednn
-                )
+            search = searcher(model, src, dataclasses.replace(decode, n_best=1))
             steps = min(COUNTED_STEPS, search.steps - 3)
 
             def step(search=search) -> None:
@@ -88,7 +80,7 @@ def step_operators(model, cfg: Config, test, device: torch.device, dtype) -> dic
 
             for _ in range(2):
                 step()
-            figures[f"beam{beam}"] = count_ops(step, steps, device)
+            figures[f"beam{decode.beam_size}"] = count_ops(step, steps, device)
     model.train(was_training)
     return figures
 

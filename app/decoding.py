@@ -3,6 +3,7 @@ device, results in input order; and the attention of a model fed the reference (
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Optional
 
@@ -14,6 +15,8 @@ from app.config import DecodeConfig
 from app.data.batching import Batcher, make_batches, sorted_batches
 from app.search import GreedySearch, Hypotheses, check_source_lengths
 from app.utils import autocast
+
+log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -54,6 +57,25 @@ def beam_search(
     return search.run()
 
 
+def searcher(model, src: torch.Tensor, decode: DecodeConfig, need_attention: bool = False, graphs: bool = False):
+    """The search ``decode`` asks for over a batch of sources: greedy when its beam_size is 1, else beam search."""
+    d = decode
+    if d.beam_size == 1:
+        return GreedySearch(model, src, d.max_len_ratio, d.max_len_extra, need_attention, d.cpu_onednn, graphs)
+    return BeamSearch(
+        model,
+        src,
+        d.beam_size,
+        d.length_penalty,
+        d.max_len_ratio,
+        d.max_len_extra,
+        d.n_best,
+        need_attention,
+        d.cpu_onednn,
+        graphs,
+    )
+
+
 @torch.no_grad()
 def decode_corpus(
     model,
@@ -79,33 +101,30 @@ def decode_corpus(
     graphs = decode.cuda_graphs and device.type == "cuda"
     batches = make_batches([len(s) for s in src], None, max(budget // beam_size, 1))
     batcher = Batcher(src)
-    for indices in tqdm(batches, desc="decoding", unit="batch", disable=not progress, leave=False):
-        batch = batcher(indices).to(device)
-        with autocast(device, amp_dtype):
-            if beam_size == 1:
-                search = GreedySearch(
-                    model,
-                    batch.src,
-                    decode.max_len_ratio,
-                    decode.max_len_extra,
-                    need_attention,
-                    decode.cpu_onednn,
-                    graphs,
+    pending, split = batches[::-1], False  # popped from the end: in order
+    bar = tqdm(total=len(src), desc="decoding", unit="sentence", disable=not progress, leave=False)
+    while pending:
+        indices = pending.pop()
+        try:
+            with autocast(device, amp_dtype):
+                hyps = searcher(model, batcher(indices).to(device).src, decode, need_attention, graphs).run()
+        except torch.OutOfMemoryError:
+            if len(indices) == 1:
+                raise
+            # a budget too large for this device's memory: the batch in halves, said once
+            if not split:
+                split = True
+                log.warning(
+                    "decoding: out of memory on a batch of %d sentences, decoding it in halves (a smaller "
+                    "decode.%s avoids this)",
+                    len(indices),
+                    "cuda_batch_tokens" if device.type == "cuda" else "batch_tokens",
                 )
-            else:
-                search = BeamSearch(
-                    model,
-                    batch.src,
-                    beam_size,
-                    decode.length_penalty,
-                    decode.max_len_ratio,
-                    decode.max_len_extra,
-                    decode.n_best,
-                    need_attention,
-                    decode.cpu_onednn,
-                    graphs,
-                )
-            hyps = search.run()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            half = len(indices) // 2
+            pending += [indices[half:], indices[:half]]
+            continue
         for j, i in enumerate(indices):
             tokens[i] = hyps.tokens[j]
             if hyps.attention is not None:
@@ -114,6 +133,8 @@ def decode_corpus(
                 nbest[i] = hyps.nbest[j]
         if hyps.kv_cache_bytes is not None:
             kv_cache_bytes = max(kv_cache_bytes or 0, hyps.kv_cache_bytes)
+        bar.update(len(indices))
+    bar.close()
     model.train(was_training)
     return Hypotheses(
         tokens,

@@ -145,6 +145,37 @@ def test_decode_corpus_restores_input_order_with_beams():
     assert together.tokens == one_by_one
 
 
+def test_a_batch_out_of_memory_is_decoded_in_halves(monkeypatch, caplog):
+    """A decoding budget too large for the device: the batch is split until it fits, the hypotheses those of
+    decoding in small batches from the start, in input order, and the user told once which setting to lower."""
+    import app.decoding
+
+    model = real_model("transformer")
+    src = [[5 + (i * 7 + j) % 25 for j in range(1 + i % 6)] for i in range(12)]
+    decode = DecodeConfig(batch_tokens=10_000, beam_size=3, n_best=2)
+    small = decode_corpus(model, src, torch.device("cpu"), DecodeConfig(batch_tokens=3, beam_size=3, n_best=2))
+    real, sizes = app.decoding.searcher, []
+
+    def runs_out_above_three_sentences(model, src, *args, **kwargs):
+        sizes.append(src.size(0))
+        if src.size(0) > 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+        return real(model, src, *args, **kwargs)
+
+    monkeypatch.setattr(app.decoding, "searcher", runs_out_above_three_sentences)
+    with caplog.at_level("WARNING", logger="app.decoding"):
+        split = decode_corpus(model, src, torch.device("cpu"), decode)
+    assert sorted(s for s in sizes if s > 3) == [6, 6, 12] and sum(s for s in sizes if s <= 3) == 12
+    assert split.tokens == small.tokens and [[t for t, _ in n] for n in split.nbest] == [
+        [t for t, _ in n] for n in small.nbest
+    ]
+    warnings = [r.getMessage() for r in caplog.records if "out of memory" in r.getMessage()]
+    assert len(warnings) == 1 and "batch of 12 sentences" in warnings[0] and "decode.batch_tokens" in warnings[0]
+    monkeypatch.setattr(app.decoding, "searcher", lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("x")))
+    with pytest.raises(torch.OutOfMemoryError):  # a single sentence that does not fit is not hidden
+        decode_corpus(model, src[:1], torch.device("cpu"), decode)
+
+
 @pytest.mark.parametrize("family", ["transformer", "rnn_bahdanau"])
 def test_asking_less_often_whether_all_are_done_changes_nothing(family, monkeypatch):
     """Decoding runs on past a finished sentence until it next checks (on a GPU, every 8 steps: a host
