@@ -20,8 +20,10 @@ import logging
 import multiprocessing
 import queue
 import signal
+import sys
 import threading
 import traceback
+import types
 from collections import deque
 from collections.abc import Callable
 from multiprocessing.reduction import ForkingPickler
@@ -85,7 +87,16 @@ class HostWorker:
         self._process = context.Process(
             target=_serve, args=(jobs_end, results_end, preload), name="host-worker", daemon=True
         )
-        self._process.start()
+        # spawn runs the caller's main script again in the worker (as __mp_main__) when it was started as a
+        # file: a user's script without ``if __name__ == "__main__"`` that trains would train again there.
+        # The worker needs none of it (jobs are module-level functions, sent by name): it starts from a main
+        # module with no file.
+        main = sys.modules["__main__"]
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            self._process.start()
+        finally:
+            sys.modules["__main__"] = main
         jobs_end.close()  # the worker holds the other copies: this process keeps only its own ends
         results_end.close()
         self._pending: deque[Job] = deque()

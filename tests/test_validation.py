@@ -122,6 +122,28 @@ def test_the_worker_ends_with_the_training_process(tmp_path, how):
     assert not os.path.exists(f"/proc/{pid}") or "zombie" in state(pid), f"worker {pid} outlived its parent"
 
 
+def test_the_worker_does_not_run_the_callers_script_again(tmp_path):
+    """A user's script without ``if __name__ == "__main__"`` (one that trains, say): spawn would run it again
+    in the worker before serving. It runs once, and the job runs in the worker."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import os\n"
+        "print('script', os.getpid(), flush=True)\n"
+        "from app.host_worker import host_worker, submit\n"
+        "print('job', submit(host_worker(), os.getpid).result(), flush=True)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": REPO}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.split("\n")
+    scripts, jobs = (
+        [line for line in lines if line.startswith("script")],
+        [line for line in lines if line.startswith("job")],
+    )
+    assert len(scripts) == 1 and len(jobs) == 1, result.stdout
+    assert scripts[0].split()[1] != jobs[0].split()[1]  # the job ran in the worker process
+
+
 def state(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/status") as f:

@@ -49,6 +49,10 @@ class SinusoidalPositions(nn.Module):
     def forward(self, offset: int, length: int) -> torch.Tensor:  # (length, d_model)
         return table_rows(self.table, offset, length)
 
+    def at(self, positions: torch.Tensor) -> torch.Tensor:  # (len(positions), d_model)
+        """The rows of ``positions``, a device tensor (a decoding step's position, which the host does not read)."""
+        return self.table.index_select(0, positions)
+
 
 class LearnedPositions(nn.Module):
     def __init__(self, max_len: int, d_model: int):
@@ -57,6 +61,9 @@ class LearnedPositions(nn.Module):
 
     def forward(self, offset: int, length: int) -> torch.Tensor:  # (length, d_model)
         return table_rows(self.table.weight, offset, length)
+
+    def at(self, positions: torch.Tensor) -> torch.Tensor:  # (len(positions), d_model)
+        return self.table.weight.index_select(0, positions)
 
 
 @dataclass
@@ -93,8 +100,11 @@ class Rotary(nn.Module):
         )
 
     def forward(self, offset: int, length: int) -> Rotation:
-        position = torch.arange(offset, offset + length, dtype=torch.float32, device=self.inv_freq.device)
-        angles = position[:, None] * self.inv_freq
+        return self.at(torch.arange(offset, offset + length, device=self.inv_freq.device))
+
+    def at(self, positions: torch.Tensor) -> Rotation:
+        """The rotation of ``positions`` (a device tensor: a decoding step's position)."""
+        angles = positions.float()[:, None] * self.inv_freq
         return Rotation(angles.cos(), angles.sin())
 
 
@@ -118,7 +128,9 @@ class ALiBi(nn.Module):
 
     def forward(self, offset: int, queries: int, keys: int) -> torch.Tensor:
         """Bias (H, queries, keys) for queries at positions offset.. against keys at 0 .. keys - 1."""
-        device = self.slopes.device
-        i = torch.arange(offset, offset + queries, device=device)
-        j = torch.arange(keys, device=device)
-        return -self.slopes[:, None, None] * (i[:, None] - j[None, :]).abs()
+        return self.at(torch.arange(offset, offset + queries, device=self.slopes.device), keys)
+
+    def at(self, positions: torch.Tensor, keys: int) -> torch.Tensor:
+        """Bias (H, len(positions), keys) for queries at ``positions`` (a device tensor: a decoding step's)."""
+        j = torch.arange(keys, device=positions.device)
+        return -self.slopes[:, None, None] * (positions[:, None] - j[None, :]).abs()

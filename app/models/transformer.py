@@ -339,16 +339,11 @@ class Transformer(nn.Module):
         span = state.length + 1 if state.static is None else state.static
         x = F.embedding(prev_tokens, state.embedding)  # E y · √d_model
         if self.positions is not None:
-            table = self.positions.table
-            x = x + (table.weight if isinstance(table, nn.Embedding) else table).index_select(0, state.position)
-        rotation, self_mask = None, None
-        if self.rotary is not None:  # the angles m·θ of this position (Rotary.forward's, m on the device)
-            angles = state.position.float()[:, None] * self.rotary.inv_freq
-            rotation = Rotation(angles.cos(), angles.sin())
-        if self.alibi is not None:  # -m_h · |t - j| over the keys (ALiBi.forward's), heads grouped as the queries
-            distance = (state.position[:, None] - torch.arange(span, device=x.device)[None, :]).abs()
-            bias = -self.alibi.slopes[:, None, None] * distance
-            self_mask = bias.view(self.decoder[0].self_attn.kv_heads, -1, span)
+            x = x + self.positions.at(state.position)
+        rotation = self.rotary.at(state.position) if self.rotary is not None else None
+        self_mask = None
+        if self.alibi is not None:  # heads grouped as the queries are (grouped_queries)
+            self_mask = self.alibi.at(state.position, span).view(self.decoder[0].self_attn.kv_heads, -1, span)
         if state.static is not None:  # positions past this step's are not written yet
             written = torch.arange(span, device=x.device)[None, :] <= state.position  # (1, span)
             self_mask = written if self_mask is None else self_mask.masked_fill(~written, float("-inf"))
