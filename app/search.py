@@ -39,10 +39,10 @@ def never_outputs(device: torch.device) -> torch.Tensor:
     return torch.tensor([PAD, BOS], device=device)
 
 
-def next_token_scores(logits: torch.Tensor, never: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Log-probabilities of the next token; padding and BOS (``never``) are never outputs."""
+def next_token_scores(logits: torch.Tensor, never: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities of the next token; the tokens of ``never`` (``never_outputs``) are never outputs."""
     logp = torch.log_softmax(logits if logits.dtype == torch.float32 else logits.float(), dim=-1)
-    return logp.index_fill_(-1, never_outputs(logp.device) if never is None else never, float("-inf"))
+    return logp.index_fill_(-1, never, float("-inf"))
 
 
 def max_output_lengths(model, src_mask: torch.Tensor, ratio: float, extra: int) -> torch.Tensor:

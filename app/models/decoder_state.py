@@ -105,7 +105,6 @@ class DecoderState:
         embedding: torch.Tensor,
         output: Projection,
         exact: bool = False,
-        grows: bool = False,
     ):
         self.cross, self.key_mask = cross, key_mask  # key_mask (sentences, 1, 1, S): True at real source tokens
         self.layer_count, self.d_head = layers, cross.size(-1)
@@ -115,7 +114,7 @@ class DecoderState:
         self.output = output  # the projection to the vocabulary
         self.position = torch.zeros(1, dtype=torch.long, device=cross.device)  # where the next step writes
         self.length = 0  # positions written (= position, on the host)
-        self.exact, self.grows = exact, grows  # grows: the steps are unknown, capacity doubles when full
+        self.exact = exact
         self.static: Optional[int] = None  # captured steps: the positions they attend over (make_static)
         size = layers * 2 * rows * self.kv_heads * capacity * self.d_head
         self.storage, self.spare = cross.new_empty(size), cross.new_empty(size)
@@ -187,7 +186,7 @@ class DecoderState:
 
     def make_room(self) -> None:
         """Room for one more position: a step with no reorder before it (exact layout), or past the steps said
-        (``grows``: twice the capacity)."""
+        (``Transformer.start`` without ``steps``): twice the capacity."""
         capacity = self.capacity + 1 if self.exact else 2 * self.capacity
         size = self.layer_count * 2 * self.rows * self.kv_heads * capacity * self.d_head
         storage = self.spare if self.spare.numel() >= size else self.spare.new_empty(size)

@@ -320,7 +320,6 @@ class Transformer(nn.Module):
             output=Projection(self.out_proj.weight, None, onednn, dtype),
             embedding=self.tgt_embed.weight * math.sqrt(self.d_model),
             exact=beam > 1 and steps is not None,
-            grows=steps is None,
         )
         state.cross_views()
         return state
