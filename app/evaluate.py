@@ -37,9 +37,10 @@ from app.data.corpus import ParallelData, load_split
 from app.data.tokenizer import EOS, Tokenizer
 from app.errors import UserError
 from app.explorer import evaluation_records, write_explorer
+from app.host_worker import host_worker, submit
 from app.models import count_parameters
 from app.plots import alignment_figure, figures, png_bytes
-from app.scoring import BackgroundTER, split_scores
+from app.scoring import split_scores, timed_ter_score
 from app.search import Hypotheses
 from app.trained import TrainedModel, check_engine, load_ct2, load_trained
 from app.utils import Stopwatch, atomic_write, atomic_write_text, resolve_device
@@ -73,7 +74,9 @@ def evaluate_run(cfg: Config) -> dict:
         else:
             hyps = trained.translate(data.src, cfg.decode, progress=True, need_attention=True)
     texts = trained.tokenizer.decode_tgt(hyps.tokens)
-    ter = BackgroundTER(texts, data.tgt_texts)  # a worker process on the other core, while the rest is written
+    with clock("score"):  # TER in the host worker, on the other core, while the rest is written
+        worker = host_worker(preload=("app.scoring",)) if cfg.viz.worker else None
+        ter = submit(worker, timed_ter_score, list(texts), list(data.tgt_texts))
     out_dir = os.path.join(cfg.run_dir, "eval", cfg.eval.split)
     gold_path = cfg.eval.gold_align or reference_links(trained.config.data.dir, cfg.eval.split)
     print_plan(cfg, data, split_size, hyps.attention is not None, gold_path, clock)
@@ -103,12 +106,13 @@ def evaluate_run(cfg: Config) -> dict:
             path = os.path.join(out_dir, "alignments.html")
             write_explorer(path, records, title, meta, cfg.viz.layer, cfg.eval.attention)
     with clock("score"):  # what is left of TER, if it has not finished yet
-        metrics = with_ter(metrics, ter.result())
+        ter_metrics, ter_seconds = ter.result()
+        metrics = with_ter(metrics, ter_metrics)
     cfg = tensorboard_config(cfg, metrics)
     with clock("tensorboard"):
         tb = log_eval(cfg, trained.config, trained.step, data, texts, bleu, hyps, metrics, trained.tokenizer)
     metrics["seconds"] = clock.rounded()
-    metrics["ter_worker_seconds"] = round(ter.seconds, 2)  # alongside the stages above, on another core
+    metrics["ter_worker_seconds"] = round(ter_seconds, 2)  # alongside the stages above, on another core
     atomic_write_text(os.path.join(out_dir, "metrics.json"), json.dumps(metrics, indent=2))
     print_report(metrics, out_dir, tb, trained.step, ct2, hyps.attention is not None, clock)
     return metrics

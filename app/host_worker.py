@@ -1,5 +1,6 @@
 """A process beside training for validation's host work (scoring the dev translations, drawing heatmaps
-as PNG), so that it runs while the training process does the model's forward passes instead of after them.
+as PNG), so that it runs while the training process does the model's forward passes instead of after them;
+``make eval`` sends it TER (pure Python, seconds) while it writes its files.
 
 One worker per process, started on first use and reused by every validation: a fresh interpreter (spawn:
 no CUDA state, threads or tensors inherited; it loads numpy, matplotlib and sacrebleu, not torch). Jobs
@@ -135,7 +136,7 @@ class HostWorker:
     def _fail(self, error: BaseException) -> None:
         self.close()
         log.warning(
-            "host worker process stopped (%s, exit code %s): validation's host work runs in the training process",
+            "host worker process stopped (%s, exit code %s): its host work runs in this process",
             error,
             self._process.exitcode,
         )
@@ -167,7 +168,7 @@ def host_worker(preload: tuple[str, ...] = ()) -> Optional[HostWorker]:
         try:
             _worker = HostWorker(preload)
         except (OSError, RuntimeError) as error:
-            log.warning("no host worker process (%s): validation's host work runs in the training process", error)
+            log.warning("no host worker process (%s): host work runs in this process", error)
             _unavailable = True
             return None
         atexit.register(_worker.close)

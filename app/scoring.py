@@ -1,18 +1,12 @@
 """Scores with sacrebleu: corpus BLEU, chrF and TER, each with its signature; BLEU by source length and of
 the longest sources; sentence BLEU. A split's BLEU statistics are counted once and every BLEU above is
-summed from them (``BleuStatistics``); TER, slow pure Python, can run in a worker process
-(``BackgroundTER``) while the caller does other work."""
+summed from them (``BleuStatistics``); TER, slow pure Python, can run in the host worker process
+(``timed_ter_score``) while the caller does other work."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
-import tempfile
 import time
-import weakref
 from typing import Optional
 
 from sacrebleu.metrics import BLEU, CHRF, TER
@@ -129,62 +123,8 @@ def ter_score(hypotheses: list[str], references: list[str]) -> dict:
     return {"ter": round(result.score, 2), "ter_signature": str(metric.get_signature())}
 
 
-def ter_main(path: str) -> None:
-    """The worker of BackgroundTER: [hypotheses, references] from the JSON file ``path``; its ter_score and
-    the seconds it took as one JSON line on stdout."""
+def timed_ter_score(hypotheses: list[str], references: list[str]) -> tuple[dict, float]:
+    """``ter_score`` and the seconds it took: what ``make eval`` runs in the host worker (app/host_worker.py),
+    sacrebleu's TER being pure Python, seconds for a thousand sentences on one core."""
     start = time.perf_counter()
-    with open(path, encoding="utf-8") as f:
-        hypotheses, references = json.load(f)
-    result = ter_score(hypotheses, references)
-    print(json.dumps({**result, "seconds": time.perf_counter() - start}))
-
-
-class BackgroundTER:
-    """``ter_score`` in a worker process started at once (sacrebleu's TER is pure Python: seconds for a
-    thousand sentences, on one core), so that it overlaps what the caller does next; ``result()`` waits
-    for it. The worker is a fresh interpreter that imports only this module: not a fork (nothing of the
-    caller's threads or tensors), and not multiprocessing's spawn, which runs the caller's main script again
-    when it has no ``if __name__ == "__main__"``. ``close()`` stops it if the caller gives up; ``seconds``:
-    how long it computed, once the result is in."""
-
-    seconds: Optional[float] = None
-
-    def __init__(self, hypotheses: list[str], references: list[str]):
-        _check(hypotheses, references)
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".json", delete=False) as f:
-            json.dump([list(hypotheses), list(references)], f, ensure_ascii=False)  # e.g. a datasets Column
-        self._input = f.name
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where ``app`` imports from
-        path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
-        command = "import sys; from app.scoring import ter_main; ter_main(sys.argv[1])"
-        self._process = subprocess.Popen(
-            [sys.executable, "-c", command, self._input],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": path},
-        )
-        # also when the caller fails before result(): the worker stopped and its input removed, at the latest
-        # when this object is collected or the interpreter exits
-        self._stop = weakref.finalize(self, _stop_worker, self._process, self._input)
-
-    def result(self) -> dict:
-        out, err = self._process.communicate()
-        self.close()
-        if self._process.returncode != 0:
-            last = err.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
-            raise RuntimeError(f"TER failed in its worker process (exit code {self._process.returncode}): {last[0]}")
-        result = json.loads(out)
-        self.seconds = result.pop("seconds")
-        return result
-
-    def close(self) -> None:
-        """Stop the worker if it still runs (the caller failed before it needed the result)."""
-        self._stop()
-
-
-def _stop_worker(process: subprocess.Popen, path: str) -> None:
-    if process.poll() is None:
-        process.kill()
-        process.communicate()
-    if os.path.exists(path):
-        os.unlink(path)
+    return ter_score(hypotheses, references), time.perf_counter() - start

@@ -1,7 +1,5 @@
 """Corpus scores agree with sacrebleu's own functions."""
 
-import os
-
 import pytest
 import sacrebleu
 
@@ -126,26 +124,19 @@ def test_bleu_counted_once_gives_sacrebleus_numbers():
     assert stats.corpus([1, 2]) == sacrebleu.corpus_bleu(hyps[1:3], [refs[1:3]]).score
 
 
-def test_ter_in_a_worker_process_is_sacrebleus_ter():
-    from app.scoring import BackgroundTER, split_scores
+def test_ter_in_the_host_worker_is_sacrebleus_ter():
+    """make eval's TER, computed in the host worker process, is sacrebleu's, with the seconds it took."""
+    from app.host_worker import host_worker, submit
+    from app.scoring import split_scores, timed_ter_score
 
-    worker = BackgroundTER(HYPS, REFS)
-    result = worker.result()
+    worker = host_worker(preload=("app.scoring",))
+    assert worker is not None
+    result, seconds = submit(worker, timed_ter_score, HYPS, REFS).result()
+    assert not worker.broken  # the worker computed it
     reference = score(HYPS, REFS)
-    assert result == {"ter": reference["ter"], "ter_signature": reference["ter_signature"]}
-    assert worker.seconds > 0
+    assert result == {"ter": reference["ter"], "ter_signature": reference["ter_signature"]} and seconds > 0
     inline, _ = split_scores(HYPS, REFS, ["a b"] * 4, [10])
     assert (inline["ter"], inline["ter_signature"]) == (result["ter"], result["ter_signature"])
-    with pytest.raises(UserError, match="3 hypotheses against 4 references"):
-        BackgroundTER(HYPS[:3], REFS)
-
-
-def test_a_worker_stopped_early_is_gone():
-    from app.scoring import BackgroundTER
-
-    worker = BackgroundTER(HYPS * 200, REFS * 200)
-    worker.close()
-    assert worker._process.poll() is not None and not os.path.exists(worker._input)
 
 
 def test_a_look_at_the_first_sentences_is_not_the_splits_evaluation(tmp_path):
@@ -167,24 +158,3 @@ def test_a_look_at_the_first_sentences_is_not_the_splits_evaluation(tmp_path):
     assert not evaluated(cfg)
     metrics.write_text(json.dumps({"bleu": 1.0, "subset": None}))
     assert evaluated(cfg)
-
-
-def test_ter_worker_from_a_script_without_a_main_guard(tmp_path):
-    """A user's script that calls make eval's scoring at top level (no ``if __name__ == "__main__"``): the
-    worker does not run that script again (as multiprocessing's spawn would) and leaves no file behind."""
-    import subprocess
-    import sys
-
-    script = tmp_path / "score.py"
-    script.write_text(
-        "import glob, tempfile\n"
-        "from app.scoring import BackgroundTER\n"
-        f"worker = BackgroundTER({HYPS!r}, {REFS!r})\n"
-        "print('result', worker.result()['ter'], worker._input)\n"
-    )
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=repo, timeout=120)
-    assert done.returncode == 0, done.stderr
-    (line,) = done.stdout.splitlines()  # printed once: the script ran once
-    _, ter, path = line.split()
-    assert float(ter) == score(HYPS, REFS)["ter"] and not os.path.exists(path)
