@@ -38,6 +38,7 @@ from app.checkpoint import check_compatible, load_checkpoint
 from app.config import Config
 from app.data.batching import Batcher, make_batches
 from app.data.corpus import load_split, load_tokenized, prepare_data
+from app.data.shapes import SUGGESTED_SHAPES, BatchShapes
 from app.data.tokenizer import PAD
 from app.flops import peak_flops, training_flops
 from app.models import build_model, count_parameters
@@ -63,16 +64,17 @@ def time_training(
     optimizer, scheduler = make_optimizer(model, cfg)
     trained = compiled_for_training(model, cfg)
     batcher = Batcher(data.src, data.tgt)
-    batches = itertools.cycle(
-        make_batches(
-            data.src_lens,
-            data.tgt_lens,
-            cfg.train.batch_tokens,
-            True,
-            cfg.train.seed,
-            by_length="unbucketed" not in naive,
+    if cfg.train.batch_shapes and "unbucketed" not in naive:
+        shapes = BatchShapes(data.src_lens, data.tgt_lens, cfg.train.batch_shapes)
+        epoch = shapes.batches(cfg.train.batch_tokens, True, cfg.train.seed)
+    else:
+        by_length = "unbucketed" not in naive
+        epoch = make_batches(
+            data.src_lens, data.tgt_lens, cfg.train.batch_tokens, True, cfg.train.seed, by_length=by_length
         )
-    )
+    batches = itertools.cycle(epoch)
+
+    shapes_seen: set[tuple[int, int, int]] = set()
 
     def step(indices) -> tuple[int, int]:
         batch = batcher(indices)
@@ -81,11 +83,13 @@ def time_training(
         result = train_step(trained, [on_device], n_tokens, optimizer, scheduler, cfg, dtype)
         if "sync" in naive:
             result.loss_sum.item()
+        shapes_seen.add((*batch.src.shape, batch.tgt_in.shape[1]))
         return n_tokens, batch.src.numel() + batch.tgt_in.numel()
 
     for _ in range(warmup):
         step(next(batches))
     sync(device)
+    shapes_seen.clear()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     timed, tgt_tokens, padded_tokens = [], 0, 0
@@ -108,6 +112,7 @@ def time_training(
         "train_tgt_tokens_per_s": round(tgt_tokens / seconds),
         "train_src_tgt_tokens_per_s": round((src_tokens + tgt_tokens) / seconds),
         "padding_ratio": round(1 - (src_tokens + tgt_tokens) / padded_tokens, 3),
+        "batch_shapes_seen": len(shapes_seen),
         "model_tflops_per_s": float(f"{flops / seconds / 1e12:.3g}"),  # 3 significant digits: tiny CPU runs too
         "mfu": round(flops / seconds / peak, 4) if peak else None,
     }
@@ -144,13 +149,20 @@ def speed_features(cfg: Config, dtype) -> list[tuple[str, Config, contextlib.Abs
     rows.append(("without length bucketing (random batches)", cfg, plain(), loop({"unbucketed"})))
     if cuda:
         rows.append(("without pinned memory (pageable copies)", cfg, plain(), loop({"pageable"})))
+    shapes = cfg.train.batch_shapes or SUGGESTED_SHAPES
+    if cfg.train.batch_shapes:
+        rows.append(("without fixed batch shapes (batch_shapes=0)", changed(batch_shapes=0), plain(), loop()))
+    else:
+        rows.append(
+            (f"with train.batch_shapes={shapes} (fixed padded shapes)", changed(batch_shapes=shapes), plain(), loop())
+        )
     if not cfg.train.compile:
         rows.append(("with train.compile=true", changed(compile=True), plain(), loop()))
         if cuda:
             rows.append(
                 (
-                    "with train.compile=true, compile_mode=reduce-overhead (CUDA graphs)",
-                    changed(compile=True, compile_mode="reduce-overhead"),
+                    f"with train.compile=true, compile_mode=reduce-overhead (CUDA graphs), batch_shapes={shapes}",
+                    changed(compile=True, compile_mode="reduce-overhead", batch_shapes=shapes),
                     plain(),
                     loop(),
                 )
@@ -185,17 +197,17 @@ def ablation_markdown(rows: list[dict], header: str) -> str:
     lines = [
         header,
         "",
-        "| setting | steps/s | target tokens/s | padding | MFU | peak memory GiB | vs defaults |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| setting | steps/s | target tokens/s | padding | batch shapes | MFU | peak memory GiB | vs defaults |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['setting']} | failed: {r['error']} | | | | | |")
+            lines.append(f"| {r['setting']} | failed: {r['error']} | | | | | | |")
             continue
         mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %"
         lines.append(
             f"| {r['setting']} | {r['steps_per_s']} | {r['train_tgt_tokens_per_s']:,} | "
-            f"{100 * r['padding_ratio']:.1f} % | {mfu} | "
+            f"{100 * r['padding_ratio']:.1f} % | {r.get('batch_shapes_seen', '-')} | {mfu} | "
             f"{r.get('peak_memory_gib', '-')} | {r['vs_defaults']:.2f}× |"
         )
     return "\n".join(lines) + "\n"

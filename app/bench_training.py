@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from app.config import Config
+from app.data.batching import batch_shape, padded_tokens
 from app.data.schedule import BatchSchedule, Update
 from app.flops import peak_flops, training_flops
 from app.training import Trainer, build_trainer
@@ -45,9 +46,9 @@ def _sync(device: torch.device) -> None:
 def throughput(trainer: Trainer, updates: list[Update], seconds: float) -> dict:
     """Steps/s, tokens/s, padding and model FLOP/s (MFU where the device's peak is known) of ``updates``."""
     src_lens, tgt_lens = trainer.src_lens + 1, trainer.tgt_lens + 1  # + EOS / BOS
-    parts = [np.asarray(part) for update in updates for part in update.parts]
+    parts = [part for update in updates for part in update.parts]
     src, tgt = np.concatenate([src_lens[p] for p in parts]), np.concatenate([tgt_lens[p] for p in parts])
-    padded = sum(len(p) * (src_lens[p].max() + tgt_lens[p].max()) for p in parts)
+    padded = sum(padded_tokens(p, src_lens, tgt_lens) for p in parts)
     flops = training_flops(trainer.model, src, tgt)
     peak = peak_flops(trainer.device)
     return {
@@ -55,6 +56,8 @@ def throughput(trainer: Trainer, updates: list[Update], seconds: float) -> dict:
         "train_tgt_tokens_per_s": round(int(tgt.sum()) / seconds),
         "train_src_tgt_tokens_per_s": round(int(src.sum() + tgt.sum()) / seconds),
         "padding_ratio": round(1 - float(src.sum() + tgt.sum()) / padded, 3),
+        # what CUDA graphs record one graph each for (compile_mode=reduce-overhead); every other step replays
+        "batch_shapes_seen": len({batch_shape(p, src_lens, tgt_lens) for p in parts}),
         "model_tflops_per_s": float(f"{flops / seconds / 1e12:.3g}"),  # 3 significant digits: tiny CPU runs too
         "mfu": round(flops / seconds / peak, 4) if peak else None,
     }
@@ -99,15 +102,17 @@ def time_trainer(cfg: Config, steps: int, warmup: int, rounds: int = 2) -> tuple
         _sync(device)
         seconds["step"] += time.perf_counter() - start
 
-        first = trainer.progress.step
-        timed["loop"] += next_updates(schedule, warmup, n)
-        trainer.limits.max_steps = first + warmup + n
-        trainer.clock = LoopClock(first + warmup, first + warmup + n, device)
+        # the loop's clock starts at the end of a step: at least one untimed step of it comes first
+        first, loop_warmup = trainer.progress.step, max(warmup, 1)
+        timed["loop"] += next_updates(schedule, loop_warmup, n)
+        trainer.limits.max_steps = first + loop_warmup + n
+        trainer.clock = LoopClock(first + loop_warmup, first + loop_warmup + n, device)
         trainer.run()
         seconds["loop"] += trainer.clock.seconds
     step, loop = (throughput(trainer, timed[kind], seconds[kind]) for kind in ("step", "loop"))
     figures = {**loop, "step_steps_per_s": step["steps_per_s"], "loop_rounds": rounds}
     figures["loop_vs_step"] = round(loop["steps_per_s"] / step["steps_per_s"], 3)
+    figures.update(trainer.schedule.epoch_figures())
     if device.type == "cuda":
         figures["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     updates = iter(schedule)  # the profiler's updates follow the loop's

@@ -177,6 +177,14 @@ class TrainConfig:
     compile_mode: str = "default"  # default | reduce-overhead (CUDA graphs) | max-autotune | max-autotune-no-cudagraphs
     align_weight: float = 0.0  # guided alignment (app/guided_alignment.py): weight of the loss on reference links
     fused_optimizer: bool = True  # AdamW in one kernel that skips non-finite updates on the device
+    # pad every batch to one of N (sentences, source, target) shapes chosen from the training lengths
+    # (app/data/shapes.py), so CUDA graphs (compile_mode=reduce-overhead) replay N graphs; 0 = each batch
+    # padded to its longest pair (fewest pad tokens, a new shape per batch)
+    batch_shapes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.batch_shapes < 0:
+            raise UserError(f"train.batch_shapes={self.batch_shapes} must be 0 (off) or a number of shapes")
 
 
 @dataclass
@@ -259,7 +267,8 @@ class VizConfig:
     sentences: int = 4  # dev sentences whose alignments go to TensorBoard at every validation
     eval_plots: int = 20  # eval: PNG heatmaps for the first N sentences (alignments.npz has every sentence's maps)
     layer: int = -1  # Transformer layer whose heads are shown, kept in alignments.npz and the explorer
-    worker: bool = True  # validation's dev scoring and heatmaps in a process beside training (app/host_worker.py)
+    # validation's dev scoring and heatmaps, and make eval's TER, in a process beside (app/host_worker.py)
+    worker: bool = True
 
 
 @dataclass

@@ -50,9 +50,10 @@ class AlignmentTargets:
 
     def __call__(self, indices: list[int], src: torch.Tensor, tgt_out: torch.Tensor) -> torch.Tensor:
         """G (batch, target pieces, source pieces) for the sentences ``indices`` of a padded batch:
-        rows are the pieces the decoder outputs (tgt_out), columns the source pieces (EOS included)."""
+        rows are the pieces the decoder outputs (tgt_out), columns the source pieces (EOS included). The
+        batch's empty sentences after ``indices`` (app/data/shapes.py) get no links."""
         src_ids, tgt_ids = src.numpy(), tgt_out.numpy()
-        targets = np.zeros((len(indices), tgt_ids.shape[1], src_ids.shape[1]), dtype=np.float32)
+        targets = np.zeros((len(src_ids), tgt_ids.shape[1], src_ids.shape[1]), dtype=np.float32)
         for b, i in enumerate(indices):
             src_word = word_numbers(src_ids[b], *self.src_words)
             tgt_word = word_numbers(tgt_ids[b], *self.tgt_words)

@@ -20,6 +20,7 @@ from app.utils import autocast
 
 log = logging.getLogger(__name__)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile replays CUDA graphs (cudagraph trees)
 
 
 def inverse_sqrt(warmup: int) -> Callable[[int], float]:
@@ -134,11 +135,14 @@ def train_step(
     micro-batches. No host sync. A non-finite update is skipped inside the fused optimizer kernel (with
     ``train.fused_optimizer=false``, by a host-side check)."""
     device = batches[0].src.device
+    graphs = cfg.train.compile and cfg.train.compile_mode in CUDA_GRAPH_MODES
     loss_sum, align_sum = torch.zeros((), device=device), torch.zeros((), device=device)
     for i, batch in enumerate(batches):
         # DDP all-reduces gradients on the last micro-batch only; it averages them over the ranks,
         # so each rank's loss is scaled up by their number to keep the sum over the whole update
         sync = i == len(batches) - 1 or not hasattr(model, "no_sync")
+        if graphs:  # the last micro-batch's graph outputs are spent: its memory may be reused
+            torch.compiler.cudagraph_mark_step_begin()
         with contextlib.nullcontext() if sync else model.no_sync():
             with autocast(batch.src.device, dtype):
                 if batch.align is None:

@@ -38,6 +38,7 @@ def test_ablation_table_keeps_a_failed_row():
         "steps_per_s": 2.0,
         "train_tgt_tokens_per_s": 12345,
         "padding_ratio": 0.043,
+        "batch_shapes_seen": 16,
         "mfu": 0.3123,
         "peak_memory_gib": 7.5,
         "vs_defaults": 1.0,
@@ -45,8 +46,8 @@ def test_ablation_table_keeps_a_failed_row():
     table = ablation_markdown(
         [ok, {"setting": "without fused AdamW", "error": "OutOfMemoryError: CUDA out of memory"}], "T"
     )
-    assert "| all speed features on (the defaults) | 2.0 | 12,345 | 4.3 % | 31.2 % | 7.5 | 1.00× |" in table
-    assert "| without fused AdamW | failed: OutOfMemoryError: CUDA out of memory | | | | | |" in table
+    assert "| all speed features on (the defaults) | 2.0 | 12,345 | 4.3 % | 16 | 31.2 % | 7.5 | 1.00× |" in table
+    assert "| without fused AdamW | failed: OutOfMemoryError: CUDA out of memory | | | | | | |" in table
 
 
 def test_a_failing_ablation_row_does_not_lose_the_others(monkeypatch):
@@ -70,7 +71,7 @@ def test_a_failing_ablation_row_does_not_lose_the_others(monkeypatch):
     assert [r["setting"] for r in failed] == ["without fused AdamW (its non-finite check then syncs)"]
     assert failed[0]["error"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     assert rows[0]["train_tgt_tokens_per_s"] == 1000 and rows[0]["vs_defaults"] == 1.0
-    assert len(rows) == 6 and all(r["vs_defaults"] == 0.9 for r in rows[1:] if "error" not in r)
+    assert len(rows) == 7 and all(r["vs_defaults"] == 0.9 for r in rows[1:] if "error" not in r)
 
 
 def test_profile_kinds_of_work():

@@ -518,13 +518,16 @@ def test_bench_prints_and_writes_the_table(workdir, monkeypatch):
         "without fused SDPA kernels (math attention)",
         "reading the loss every step (host sync)",
         "without length bucketing (random batches)",
+        "with train.batch_shapes=16 (fixed padded shapes)",
         "with train.compile=true",
     ]
     assert all(row["train_tgt_tokens_per_s"] > 0 and row["vs_defaults"] > 0 for row in table["ablation"])
     padding = {row["setting"]: row["padding_ratio"] for row in table["ablation"]}
     assert padding["without length bucketing (random batches)"] > padding["all speed features on (the defaults)"]
+    # a whole epoch's batches: the tiny corpus's few length-bucketed batches, each its own shape
+    assert table["epoch_batch_shapes"] <= table["epoch_batches"] and 0 <= table["epoch_padding_ratio"] < 1
     markdown = (workdir / "checkpoints" / "bench" / "tiny_ablation.md").read_text()
-    assert markdown.count("\n| ") == 8 and "| with train.compile=true |" in result.stdout  # header, rule, 6 rows
+    assert markdown.count("\n| ") == 9 and "| with train.compile=true |" in result.stdout  # header, rule, 7 rows
 
 
 def test_a_new_users_files_corpus_trains_without_naming_it(workdir):

@@ -259,13 +259,18 @@ def test_sigkill_then_resume_continues_at_the_saved_step_with_the_same_losses(wo
     )
 
 
-@pytest.mark.parametrize("mode", ["default", "reduce-overhead"], ids=["inductor", "cudagraphs"])
+@pytest.mark.parametrize(
+    "mode,shapes",
+    [("default", 0), ("reduce-overhead", 0), ("reduce-overhead", 4)],
+    ids=["inductor", "cudagraphs", "cudagraphs_4_shapes"],
+)
 @pytest.mark.parametrize("family", ["transformer", "rnn_bahdanau"])
-def test_compile_builds_one_graph_over_every_batch_shape(workdir, family, mode, record_property):
+def test_compile_builds_one_graph_over_every_batch_shape(workdir, family, mode, shapes, record_property):
     """train.compile=true (with compile_mode=reduce-overhead: CUDA graphs too) trains through batches of
-    many shapes (length-bucketed batches of a 3000-token budget) with one compiled graph:
-    train_summary.json's compile_graphs is 1, no recompilation per shape."""
-    name, steps = f"compile_{family}_{mode}", 30
+    many shapes (length-bucketed batches of a 3000-token budget, or train.batch_shapes=4 fixed ones, what
+    CUDA graphs replay) with one compiled graph: train_summary.json's compile_graphs is 1, no recompilation
+    per shape."""
+    name, steps = f"compile_{family}_{mode}_{shapes}", 30
     result = run_app(
         workdir,
         "command=train",
@@ -275,6 +280,7 @@ def test_compile_builds_one_graph_over_every_batch_shape(workdir, family, mode, 
         f"train.max_steps={steps}",
         "train.compile=true",
         f"train.compile_mode={mode}",
+        f"train.batch_shapes={shapes}",
     )
     assert result.returncode == 0, tail(result)
     s = assert_trained_on_cuda(workdir, name, steps)

@@ -95,12 +95,18 @@ class Batcher:
         self.tgt = None if tgt is None else _as_arrow(tgt)
 
     def __call__(self, indices: list[int]) -> Batch:
+        """The batch of ``indices``, padded to its longest sentence, or to the shape of a ``ShapedBatch``
+        (app/data/shapes.py): its width, and its row count with empty sentences (EOS alone on the
+        source; no target tokens, so the loss ignores them). ``index`` lists the real sentences only."""
+        shape = getattr(indices, "shape", None)
+        rows, src_len, tgt_len = shape if shape else (None, None, None)
         take = pa.array(indices, type=pa.int64())
-        src = _pad(self.src.take(take), bos=False)
+        src = _pad(self.src.take(take), bos=False, width=src_len, rows=rows)
         batch = Batch(src, torch.tensor(indices, dtype=torch.long), src_lengths=(src != PAD).sum(-1))
         if self.tgt is not None:
-            rows = self.tgt.take(take)
-            batch.tgt_in, batch.tgt_out = _pad(rows, bos=True), _pad(rows, bos=False)
+            pairs = self.tgt.take(take)
+            batch.tgt_in = _pad(pairs, bos=True, width=tgt_len, rows=rows)
+            batch.tgt_out = _pad(pairs, bos=False, width=tgt_len, rows=rows, empty=PAD)
         return batch
 
 
@@ -110,18 +116,38 @@ def _as_arrow(seqs) -> pa.ChunkedArray:
     return pa.chunked_array([pa.array(seqs, type=pa.list_(pa.int32()))])
 
 
-def _pad(rows: pa.ChunkedArray, bos: bool) -> torch.Tensor:
-    """(n, longest + 1) ids: BOS y_1 .. y_n (bos=True) or y_1 .. y_n EOS, PAD after."""
-    rows = rows.combine_chunks()
-    offsets = rows.offsets.to_numpy()
-    values = rows.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+def _pad(
+    seqs: pa.ChunkedArray, bos: bool, width: Optional[int] = None, rows: Optional[int] = None, empty: int = EOS
+) -> torch.Tensor:
+    """(n, longest + 1) ids: BOS y_1 .. y_n (bos=True) or y_1 .. y_n EOS, PAD after; or (rows, width),
+    the rows after the n sentences empty: BOS (bos=True) or ``empty``, PAD after."""
+    seqs = seqs.combine_chunks()
+    offsets = seqs.offsets.to_numpy()
+    values = seqs.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
     lengths = np.diff(offsets)
-    out = np.full((len(lengths), int(lengths.max(initial=0)) + 1), PAD, dtype=np.int64)
+    n = len(lengths)
+    out = np.full((rows or n, width or int(lengths.max(initial=0)) + 1), PAD, dtype=np.int64)
     start = 1 if bos else 0
     token_mask = np.arange(out.shape[1] - 1)[None, :] < lengths[:, None]
-    out[:, start : start + out.shape[1] - 1][token_mask] = values
-    out[np.arange(len(lengths)), 0 if bos else lengths] = BOS if bos else EOS
+    out[:n, start : start + out.shape[1] - 1][token_mask] = values
+    out[np.arange(n), 0 if bos else lengths] = BOS if bos else EOS
+    out[n:, 0] = BOS if bos else empty
     return torch.from_numpy(out)
+
+
+def padded_tokens(indices: list[int], src_len: np.ndarray, tgt_len: np.ndarray) -> int:
+    """Source + target positions the batch's tensors hold (lengths with EOS / BOS): its rows times its longest
+    pair, or the fixed shape of a ``ShapedBatch``."""
+    shape = getattr(indices, "shape", None)
+    if shape:
+        return shape[0] * (shape[1] + shape[2])
+    return len(indices) * int(src_len[indices].max() + tgt_len[indices].max())
+
+
+def batch_shape(indices: list[int], src_len: np.ndarray, tgt_len: np.ndarray) -> tuple[int, int, int]:
+    """(sentences, source length, target length) of the batch's tensors: what a CUDA graph is recorded for."""
+    shape = getattr(indices, "shape", None)
+    return shape or (len(indices), int(src_len[indices].max()), int(tgt_len[indices].max()))
 
 
 def sorted_batches(src: Sequence[list[int]], tgt: Sequence[list[int]], batch_tokens: int) -> Iterator[Batch]:

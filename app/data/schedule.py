@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.config import TrainConfig
-from app.data.batching import make_batches, split_batch
+from app.data.batching import batch_shape, make_batches, padded_tokens, split_batch
+from app.data.shapes import BatchShapes
 from app.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,10 @@ class BatchSchedule:
         world: int = 1,
         rank: int = 0,
         accum: int = 1,
+        shapes: BatchShapes | None = None,
     ):
         self.src_lens, self.tgt_lens = src_lens, tgt_lens
+        self.shapes = shapes  # train.batch_shapes: every batch padded to one of a fixed set of shapes
         self.tgt_plus_eos = np.asarray(tgt_lens, dtype=np.int64) + 1
         self.seed, self.world, self.rank, self.accum = seed, world, rank, accum
         self.epoch = 0
@@ -67,7 +70,10 @@ class BatchSchedule:
         in force when it started)."""
         key = (self.epoch if epoch is None else epoch, self.epoch_batch_tokens if budget is None else budget)
         if self._epoch_cache is None or self._epoch_cache[0] != key:
-            batches = make_batches(self.src_lens, self.tgt_lens, key[1], shuffle=True, seed=self.seed, epoch=key[0])
+            if self.shapes is not None:
+                batches = self.shapes.batches(key[1], shuffle=True, seed=self.seed, epoch=key[0])
+            else:
+                batches = make_batches(self.src_lens, self.tgt_lens, key[1], shuffle=True, seed=self.seed, epoch=key[0])
             if len(batches) < self.group:
                 raise UserError(
                     f"the train split makes {len(batches)} batches of train.batch_tokens={key[1]}, fewer than one "
@@ -108,6 +114,18 @@ class BatchSchedule:
         self.batch_tokens = max(self.batch_tokens // 2, 1)
         return self.batch_tokens
 
+    def epoch_figures(self) -> dict:
+        """Padding and distinct batch shapes (what CUDA graphs record one graph each for) over the first epoch."""
+        src_len = np.asarray(self.src_lens, dtype=np.int64) + 1  # + EOS
+        tgt_len = self.tgt_plus_eos  # + BOS / EOS
+        batches = self.epoch_batches(0, self.batch_tokens)
+        padded = sum(padded_tokens(b, src_len, tgt_len) for b in batches)
+        return {
+            "epoch_padding_ratio": round(1 - float(src_len.sum() + tgt_len.sum()) / padded, 3),
+            "epoch_batch_shapes": len({batch_shape(b, src_len, tgt_len) for b in batches}),
+            "epoch_batches": len(batches),
+        }
+
     def epochs_done(self) -> float:
         """Epochs trained, with the share of the current one."""
         return self.epoch + self.position / len(self.epoch_batches())
@@ -119,7 +137,12 @@ class BatchSchedule:
             "position": self.position,
             "batch_tokens": self.batch_tokens,
             "epoch_batch_tokens": self.epoch_batch_tokens,
+            "batch_shapes": self.shape_count,
         }
+
+    @property
+    def shape_count(self) -> int:
+        return 0 if self.shapes is None else len(self.shapes.shapes)
 
     def load_state_dict(self, state: dict, configured_batch_tokens: int, saved_batch_tokens: int) -> None:
         """Continue where ``state`` left off. The budget follows ``train.batch_tokens`` from the next batches
@@ -128,6 +151,12 @@ class BatchSchedule:
             raise UserError(
                 f"train.seed={self.seed} but the checkpoint's run has seed {state['seed']}: a resumed run replays "
                 "its batch order; keep the seed"
+            )
+        if state.get("batch_shapes", 0) != self.shape_count:
+            raise UserError(
+                f"train.batch_shapes gives {self.shape_count or 'no fixed'} shapes but the checkpoint's run was cut "
+                f"into {state.get('batch_shapes', 0) or 'no fixed'} shapes: a resumed run replays its batches; "
+                "keep train.batch_shapes"
             )
         self.epoch, self.position = state["epoch"], state["position"]
         self.epoch_batch_tokens = state["epoch_batch_tokens"] or saved_batch_tokens
