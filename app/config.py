@@ -144,6 +144,10 @@ MODEL_SCHEMAS = {"transformer": TransformerConfig, "rnn": RNNConfig}
 ModelConfig = TransformerConfig | RNNConfig
 
 
+# train.compile_mode values under which torch.compile replays CUDA graphs (cudagraph trees): one per batch shape
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
 @dataclass
 class TrainConfig:
     seed: int = 1234

@@ -35,8 +35,7 @@ from app.config import Config, TrainConfig
 from app.data.batching import Batch, Batcher
 from app.data.corpus import ParallelData, TokenizedSplit, load_split, load_tokenized, load_tokenizer, prepare_data
 from app.data.prefetch import Prefetcher
-from app.data.schedule import BatchSchedule, Update, accumulation_steps
-from app.data.shapes import BatchShapes
+from app.data.schedule import BatchSchedule, Update, accumulation_steps, training_schedule
 from app.data.tokenizer import Tokenizer
 from app.errors import UserError
 from app.flops import FlopCounter, peak_flops
@@ -369,20 +368,8 @@ def build_trainer(cfg: Config, model: Optional[nn.Module] = None) -> Trainer:
     data = load_data(cfg, distributed.is_main())
     model = (model if model is not None else build_model(cfg.model, data.tokenizer)).to(device)
     optimizer, scheduler = make_optimizer(model, cfg)
-    t = cfg.train
-    shapes = BatchShapes(data.train.src_lens, data.train.tgt_lens, t.batch_shapes) if t.batch_shapes else None
-    schedule = BatchSchedule(
-        data.train.src_lens, data.train.tgt_lens, t.batch_tokens, t.seed, world, rank, accum, shapes
-    )
-    if shapes is not None:
-        log.info(
-            "train.batch_shapes=%d: every batch padded to one of %d (source, target) lengths %s; an epoch pads "
-            "%.1f %% of its tokens",
-            t.batch_shapes,
-            len(shapes.shapes),
-            " ".join(f"{src}x{tgt}" for src, tgt in shapes.shapes),
-            100 * schedule.epoch_figures()["epoch_padding_ratio"],
-        )
+    train = data.train
+    schedule = training_schedule(cfg.train, train.src_lens, train.tgt_lens, world, rank, accum, device.type == "cuda")
     return Trainer(cfg, device, data, model, optimizer, scheduler, schedule, resume)
 
 

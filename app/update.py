@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from app.config import Config
+from app.config import CUDA_GRAPH_MODES, Config
 from app.data.tokenizer import PAD
 from app.errors import UserError
 from app.guided_alignment import guided_alignment_loss
@@ -20,7 +20,6 @@ from app.utils import autocast
 
 log = logging.getLogger(__name__)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile replays CUDA graphs (cudagraph trees)
 
 
 def inverse_sqrt(warmup: int) -> Callable[[int], float]:

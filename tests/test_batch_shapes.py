@@ -186,3 +186,21 @@ def test_training_sees_only_the_fixed_shapes_and_resumes_bit_exact(tmp_path, cor
     full = torch.load(tmp_path / "full" / "last.pt", weights_only=True)["model"]
     resumed = torch.load(tmp_path / "cut" / "last.pt", weights_only=True)["model"]
     assert full.keys() == resumed.keys() and all(torch.equal(full[k], resumed[k]) for k in full)
+
+
+def test_cuda_graphs_without_fixed_shapes_are_warned_about(caplog):
+    from app.data.schedule import training_schedule
+
+    src_lens, tgt_lens = correlated_lengths(800, seed=6)
+    graphs = TrainConfig(batch_tokens=1500, compile=True, compile_mode="reduce-overhead")
+    with caplog.at_level("INFO", logger="app.data.schedule"):
+        training_schedule(graphs, src_lens, tgt_lens, 1, 0, 1, cuda=False)  # no CUDA graphs on a CPU
+        assert not caplog.records
+        training_schedule(graphs, src_lens, tgt_lens, 1, 0, 1, cuda=True)
+        (warning,) = caplog.records
+        assert warning.levelname == "WARNING" and "train.batch_shapes=16" in warning.getMessage()
+        caplog.clear()
+        shaped = TrainConfig(batch_tokens=1500, compile=True, compile_mode="reduce-overhead", batch_shapes=4)
+        assert training_schedule(shaped, src_lens, tgt_lens, 1, 0, 1, cuda=True).shape_count == 4
+        (info,) = caplog.records
+        assert info.levelname == "INFO" and "one of 4 (source, target) lengths" in info.getMessage()

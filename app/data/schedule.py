@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.config import TrainConfig
+from app.config import CUDA_GRAPH_MODES, TrainConfig
 from app.data.batching import batch_shape, make_batches, padded_tokens, split_batch
-from app.data.shapes import BatchShapes
+from app.data.shapes import SUGGESTED_SHAPES, BatchShapes
 from app.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -184,3 +184,29 @@ def accumulation_steps(t: TrainConfig, world: int) -> int:
             accum * world * t.batch_tokens,
         )
     return accum
+
+
+def training_schedule(
+    t: TrainConfig, src_lens: Sequence[int], tgt_lens: Sequence[int], world: int, rank: int, accum: int, cuda: bool
+) -> BatchSchedule:
+    """The schedule of ``train.*``: length-bucketed batches, or with train.batch_shapes padded to fixed shapes."""
+    shapes = BatchShapes(src_lens, tgt_lens, t.batch_shapes) if t.batch_shapes else None
+    schedule = BatchSchedule(src_lens, tgt_lens, t.batch_tokens, t.seed, world, rank, accum, shapes)
+    if shapes is None and cuda and t.compile and t.compile_mode in CUDA_GRAPH_MODES:
+        log.warning(
+            "train.compile_mode=%s records a CUDA graph for every batch shape, and an epoch has %d of them: "
+            "train.batch_shapes=%d pads every batch to that many",
+            t.compile_mode,
+            schedule.epoch_figures()["epoch_batch_shapes"],
+            SUGGESTED_SHAPES,
+        )
+    if shapes is not None:
+        log.info(
+            "train.batch_shapes=%d: every batch padded to one of %d (source, target) lengths %s; an epoch pads "
+            "%.1f %% of its tokens",
+            t.batch_shapes,
+            len(shapes.shapes),
+            " ".join(f"{src}x{tgt}" for src, tgt in shapes.shapes),
+            100 * schedule.epoch_figures()["epoch_padding_ratio"],
+        )
+    return schedule

@@ -54,7 +54,8 @@ def choose_shapes(src_len: np.ndarray, tgt_len: np.ndarray, k: int) -> list[tupl
     shapes = [(int(src_len.max()), int(tgt_len.max()))]
     cost = np.full(len(pairs), sum(shapes[0]))  # tokens per row of each pair's cheapest shape so far
     for _ in range(k - 1):
-        gains = np.concatenate([_gains(chunk, pairs, counts, cost) for chunk in np.array_split(candidates, 8)])
+        chunks = np.array_split(candidates, max(1, len(candidates) * len(pairs) // 2**22))  # ~4 M cells each
+        gains = np.concatenate([_gains(chunk, pairs, counts, cost) for chunk in chunks])
         best = int(gains.argmax())
         if gains[best] <= 0:
             break
