@@ -38,7 +38,8 @@ from app.checkpoint import check_compatible, load_checkpoint
 from app.config import Config
 from app.data.batching import Batcher, make_batches
 from app.data.corpus import load_split, load_tokenized, prepare_data
-from app.data.shapes import SUGGESTED_SHAPES, BatchShapes
+from app.data.schedule import training_schedule
+from app.data.shapes import SUGGESTED_SHAPES
 from app.data.tokenizer import PAD
 from app.flops import peak_flops, training_flops
 from app.models import build_model, count_parameters
@@ -64,14 +65,12 @@ def time_training(
     optimizer, scheduler = make_optimizer(model, cfg)
     trained = compiled_for_training(model, cfg)
     batcher = Batcher(data.src, data.tgt)
-    if cfg.train.batch_shapes and "unbucketed" not in naive:
-        shapes = BatchShapes(data.src_lens, data.tgt_lens, cfg.train.batch_shapes)
-        epoch = shapes.batches(cfg.train.batch_tokens, True, cfg.train.seed)
-    else:
-        by_length = "unbucketed" not in naive
+    if "unbucketed" in naive:
         epoch = make_batches(
-            data.src_lens, data.tgt_lens, cfg.train.batch_tokens, True, cfg.train.seed, by_length=by_length
+            data.src_lens, data.tgt_lens, cfg.train.batch_tokens, True, cfg.train.seed, by_length=False
         )
+    else:  # the first epoch of the training schedule: length-bucketed, or in train.batch_shapes fixed shapes
+        epoch = training_schedule(cfg.train, data.src_lens, data.tgt_lens, 1, 0, 1, cuda=False).epoch_batches()
     batches = itertools.cycle(epoch)
 
     shapes_seen: set[tuple[int, int, int]] = set()

@@ -87,6 +87,8 @@ def test_batcher_pads_to_the_shape_with_empty_sentences():
     assert batch.tgt_in.tolist() == [[BOS, 11, 12, PAD, PAD], [BOS, 10, PAD, PAD, PAD]] + [[BOS] + [PAD] * 4] * 2
     assert batch.tgt_out.tolist() == [[11, 12, EOS, PAD, PAD], [10, EOS, PAD, PAD, PAD]] + [[PAD] * 5] * 2
     assert batch.src_lengths.tolist() == [4, 3, 1, 1] and batch.index.tolist() == [1, 0]
+    plain = Batcher(src, tgt)(np.array([1, 0]))  # an index array's own .shape is not a batch shape
+    assert plain.src.shape == (2, 4) and plain.tgt_in.shape == (2, 3)
 
 
 @pytest.mark.parametrize("arch", ["transformer", "rnn"])

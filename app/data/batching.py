@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from app.data.shapes import ShapedBatch
 from app.data.tokenizer import BOS, EOS, PAD
 
 
@@ -98,8 +99,7 @@ class Batcher:
         """The batch of ``indices``, padded to its longest sentence, or to the shape of a ``ShapedBatch``
         (app/data/shapes.py): its width, and its row count with empty sentences (EOS alone on the
         source; no target tokens, so the loss ignores them). ``index`` lists the real sentences only."""
-        shape = getattr(indices, "shape", None)
-        rows, src_len, tgt_len = shape if shape else (None, None, None)
+        rows, src_len, tgt_len = indices.shape if isinstance(indices, ShapedBatch) else (None, None, None)
         take = pa.array(indices, type=pa.int64())
         src = _pad(self.src.take(take), bos=False, width=src_len, rows=rows)
         batch = Batch(src, torch.tensor(indices, dtype=torch.long), src_lengths=(src != PAD).sum(-1))
@@ -138,16 +138,16 @@ def _pad(
 def padded_tokens(indices: list[int], src_len: np.ndarray, tgt_len: np.ndarray) -> int:
     """Source + target positions the batch's tensors hold (lengths with EOS / BOS): its rows times its longest
     pair, or the fixed shape of a ``ShapedBatch``."""
-    shape = getattr(indices, "shape", None)
-    if shape:
-        return shape[0] * (shape[1] + shape[2])
+    if isinstance(indices, ShapedBatch):
+        return indices.rows * (indices.src_len + indices.tgt_len)
     return len(indices) * int(src_len[indices].max() + tgt_len[indices].max())
 
 
 def batch_shape(indices: list[int], src_len: np.ndarray, tgt_len: np.ndarray) -> tuple[int, int, int]:
     """(sentences, source length, target length) of the batch's tensors: what a CUDA graph is recorded for."""
-    shape = getattr(indices, "shape", None)
-    return shape or (len(indices), int(src_len[indices].max()), int(tgt_len[indices].max()))
+    if isinstance(indices, ShapedBatch):
+        return indices.shape
+    return len(indices), int(src_len[indices].max()), int(tgt_len[indices].max())
 
 
 def sorted_batches(src: Sequence[list[int]], tgt: Sequence[list[int]], batch_tokens: int) -> Iterator[Batch]:
