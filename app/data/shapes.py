@@ -13,7 +13,7 @@ but nearly every batch a new (sentences, source length, target length) shape, an
    sentences, which the loss ignores.
 
 Shapes chosen from the data beat lengths rounded up to multiples of 8: on the Bible (median verse 29
-pieces a side) rounding alone pads 15 % with 12 shapes, where 16 chosen shapes pad 9.7 % in all
+pieces a side) rounding alone pads 15 % with 11 shapes, where 16 chosen shapes pad 9.7 % in all
 (docs/benchmarking.md). Which shape a pair takes depends on the data alone, so an epoch's batches follow
 from (seed, epoch, budget), as unshaped ones do, and resume replays them.
 """
