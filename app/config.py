@@ -181,6 +181,9 @@ class TrainConfig:
     compile_mode: str = "default"  # default | reduce-overhead (CUDA graphs) | max-autotune | max-autotune-no-cudagraphs
     align_weight: float = 0.0  # guided alignment (app/guided_alignment.py): weight of the loss on reference links
     fused_optimizer: bool = True  # AdamW in one kernel that skips non-finite updates on the device
+    # under bf16 (train.amp): the step runs on bf16 copies of the weights, refreshed from the fp32 master weights
+    # once per update (app/master_weights.py); false: autocast casts the fp32 weights at every use
+    master_weights: bool = True
     # pad every batch to one of N (sentences, source, target) shapes chosen from the training lengths
     # (app/data/shapes.py), so CUDA graphs (compile_mode=reduce-overhead) replay N graphs; 0 = each batch
     # padded to its longest pair (fewest pad tokens, a new shape per batch)

@@ -133,11 +133,11 @@ def _set_attention(spec, attn, norm, self_attention: bool) -> None:
     # encoder-decoder attention linear_0 = Q, linear_1 = [K; V], linear_2 = out
     _set_norm(spec.layer_norm, norm)
     if self_attention:
-        _set_linear(spec.linear[0], attn.q_proj, attn.k_proj, attn.v_proj)
+        _set_linear(spec.linear[0], attn.qkv_proj)
         _set_linear(spec.linear[1], attn.out_proj)
     else:
         _set_linear(spec.linear[0], attn.q_proj)
-        _set_linear(spec.linear[1], attn.k_proj, attn.v_proj)
+        _set_linear(spec.linear[1], attn.kv_proj)
         _set_linear(spec.linear[2], attn.out_proj)
 
 

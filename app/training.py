@@ -41,6 +41,7 @@ from app.errors import UserError
 from app.flops import FlopCounter, peak_flops
 from app.guided_alignment import AlignmentTargets, alignment_targets
 from app.interrupt import StopRequest, StopRules, TrainingInterrupted
+from app.master_weights import MasterWeights
 from app.metrics_window import MetricsWindow, progress_postfix, report_skips
 from app.models import build_model, count_parameters
 from app.train_state import Progress, TrainingState, check_settings, resuming
@@ -101,8 +102,10 @@ class Trainer:
             self.state.restore(self.last_path, self.rank, self.world)
         elif self.world > 1:  # same initial weights (DDP broadcasts rank 0's), different dropout per rank
             torch.manual_seed(cfg.train.seed + self.rank)
-        # the module that trains: DDP all-reduces its gradients; self.model stays the plain model
-        self.trained = compiled_for_training(distributed.wrap(model, device), cfg)
+        # the module that trains: under bf16, a copy on bf16 weights (train.master_weights); DDP all-reduces its
+        # gradients; self.model stays the plain fp32 model, the one the optimizer updates and checkpoints hold
+        self.master = MasterWeights(model, self.dtype if cfg.train.master_weights else None)
+        self.trained = compiled_for_training(distributed.wrap(self.master.compute, device), cfg)
         self.compiles = CompileWatch(cfg.train.compile)
         self.batcher = Batcher(data.train.src, data.train.tgt)
         self.src_lens, self.tgt_lens = np.asarray(data.train.src_lens), np.asarray(data.train.tgt_lens)
@@ -178,6 +181,7 @@ class Trainer:
             ready = self.prepare(update, parts)
         while (oom_shape := self.optimize(ready)) is not None:
             # out of memory: the failed step's tensors are gone once its exception frame is
+            self.master.compute.zero_grad(set_to_none=True)
             self.optimizer.zero_grad(set_to_none=True)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -207,6 +211,7 @@ class Trainer:
                     self.cfg,
                     self.dtype,
                     self.world,
+                    self.master,
                 )
         except torch.OutOfMemoryError:
             big = max(ready.batches, key=lambda b: b.src.numel() + b.tgt_in.numel())

@@ -4,10 +4,11 @@ torch.compile. The training loop and the bench both run ``train_step``."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
-from collections.abc import Callable
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,8 @@ from app.config import CUDA_GRAPH_MODES, Config
 from app.data.tokenizer import PAD
 from app.errors import UserError
 from app.guided_alignment import guided_alignment_loss
+from app.master_weights import MasterWeights
+from app.models.transformer import DecoderLayer, EncoderLayer
 from app.utils import autocast
 
 log = logging.getLogger(__name__)
@@ -51,11 +54,15 @@ def make_optimizer(
 
 
 def compiled_for_training(module: torch.nn.Module, cfg: Config) -> torch.nn.Module:
-    """``module`` itself, or with ``train.compile=true`` its torch.compile'd wrapper (parameters shared,
-    so checkpoints and decoding use the plain model). Batch shapes vary with every length bucket: the
-    Transformer is compiled with ``dynamic=True`` (sequence lengths and batch size as symbols: one graph for
-    all of them, where static shapes would recompile per bucket and give up after torch._dynamo's
-    recompile limit).
+    """``module`` itself, with ``train.compile=true`` parts of it compiled in place for training (parameters
+    shared, so checkpoints and decoding use the plain model); evaluation (a validation's dev loss) runs them
+    eagerly, which would otherwise compile graphs of its own.
+
+    A Transformer is compiled by region: one compiled function for its encoder layers and one for its decoder
+    layers, each called with the layer as its argument, so every layer of a stack reuses one graph
+    (regional compilation: two graphs to build instead of the whole model's one, each a twelfth of its size).
+    Embeddings, the output projection and the loss stay eager. Sizes are symbols from the first call
+    (``dynamic=True``: batch and sequence lengths vary with every length bucket).
 
     An RNN decoder loops over target positions in Python (a compiled loop would specialize on every
     target length), so for RNNs only the decoder's loop step is compiled, in place: its attention,
@@ -72,11 +79,16 @@ def compiled_for_training(module: torch.nn.Module, cfg: Config) -> torch.nn.Modu
     # Without this, sizes that happen to be equal in the first batch (source length = target length)
     # get one symbol, and the first batch where they differ compiles again.
     torch.fx.experimental._config.use_duck_shape = False
+    core = getattr(module, "module", module)  # under DDP: the wrapped model
     if cfg.model.arch == "transformer":
-        return torch.compile(module, dynamic=True, mode=mode)
-    decoder = getattr(module, "module", module).decoder  # under DDP: the wrapped model
+        compiled = {kind: torch.compile(kind.forward, dynamic=True, mode=mode) for kind in (EncoderLayer, DecoderLayer)}
+        for layer in (*core.encoder, *core.decoder):
+            layer.forward = training_compiled(layer, layer.forward, functools.partial(compiled[type(layer)], layer))
+        return module
+    decoder = core.decoder
     if decoder.loops:
-        decoder.loop_step = training_compiled(decoder, torch.compile(decoder.loop_step, mode=mode))
+        step = decoder.loop_step
+        decoder.loop_step = training_compiled(decoder, step, torch.compile(step, mode=mode), decoder.loop_dims)
     else:
         log.warning(
             "train.compile=true: this RNN decoder runs in one cuDNN call and has no loop to compile; training eagerly"
@@ -84,23 +96,24 @@ def compiled_for_training(module: torch.nn.Module, cfg: Config) -> torch.nn.Modu
     return module
 
 
-def training_compiled(decoder: torch.nn.Module, compiled: Callable) -> Callable:
-    """The decoder's loop step: ``compiled`` while it trains, with the dimensions of its tensor arguments (or
-    tuples of them, an LSTM's hidden state) that ``decoder.loop_dims`` names marked dynamic before every call;
-    the eager step in evaluation (the dev loss of a validation), which would otherwise compile a second graph."""
-    eager = decoder.loop_step
+def training_compiled(
+    module: torch.nn.Module, eager: Callable, compiled: Callable, mark_dynamic: Sequence = ()
+) -> Callable:
+    """What takes the place of ``module``'s method ``eager``: ``compiled`` while the module trains, ``eager`` in
+    evaluation. ``mark_dynamic``, per positional argument, names the dimensions of that tensor (or of each
+    tensor of a tuple, an LSTM's hidden state) marked dynamic before every call."""
 
-    def loop_step(*args):
-        if not decoder.training:
-            return eager(*args)
-        for arg, varying in zip(args, decoder.loop_dims):
+    def method(*args, **kwargs):
+        if not module.training:
+            return eager(*args, **kwargs)
+        for arg, varying in zip(args, mark_dynamic):
             for tensor in arg if isinstance(arg, tuple) else (arg,):
                 for dim in varying:
                     torch._dynamo.maybe_mark_dynamic(tensor, dim)
-        return compiled(*args)
+        return compiled(*args, **kwargs)
 
-    loop_step.compiled = compiled  # what was compiled (tests check that the wrapper took the method's place)
-    return loop_step
+    method.compiled = compiled  # what was compiled (tests check that the wrapper took the method's place)
+    return method
 
 
 class StepResult(NamedTuple):
@@ -126,16 +139,26 @@ def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float) -> tor
 
 
 def train_step(
-    model, batches: list, n_tokens: int, optimizer, scheduler, cfg: Config, dtype, ranks: int = 1
+    model,
+    batches: list,
+    n_tokens: int,
+    optimizer,
+    scheduler,
+    cfg: Config,
+    dtype,
+    ranks: int = 1,
+    master: Optional[MasterWeights] = None,
 ) -> StepResult:
     """One update over ``batches`` (gradient accumulation), the loss normalized by ``n_tokens``, the
     target tokens of the whole update over all ``ranks``; batches that carry guided alignment targets
     add ``train.align_weight`` times their L_a (app/guided_alignment.py), averaged over the update's
     micro-batches. No host sync. A non-finite update is skipped inside the fused optimizer kernel (with
-    ``train.fused_optimizer=false``, by a host-side check)."""
+    ``train.fused_optimizer=false``, by a host-side check). ``model`` runs the step; with ``master``, it is
+    (a wrapper of) ``master.compute``, whose gradients go to the fp32 master weights the optimizer holds."""
     device = batches[0].src.device
     graphs = cfg.train.compile and cfg.train.compile_mode in CUDA_GRAPH_MODES
     loss_sum, align_sum = torch.zeros((), device=device), torch.zeros((), device=device)
+    accumulated = False  # master gradients hold this update's
     for i, batch in enumerate(batches):
         # DDP all-reduces gradients on the last micro-batch only; it averages them over the ranks,
         # so each rank's loss is scaled up by their number to keep the sum over the whole update
@@ -155,14 +178,22 @@ def train_step(
                 objective = objective + cfg.train.align_weight * align
                 align_sum += align.detach()
             objective.backward()
+        if master is not None and sync:  # under DDP, after the all-reduce of the last micro-batch
+            master.accumulate(first=not accumulated)
+            accumulated = True
         loss_sum += loss.detach().float()
-    grad_norm = clip_gradients(list(model.parameters()), cfg.train.clip_norm)
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]  # the fp32 masters
+    grad_norm = clip_gradients(parameters, cfg.train.clip_norm)
     finite = torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
     if optimizer.defaults.get("fused"):
         optimizer.found_inf = (~finite).float()  # what GradScaler hands fused Adam: skip params and step count
         optimizer.step()
     elif finite:  # the unfused optimizer cannot skip on the device: this asks the host (a sync)
         optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    if master is not None:
+        master.refresh()
+        master.zero_grad(optimizer)
+    else:
+        optimizer.zero_grad(set_to_none=True)
     scheduler.step()
     return StepResult(loss_sum, grad_norm, finite, align_sum)

@@ -26,8 +26,10 @@ def make_mha(d_model=8, heads=2, seed=0):
 def test_single_head_identity_projections_match_hand_computation():
     mha = MultiHeadAttention(2, 1).eval()
     with torch.no_grad():
-        for proj in (mha.q_proj, mha.k_proj, mha.v_proj, mha.out_proj):
+        for proj in (mha.q_proj, mha.out_proj):
             proj.weight.copy_(torch.eye(2))
+        mha.kv_proj.weight.copy_(torch.cat([torch.eye(2), torch.eye(2)]))  # [W^K; W^V]
+        for proj in (mha.q_proj, mha.kv_proj, mha.out_proj):
             proj.bias.zero_()
     q = torch.tensor([[[1.0, 0.0]]])  # one query
     kv = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])  # two keys, values equal keys
@@ -87,8 +89,7 @@ def test_sdpa_path_equals_explicit_softmax_reference(causal):
     assert torch.allclose(fast, slow, atol=1e-5)
     # an independent reference: softmax(QK^T / sqrt(d)) V per head, written out
     Q = mha.q_proj(q).view(3, 6, 4, 4).transpose(1, 2)
-    K = mha.k_proj(kv).view(3, 6, 4, 4).transpose(1, 2)
-    V = mha.v_proj(kv).view(3, 6, 4, 4).transpose(1, 2)
+    K, V = (p.view(3, 6, 4, 4).transpose(1, 2) for p in mha.kv_proj(kv).chunk(2, dim=-1))
     scores = Q @ K.transpose(-1, -2) / 2.0
     full_mask = mask.expand(3, 4, 6, 6)
     if causal:

@@ -121,7 +121,7 @@ def test_gradients_reach_every_parameter(pos):
 
 def test_default_variant_keeps_parameter_names_and_has_no_position_parameters():
     names = set(variant().state_dict())
-    assert "encoder.0.attn_block.norm.bias" in names and "encoder.0.self_attn.k_proj.weight" in names
+    assert "encoder.0.attn_block.norm.bias" in names and "encoder.0.self_attn.qkv_proj.weight" in names
     assert not any("positions" in n or "rotary" in n or "alibi" in n for n in names)  # old checkpoints load
     assert {n for n in variant("rope").state_dict()} == names  # RoPE: no parameter, no stored buffer
     assert set(variant("learned").state_dict()) == names | {"positions.table.weight"}
@@ -178,9 +178,9 @@ def test_grouped_query_attention_equals_multi_head_with_repeated_key_value_heads
         plain.out_proj.load_state_dict(grouped.out_proj.state_dict())
         # query head h reads key/value head h // group: give each plain head a copy of that head's rows
         rows = torch.cat([(h // group) * d_head + torch.arange(d_head) for h in range(HEADS)])
-        for name in ("k_proj", "v_proj"):
-            getattr(plain, name).weight.copy_(getattr(grouped, name).weight[rows])
-            getattr(plain, name).bias.copy_(getattr(grouped, name).bias[rows])
+        kv_rows = torch.cat([rows, rows + kv_heads * d_head])  # kv_proj is [W^K; W^V]
+        plain.kv_proj.weight.copy_(grouped.kv_proj.weight[kv_rows])
+        plain.kv_proj.bias.copy_(grouped.kv_proj.bias[kv_rows])
     x = torch.randn(2, 6, D_MODEL)
     mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])[:, None, None, :]
     rotation, bias = Rotary(d_head)(0, 6), ALiBi(HEADS)(0, 6, 6)
@@ -230,8 +230,8 @@ def test_attention_with_bias_and_rotation_matches_an_explicit_reference():
     fast, _ = attn(x, x, mask=mask, causal=True, rotation=rotary, bias=bias)
     _, weights = attn(x, x, mask=mask, causal=True, rotation=rotary, bias=bias, need_weights=True)
     Q = rotary(attn.q_proj(x).view(2, 5, HEADS, 4).transpose(1, 2))
-    K = rotary(attn.k_proj(x).view(2, 5, 2, 4).transpose(1, 2)).repeat_interleave(2, dim=1)
-    V = attn.v_proj(x).view(2, 5, 2, 4).transpose(1, 2).repeat_interleave(2, dim=1)
+    K, V = (p.view(2, 5, 2, 4).transpose(1, 2).repeat_interleave(2, dim=1) for p in attn.kv_proj(x).chunk(2, dim=-1))
+    K = rotary(K)
     allowed = mask & causal_mask(5, x.device)
     ref_w = torch.softmax((Q @ K.transpose(-1, -2) / 2.0 + bias).masked_fill(~allowed, float("-inf")), dim=-1)
     assert torch.allclose(weights, ref_w, atol=1e-6)
@@ -312,7 +312,8 @@ def test_rope_cache_holds_keys_rotated_by_their_own_positions():
     for t in range(tgt_in.size(1)):
         state = model.step(memory, tgt_in[:, t], state)[2]
     layer = model.decoder[0]  # pre-norm: its self-attention reads norm(embeddings)
-    keys, values = layer.self_attn.project_kv(layer.self_block.norm(model.embed(model.tgt_embed, tgt_in)))
+    embedded = model.embed(model.tgt_embed, tgt_in).view(*tgt_in.shape, -1)
+    keys, values = layer.self_attn.project_kv(layer.self_block.norm(embedded))
     assert torch.allclose(state.self_kv[0][0], model.rotary(0, tgt_in.size(1))(keys), atol=1e-6)
     assert torch.allclose(state.self_kv[0][1], values, atol=1e-6)  # values are not rotated
     assert not torch.allclose(state.self_kv[0][0], keys, atol=1e-3)

@@ -52,6 +52,11 @@ class MultiHeadAttention(nn.Module):
     et al. 2023), multi-query attention (Shazeer 2019) when kv_heads = 1. Keys and values, and so a
     decoder's cache of them, stay at kv_heads heads; they are shared out only inside the attention.
 
+    The projections are fused: self-attention (``self_attention=True``) computes [Q K V] = x [W^Q W^K W^V]
+    in one matrix multiply (``qkv_proj``); attention to another sequence computes its queries (``q_proj``)
+    and the other sequence's [K V] (``kv_proj``) in one each. Inputs are (B, T, D), or (B·T, D) rows with
+    ``batch`` = B: the Transformer keeps its residual stream in rows, so that no linear layer reshapes.
+
     The fast path calls ``F.scaled_dot_product_attention`` and never materializes the weights;
     ``need_weights=True`` computes them explicitly instead, for plots and alignments. Both paths
     compute the same function. On GPU, a mask or bias given as ``attn_mask`` rules out the flash
@@ -60,7 +65,7 @@ class MultiHeadAttention(nn.Module):
     call) keep flash.
     """
 
-    def __init__(self, d_model: int, heads: int, dropout: float = 0.0, kv_heads: int = 0):
+    def __init__(self, d_model: int, heads: int, dropout: float = 0.0, kv_heads: int = 0, self_attention: bool = False):
         super().__init__()
         if d_model % heads:
             raise ValueError(f"model.d_model={d_model} must be divisible by model.heads={heads}")
@@ -70,18 +75,50 @@ class MultiHeadAttention(nn.Module):
                 "(1 = multi-query, 0 = heads: plain multi-head attention)"
             )
         self.heads, self.kv_heads, self.d_head, self.dropout = heads, kv_heads or heads, d_model // heads, dropout
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, self.kv_heads * self.d_head)
-        self.v_proj = nn.Linear(d_model, self.kv_heads * self.d_head)
+        self.self_attention = self_attention
+        # output rows of the fused projections: [Q K V] or [K V]
+        self.sizes = [heads * self.d_head, self.kv_heads * self.d_head, self.kv_heads * self.d_head]
+        if self_attention:
+            self.qkv_proj = nn.Linear(d_model, sum(self.sizes))
+        else:
+            self.q_proj = nn.Linear(d_model, self.sizes[0])
+            self.kv_proj = nn.Linear(d_model, sum(self.sizes[1:]))
         self.out_proj = nn.Linear(d_model, d_model)
 
-    def split_heads(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, n·d_head) -> (B, n, T, d_head)
-        return x.unflatten(-1, (-1, self.d_head)).transpose(1, 2)
+    def weight_blocks(self) -> dict[nn.Parameter, tuple[torch.Tensor, ...]]:
+        """The fused weight and its blocks (W^Q, W^K, W^V or W^K, W^V) as views, in that order."""
+        if self.self_attention:
+            return {self.qkv_proj.weight: self.qkv_proj.weight.split(self.sizes)}
+        return {self.kv_proj.weight: self.kv_proj.weight.split(self.sizes[1:])}
+
+    def split_heads(self, x: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
+        """(B·T, heads·d_head) rows -> (B, heads, T, d_head)."""
+        return x.view(batch, -1, heads, self.d_head).transpose(1, 2)
+
+    def project(
+        self, query: torch.Tensor, key_value: Optional[torch.Tensor], batch: int, rotation: Optional[Rotation] = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries (B, heads, Tq, d_head), keys and values (B, kv_heads, Tk, d_head) of (B·T, D) rows; RoPE turns
+        queries and keys by their positions."""
+        if self.self_attention:
+            if key_value is not None and key_value is not query:
+                raise ValueError("a self-attention module attends over its own input: key_value must be None")
+            q, k, v = self.split_heads(self.qkv_proj(query), batch, self.heads + 2 * self.kv_heads).split(
+                [self.heads, self.kv_heads, self.kv_heads], dim=1
+            )
+        else:
+            q = self.split_heads(self.q_proj(query), batch, self.heads)
+            k, v = self.split_heads(
+                self.kv_proj(query if key_value is None else key_value), batch, 2 * self.kv_heads
+            ).chunk(2, dim=1)
+        if rotation is not None:
+            q, k = rotation(q), rotation(k)
+        return q, k, v
 
     def project_kv(self, x: torch.Tensor, rotation: Optional[Rotation] = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values (B, kv_heads, T, d_head) of x; RoPE keys come out already rotated."""
-        k, v = self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
-        return (k if rotation is None else rotation(k)), v
+        """Keys and values (B, kv_heads, T, d_head) of x (B, T, D); RoPE keys come out already rotated."""
+        _, k, v = self.project(x.flatten(0, 1), None, x.size(0), rotation)
+        return k, v
 
     def share_kv(self, x: torch.Tensor) -> torch.Tensor:
         """(B, kv_heads, T, d_head) -> (B, heads, T, d_head): query head h reads key/value head h // group."""
@@ -90,19 +127,22 @@ class MultiHeadAttention(nn.Module):
 
     def forward(
         self,
-        query: torch.Tensor,  # (B, Tq, D)
-        key_value: Optional[torch.Tensor] = None,  # (B, Tk, D); None when k/v are given
+        query: torch.Tensor,  # (B, Tq, D), or (B·Tq, D) with batch
+        key_value: Optional[torch.Tensor] = None,  # (B, Tk, D) or (B·Tk, D); None: the query's own sequence
         mask: Optional[torch.Tensor] = None,  # bool, broadcastable to (B, H, Tq, Tk); True = may attend
         causal: bool = False,
         need_weights: bool = False,
-        kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None,  # precomputed (B, kv_heads, Tk, d_head) keys/values
-        rotation: Optional[Rotation] = None,  # RoPE angles of the queries (and of the keys, unless given in kv)
+        rotation: Optional[Rotation] = None,  # RoPE angles of the queries and keys (self-attention)
         bias: Optional[torch.Tensor] = None,  # float, broadcastable to (B, H, Tq, Tk): added to the scores
+        batch: Optional[int] = None,  # B when the inputs are rows
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        q = self.split_heads(self.q_proj(query))
-        if rotation is not None:
-            q = rotation(q)
-        k, v = kv if kv is not None else self.project_kv(key_value, rotation)
+        """The attention's output, shaped as ``query``, and with ``need_weights`` its weights (B, H, Tq, Tk)."""
+        rows = batch is not None
+        if not rows:
+            batch = query.size(0)
+            query = query.flatten(0, 1)
+            key_value = None if key_value is None else key_value.flatten(0, 1)
+        q, k, v = self.project(query, key_value, batch, rotation)
         if causal and (need_weights or bias is not None):  # SDPA's is_causal excludes an attn_mask
             future = causal_mask(q.size(-2), q.device)
             mask, causal = (future if mask is None else mask & future), False
@@ -126,7 +166,18 @@ class MultiHeadAttention(nn.Module):
             scores = q @ self.share_kv(k).transpose(-2, -1) / math.sqrt(self.d_head)
             weights = attention_weights(scores if bias is None else scores + bias, mask)
             context = F.dropout(weights, dropout) @ self.share_kv(v)
-        return self.out_proj(context.transpose(1, 2).flatten(-2)), weights
+        out = self.out_proj(context.transpose(1, 2).reshape(query.size(0), -1))
+        return (out if rows else out.view(batch, -1, out.size(-1))), weights
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """Checkpoints written before the projections were fused hold q_proj, k_proj and v_proj: fused here."""
+        old = [f"{prefix}{name}_proj." for name in ("q", "k", "v")]
+        if all(f"{p}weight" in state_dict for p in old):
+            parts = old if self.self_attention else old[1:]
+            fused = f"{prefix}qkv_proj." if self.self_attention else f"{prefix}kv_proj."
+            for kind in ("weight", "bias"):
+                state_dict[f"{fused}{kind}"] = torch.cat([state_dict.pop(f"{p}{kind}") for p in parts])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 def _masked_bias(bias: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:

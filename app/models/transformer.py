@@ -77,14 +77,16 @@ class Sublayer(nn.Module):
         return (out, extra) if with_extra else out
 
 
-def attention(cfg: TransformerConfig) -> MultiHeadAttention:
-    return MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.kv_heads)
+def attention(cfg: TransformerConfig, self_attention: bool) -> MultiHeadAttention:
+    return MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.kv_heads, self_attention)
 
 
 class EncoderLayer(nn.Module):
+    """Self-attention and feed-forward over the source's (B·S, D) rows."""
+
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        self.self_attn = attention(cfg)
+        self.self_attn = attention(cfg, self_attention=True)
         self.ff = FeedForward(cfg.d_model, cfg.ff_dim, cfg.dropout, cfg.activation)
         self.attn_block = Sublayer(cfg)
         self.ff_block = Sublayer(cfg)
@@ -92,20 +94,23 @@ class EncoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
+        batch: int,
         mask: torch.Tensor,
         rotation: Optional[Rotation] = None,
         bias: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        x, _ = self.attn_block(x, lambda h: self.self_attn(h, h, mask=mask, rotation=rotation, bias=bias))
+        x, _ = self.attn_block(x, lambda h: self.self_attn(h, mask=mask, rotation=rotation, bias=bias, batch=batch))
         x, _ = self.ff_block(x, lambda h: (self.ff(h), None))
         return x
 
 
 class DecoderLayer(nn.Module):
+    """Causal self-attention, attention to the source, feed-forward: over the target's (B·T, D) rows."""
+
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        self.self_attn = attention(cfg)
-        self.cross_attn = attention(cfg)
+        self.self_attn = attention(cfg, self_attention=True)
+        self.cross_attn = attention(cfg, self_attention=False)
         self.ff = FeedForward(cfg.d_model, cfg.ff_dim, cfg.dropout, cfg.activation)
         self.self_block = Sublayer(cfg)
         self.cross_block = Sublayer(cfg)
@@ -113,27 +118,20 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self,
-        x,
+        x: torch.Tensor,
+        batch: int,
         memory: torch.Tensor,
-        key_mask,
-        need_weights=False,
+        key_mask: torch.Tensor,
+        need_weights: bool = False,
         rotation: Optional[Rotation] = None,
         bias: Optional[torch.Tensor] = None,
-    ):
-        """The whole target, causal (``step`` decodes one token). Positions (RoPE rotation, ALiBi bias) enter
-        self-attention only: cross-attention has none."""
-        x, _ = self.self_block(
-            x,
-            lambda h: self.self_attn(
-                h,
-                mask=None,
-                causal=True,
-                rotation=rotation,
-                bias=bias,
-                kv=self.self_attn.project_kv(h, rotation),
-            ),
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The whole target, causal (``step`` decodes one token), over the source's (B·S, D) ``memory`` rows.
+        Positions (RoPE rotation, ALiBi bias) enter self-attention only: cross-attention has none."""
+        x, _ = self.self_block(x, lambda h: self.self_attn(h, causal=True, rotation=rotation, bias=bias, batch=batch))
+        x, weights = self.cross_block(
+            x, lambda h: self.cross_attn(h, memory, mask=key_mask, need_weights=need_weights, batch=batch)
         )
-        x, weights = self.cross_block(x, lambda h: self.cross_attn(h, memory, mask=key_mask, need_weights=need_weights))
         x, _ = self.ff_block(x, lambda h: (self.ff(h), None))
         return x, weights
 
@@ -147,7 +145,7 @@ class DecoderLayer(nn.Module):
             return Projection(weight, bias, onednn, dtype, activation)
 
         return StepWeights(
-            projection(a.q_proj, a.k_proj, a.v_proj),
+            projection(a.qkv_proj),
             projection(a.out_proj),
             projection(c.q_proj),
             projection(c.out_proj),
@@ -238,9 +236,15 @@ class Transformer(nn.Module):
             self.out_proj.weight = self.tgt_embed.weight
 
     def _init_weights(self) -> None:
+        # a fused projection is initialized block by block, each as the matrix it stands for (its own fans)
+        blocks = {}
+        for module in self.modules():
+            if isinstance(module, MultiHeadAttention):
+                blocks.update(module.weight_blocks())
         for name, p in self.named_parameters():
             if p.dim() > 1:
-                nn.init.xavier_uniform_(p)
+                for block in blocks.get(p, (p,)):
+                    nn.init.xavier_uniform_(block)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
         for embed in {self.src_embed, self.tgt_embed}:
@@ -251,9 +255,11 @@ class Transformer(nn.Module):
             nn.init.normal_(self.positions.table.weight, std=self.d_model**-0.5)
 
     def embed(self, table: nn.Embedding, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        x = table(tokens) * math.sqrt(self.d_model)
+        """The (B, T) tokens as (B·T, D) rows, E y · √d_model plus their positions, dropped out. Built as rows, so
+        that the first layer's input is no view (a compiled layer would compile again for a view)."""
+        x = table(tokens.flatten()) * math.sqrt(self.d_model)
         if self.positions is not None:
-            x = x + self.positions(offset, tokens.size(1))
+            x = x + self.positions(offset, tokens.size(1)).repeat(tokens.size(0), 1)
         return self.embed_dropout(x)
 
     def relative_positions(self, offset: int, length: int) -> tuple[Optional[Rotation], Optional[torch.Tensor]]:
@@ -272,24 +278,26 @@ class Transformer(nn.Module):
             padding = ~src_mask[:, None, :, None]
             mask = mask & (band_mask(src.size(1), self.cfg.window, src.device) | padding)
         rotation, bias = self.relative_positions(0, src.size(1))
-        x = self.embed(self.src_embed, src)
+        x = self.embed(self.src_embed, src)  # the layers work on (B·S, D) rows: no linear layer reshapes
         for layer in self.encoder:
-            x = layer(x, mask, rotation, bias)
-        return Memory(self.enc_norm(x), src_mask)
+            x = layer(x, src.size(0), mask, rotation, bias)
+        return Memory(self.enc_norm(x).view(src.shape + (-1,)), src_mask)
 
     def decode(self, memory: Memory, tgt_in: torch.Tensor, need_attention: bool = False, layer: Optional[int] = None):
         """Teacher-forced logits and, with ``need_attention``, every layer's cross-attention; with
         ``layer`` instead, that layer's alone (batch, heads, tgt, src): the others keep the fast kernels."""
-        x = self.embed(self.tgt_embed, tgt_in)
+        batch = tgt_in.size(0)
+        x = self.embed(self.tgt_embed, tgt_in)  # (B·T, D) rows, as the encoder's
+        source = memory.states.flatten(0, 1)
         key_mask = memory.src_mask[:, None, None, :]
         rotation, bias = self.relative_positions(0, tgt_in.size(1))
         only = None if layer is None else layer % len(self.decoder)
         attention = []
         for i, block in enumerate(self.decoder):
             weigh = need_attention or i == only
-            x, weights = block(x, memory.states, key_mask, need_weights=weigh, rotation=rotation, bias=bias)
+            x, weights = block(x, batch, source, key_mask, need_weights=weigh, rotation=rotation, bias=bias)
             attention.append(weights)
-        logits = self.out_proj(self.dec_norm(x))
+        logits = self.out_proj(self.dec_norm(x)).view(tgt_in.shape + (-1,))
         if need_attention:
             return logits, torch.stack(attention, dim=1)
         return logits, None if only is None else attention[only]
@@ -304,7 +312,7 @@ class Transformer(nn.Module):
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         layers, attention = len(self.decoder), self.decoder[0].cross_attn
         kv_heads, d_head = attention.kv_heads, attention.d_head
-        projections = [proj for layer in self.decoder for proj in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)]
+        projections = [layer.cross_attn.kv_proj for layer in self.decoder]
         weight, bias = torch.cat([p.weight for p in projections]), torch.cat([p.bias for p in projections])
         cross = Projection(weight, bias, onednn)(memory.states.flatten(0, 1))
         # (sentences · S, layers · 2 · kv_heads · d_head) -> (layers, sentences, 2 · kv_heads, S, d_head)
