@@ -79,6 +79,9 @@ def compiled_for_training(module: torch.nn.Module, cfg: Config) -> torch.nn.Modu
     # Without this, sizes that happen to be equal in the first batch (source length = target length)
     # get one symbol, and the first batch where they differ compiles again.
     torch.fx.experimental._config.use_duck_shape = False
+    # Python floats (dropout rates, scales) are constants of a model: as symbols, each graph is traced twice
+    # (dynamo restarts its analysis to turn them into tensors)
+    torch._dynamo.config.specialize_float = True
     core = getattr(module, "module", module)  # under DDP: the wrapped model
     if cfg.model.arch == "transformer":
         compiled = {kind: torch.compile(kind.forward, dynamic=True, mode=mode) for kind in (EncoderLayer, DecoderLayer)}
