@@ -36,9 +36,8 @@ class BeamSearch(Search):
         n_best=1,
         need_attention=False,
         onednn=True,
-        graphs=False,
     ):
-        super().__init__(model, src, beam_size, max_len_ratio, max_len_extra, need_attention, onednn, graphs)
+        super().__init__(model, src, beam_size, max_len_ratio, max_len_extra, need_attention, onednn)
         k, device, batch = beam_size, self.device, self.batch
         self.alpha, self.n_best = alpha, n_best
         scores = torch.full((batch, k), float("-inf"), device=device)
@@ -61,7 +60,7 @@ class BeamSearch(Search):
         self.segment_rows: list[torch.Tensor] = []
         self.eos_only: Optional[torch.Tensor] = None
         # whether done sentences can stay in the batch for a while (else each leaves at the step it is done)
-        self.riding = self.check_every > 1 or self.compact_share > 0
+        self.riding = self.check_every > 1
 
     def step(self, check: bool) -> bool:
         """One token per beam; with ``check`` (a host sync), the sentences that are done leave. True: all done."""

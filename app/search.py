@@ -16,7 +16,6 @@ import torch
 
 from app.data.tokenizer import BOS, EOS, PAD
 from app.errors import UserError
-from app.static_steps import StaticSteps
 
 
 @dataclass
@@ -79,8 +78,7 @@ def done_check_interval(device: torch.device) -> int:
 
 
 # Greedy search drops its finished sentences once they are at least 1 / COMPACT_SHARE of the batch: dropping copies
-# the others' key/value caches. Beam search drops them at every check, in the reorder it does anyway; with
-# captured steps both wait for half the batch (each new batch shape is a new graph to capture).
+# the others' key/value caches. Beam search drops them at every check, in the reorder it does anyway.
 COMPACT_SHARE = 8
 
 
@@ -103,7 +101,6 @@ class Search:
         max_len_extra: int,
         need_attention: bool,
         onednn: bool,
-        graphs: bool,
     ):
         self.model, self.beam, self.need_attention, self.device = model, beam, need_attention, src.device
         src_mask = src != PAD
@@ -122,17 +119,10 @@ class Search:
         self.segment_start = 0  # the step the current segment of results began at
         self.never: Optional[torch.Tensor] = None
         self.check_every = done_check_interval(self.device)
-        # fixed-shape steps (CUDA graphs): for a model whose state has them, when no attention is asked for
-        self.static = None
-        if graphs and not need_attention and hasattr(self.state, "make_static"):
-            self.static = StaticSteps(model, self.memory, self.state, capture=self.device.type == "cuda")
-        # compact once this share of the sentences is done: new shapes are new graphs to capture
-        self.compact_share = 0.5 if self.static is not None else 0.0
+        self.compact_share = 0.0  # compact once this share of the sentences in the batch is done
 
     def model_step(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Next-token logits for every row (and the attention, when asked for)."""
-        if self.static is not None:
-            return self.static(self.prev), None
         logits, attention, self.state = self.model.step(self.memory, self.prev, self.state, self.need_attention)
         return logits, attention
 
@@ -172,12 +162,9 @@ class Search:
 class GreedySearch(Search):
     """Picks the most probable token at every step until EOS or the length limit, for a whole batch."""
 
-    def __init__(
-        self, model, src, max_len_ratio=1.5, max_len_extra=10, need_attention=False, onednn=True, graphs=False
-    ):
-        super().__init__(model, src, 1, max_len_ratio, max_len_extra, need_attention, onednn, graphs)
-        if self.static is None:  # leaving copies the caches of those that stay: worth it once enough are done
-            self.compact_share = 1 / COMPACT_SHARE
+    def __init__(self, model, src, max_len_ratio=1.5, max_len_extra=10, need_attention=False, onednn=True):
+        super().__init__(model, src, 1, max_len_ratio, max_len_extra, need_attention, onednn)
+        self.compact_share = 1 / COMPACT_SHARE  # leaving copies the others' caches: worth it once enough are done
         self.prev = torch.full((self.batch,), BOS, dtype=torch.long, device=self.device)
         self.finished = torch.zeros(self.batch, dtype=torch.bool, device=self.device)
         self.tokens = torch.full((self.batch, self.steps), PAD, dtype=torch.long, device=self.device)

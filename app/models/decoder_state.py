@@ -87,10 +87,6 @@ class DecoderState:
     which reorders after every step) it lays them out with room for one more position only, so that a step
     attends over whole, contiguous keys and values (on a CPU, SDPA reads those twice as fast as a window
     into a larger cache); otherwise the capacity stays that of the whole decoding.
-
-    ``static`` (set for a captured CUDA graph, app/static_steps.py) keeps the capacity and the storage: steps
-    attend over the first ``static`` positions under a mask, and a reorder copies back in place, so that a
-    step's shapes and tensors stay the same from step to step.
     """
 
     def __init__(
@@ -115,19 +111,9 @@ class DecoderState:
         self.position = torch.zeros(1, dtype=torch.long, device=cross.device)  # where the next step writes
         self.length = 0  # positions written (= position, on the host)
         self.exact = exact
-        self.static: Optional[int] = None  # captured steps: the positions they attend over (make_static)
         size = layers * 2 * rows * self.kv_heads * capacity * self.d_head
         self.storage, self.spare = cross.new_empty(size), cross.new_empty(size)
-        self.rows, self.capacity, self.steps = rows, 1 if exact else capacity, capacity
-        self.lay_out()
-
-    def make_static(self) -> None:
-        """Fixed shapes for captured steps, before the first: the cache laid out over every step, zero where
-        nothing is written yet (a masked key still multiplies its value by a zero weight: no NaN may hide
-        there), and reorders copied back into the same storage."""
-        self.exact, self.capacity, self.static = False, self.steps, 0
-        self.storage.zero_()
-        self.spare.zero_()
+        self.rows, self.capacity = rows, 1 if exact else capacity
         self.lay_out()
 
     @property
@@ -172,12 +158,8 @@ class DecoderState:
         cache = self.cache if written == self.capacity else self.cache[..., :written, :]
         torch.index_select(cache, 1, index, out=gathered[..., :written, :])
         self.rows, self.capacity = rows, capacity
-        if self.static is not None:  # a captured step reads this very storage
-            self.lay_out()
-            self.cache[..., :written, :].copy_(gathered[..., :written, :])
-        else:
-            self.storage, self.spare = self.spare, self.storage
-            self.lay_out(gathered)
+        self.storage, self.spare = self.spare, self.storage
+        self.lay_out(gathered)
         if compacted:
             sentences = index[:: self.beam] // self.beam
             self.cross, self.key_mask = self.cross.index_select(1, sentences), self.key_mask.index_select(0, sentences)
