@@ -68,25 +68,28 @@ def decoders(
 
 
 def step_operators(model, cfg: Config, test, device: torch.device, dtype) -> dict:
-    """ATen operators and kernels per decoding step (``count_ops``), greedy and with ``decode.beam_size``, on a
-    batch of the 16 longest test sentences (still decoding while counted), the steps as ``decode_corpus`` runs
-    them on this device."""
+    """ATen operators and kernels per decoding step (``count_ops``), greedy (``beam1``) and with
+    ``decode.beam_size``, each also with the attention weights kept as ``make eval`` keeps them
+    (``_attention``), on a batch of the 16 longest test sentences (still decoding while counted), the steps as
+    ``decode_corpus`` runs them on this device."""
     longest = sorted(range(len(test.src)), key=lambda i: -len(test.src[i]))[:16]
     src = Batcher(test.src)(longest).src.to(device)
     figures = {}
     was_training = model.training
     model.eval()
     for decode in [cfg.decode.greedy()] + ([cfg.decode] if cfg.decode.beam_size > 1 else []):
-        with torch.no_grad(), autocast(device, dtype):
-            search = searcher(model, src, dataclasses.replace(decode, n_best=1))
-            steps = min(COUNTED_STEPS, search.steps - 3)
+        for attention in (False, True):
+            with torch.no_grad(), autocast(device, dtype):
+                search = searcher(model, src, dataclasses.replace(decode, n_best=1), need_attention=attention)
+                steps = min(COUNTED_STEPS, search.steps - 3)
 
-            def step(search=search) -> None:
-                search.step(check=(search.t + 1) % search.check_every == 0)
+                def step(search=search) -> None:
+                    search.step(check=(search.t + 1) % search.check_every == 0)
 
-            for _ in range(2):
-                step()
-            figures[f"beam{decode.beam_size}"] = count_ops(step, steps, device)
+                for _ in range(2):
+                    step()
+                key = f"beam{decode.beam_size}" + ("_attention" if attention else "")
+                figures[key] = count_ops(step, steps, device)
     model.train(was_training)
     return figures
 

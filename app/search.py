@@ -82,6 +82,34 @@ def done_check_interval(device: torch.device) -> int:
 COMPACT_SHARE = 8
 
 
+def by_step(attention: list[torch.Tensor]) -> torch.Tensor:
+    """Steps' attention, each (rows, ..., 1, S), as one (rows, steps, S, ...) tensor: what ``attention_to_host``
+    gathers from."""
+    return torch.cat([a.movedim(-2, 1).movedim(-1, 2) for a in attention], dim=1)
+
+
+def attention_to_host(attention: torch.Tensor, steps: list[int], sources: list[int]) -> list[torch.Tensor]:
+    """Per row of ``attention`` (rows, T, S, ...), its first ``steps`` target positions over its first ``sources``
+    source positions, in float32 on the host: (steps, sources, ...) each. One gather on the device and one copy
+    to the host of what the sentences hold, not of the batch's padding: a batch of a whole split would
+    otherwise copy every sentence at the longest output by the longest source."""
+    device, length, width = attention.device, attention.size(1), attention.size(2)
+    want_steps = torch.tensor(steps, device=device)[:, None, None]
+    want_sources = torch.tensor(sources, device=device)[:, None, None]
+    keep = (torch.arange(length, device=device)[None, :, None] < want_steps) & (
+        torch.arange(width, device=device)[None, None, :] < want_sources
+    )
+    kept = attention[keep].float().cpu()  # (Σ steps · sources, ...), row by row
+    blocks = kept.split([t * s for t, s in zip(steps, sources)])
+    return [block.view(t, s, *attention.shape[3:]) for block, t, s in zip(blocks, steps, sources)]
+
+
+def sentence_attention(blocks: list[torch.Tensor]) -> torch.Tensor:
+    """A sentence's (steps, sources, ...) blocks, in step order, as its (..., steps, sources) attention."""
+    joined = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+    return joined.movedim((0, 1), (-2, -1))
+
+
 def length_penalty(length: int, alpha: float) -> float:
     """GNMT length penalty (Wu et al. 2016, eq. 14): lp(Y) = ((5 + |Y|) / 6)^α."""
     return ((5 + length) / 6) ** alpha
@@ -168,7 +196,8 @@ class GreedySearch(Search):
         self.prev = torch.full((self.batch,), BOS, dtype=torch.long, device=self.device)
         self.finished = torch.zeros(self.batch, dtype=torch.bool, device=self.device)
         self.tokens = torch.full((self.batch, self.steps), PAD, dtype=torch.long, device=self.device)
-        self.attention: Optional[torch.Tensor] = None  # (batch, ..., steps, S)
+        # per segment: the ids of its rows, their attention (rows, steps, S, ...) on the device, its first step
+        self.attention: list[tuple[list[int], torch.Tensor, int]] = []
         self.segment_tokens: list[torch.Tensor] = []
         self.segment_attention: list[torch.Tensor] = []
 
@@ -203,22 +232,18 @@ class GreedySearch(Search):
             start, end = self.segment_start, self.t
             self.tokens[:, start:end].index_copy_(0, self.ids, torch.stack(self.segment_tokens, 1))
             if self.segment_attention:
-                segment = torch.cat(self.segment_attention, dim=-2)  # (rows, ..., steps, S)
-                if self.attention is None:
-                    shape = (self.batch, *segment.shape[1:-2], self.steps, segment.size(-1))
-                    self.attention = segment.new_zeros(shape)
-                self.attention[..., start:end, :].index_copy_(0, self.ids, segment)
+                self.attention.append((list(self.kept), by_step(self.segment_attention), start))
         self.segment_tokens, self.segment_attention = [], []
         super().write_segment()
 
     def result(self) -> Hypotheses:
         out = self.tokens.tolist()
         tokens = [row[: row.index(EOS)] if EOS in row else row for row in out]
-        if self.attention is None:  # not asked for, or a model without attention
+        if not self.attention:  # not asked for, or a model without attention
             return Hypotheses(tokens, kv_cache_bytes=self.kv_cache_bytes)
-        attention = self.attention.float().cpu()
-        return Hypotheses(
-            tokens,
-            [attention[i, ..., : len(tokens[i]) + 1, : self.src_lengths[i]] for i in range(self.batch)],
-            kv_cache_bytes=self.kv_cache_bytes,
-        )
+        blocks: list[list[torch.Tensor]] = [[] for _ in range(self.batch)]
+        for ids, attention, start in self.attention:  # each sentence's steps in this segment, up to its EOS
+            steps = [min(max(len(tokens[i]) + 1 - start, 0), attention.size(1)) for i in ids]
+            for i, block in zip(ids, attention_to_host(attention, steps, [self.src_lengths[i] for i in ids])):
+                blocks[i].append(block)
+        return Hypotheses(tokens, [sentence_attention(b) for b in blocks], kv_cache_bytes=self.kv_cache_bytes)

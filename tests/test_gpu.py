@@ -306,16 +306,17 @@ def test_compile_builds_one_graph_over_every_batch_shape(workdir, family, mode, 
     assert s.get("compile_graphs") == 1, f"compile_graphs={s.get('compile_graphs')!r} in train_summary.json: {said}"
 
 
-# The out-of-memory run: a Transformer twice the base's width, whose activations take ~0.4 MB per (source +
-# target) token in bf16, on the small corpus repeated to ~150 k words (~3,500 pairs, ~0.8 M tokens in one batch
-# padded to its longest pair, with the 400-piece vocabulary): ~300 GB, past the memory of any one GPU lent
-# (80 or 141 GB), while its tokenizer trains in seconds (3 M words took minutes).
+# The out-of-memory run: a Transformer twice the base's width on the small corpus repeated to ~150 k words
+# (Genesis 1-6: ~3,500 pairs, one batch of ~0.7 M tokens padded to its longest pair with the 400-piece
+# vocabulary, counted on the CPU). Its activations for backward, counted by hand at ~0.4 MB per token in bf16
+# (an estimate, not measured), come to ~280 GB: past any one GPU lent (80 or 141 GB), while the tokenizer
+# trains in seconds (3 M words took minutes).
 OOM_MODEL = ["model=transformer", "model.d_model=1024", "model.ff_dim=4096", "model.heads=16"]
 OOM_WORDS = 150_000
 
 
 def test_oom_retry_halves_the_batch_after_a_real_out_of_memory(tmp_path, pairs, record_property):
-    """With train.oom_retry=true, a batch of 2,000,000 tokens (the whole corpus, ~0.8 M padded tokens) on a wide
+    """With train.oom_retry=true, a batch of 2,000,000 tokens (the whole corpus, ~0.7 M padded tokens) on a wide
     Transformer runs the GPU out of memory for real; the run halves train.batch_tokens, says so, and finishes
     its steps with the smaller budget."""
     # the small corpus repeated (distinct ids, duplicates kept)

@@ -79,8 +79,10 @@ class DecoderState:
 
     cache   (2 · layers, rows, kv_heads, capacity, d_head): each layer's self-attention keys (RoPE-rotated), then
             values, of the positions decoded so far, each step's written in place at ``position``;
-    cross   (layers, sentences, 2 · kv_heads, S, d_head): the cross-attention keys then values of each sentence,
-            computed once and read by all its beams.
+    cross   (layers, 2, sentences, kv_heads, S, d_head): each layer's cross-attention keys, then values, of each
+            sentence, computed once and read by all its beams. Keys and values each contiguous: a step that
+            keeps the attention weights multiplies by them as one batch of (sentence, head) matrices, with no
+            copy of the source's keys and values at every step.
 
     The cache is a view of ``storage``, allocated once for the rows and steps of the whole decoding. A reorder
     (``select``) gathers the rows into the ``spare`` storage and the two swap. With ``exact`` (beam search,
@@ -118,7 +120,7 @@ class DecoderState:
 
     @property
     def kv_heads(self) -> int:
-        return self.cross.size(2) // 2
+        return self.cross.size(3)
 
     def layout(self, storage: torch.Tensor, rows: int, capacity: int) -> torch.Tensor:
         """The first elements of ``storage`` as a contiguous (2 · layers, rows, kv_heads, capacity, d_head) cache."""
@@ -133,8 +135,7 @@ class DecoderState:
         self.layers = list(zip(views[::2], views[1::2]))
 
     def cross_views(self) -> None:
-        kv = self.kv_heads
-        self.cross_layers = [(layer[:, :kv], layer[:, kv:]) for layer in self.cross.unbind(0)]
+        self.cross_layers = [(layer[0], layer[1]) for layer in self.cross.unbind(0)]
 
     @property
     def self_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -162,7 +163,7 @@ class DecoderState:
         self.lay_out(gathered)
         if compacted:
             sentences = index[:: self.beam] // self.beam
-            self.cross, self.key_mask = self.cross.index_select(1, sentences), self.key_mask.index_select(0, sentences)
+            self.cross, self.key_mask = self.cross.index_select(2, sentences), self.key_mask.index_select(0, sentences)
             self.cross_views()
         return self
 

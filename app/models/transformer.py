@@ -307,8 +307,8 @@ class Transformer(nn.Module):
         projections = [proj for layer in self.decoder for proj in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)]
         weight, bias = torch.cat([p.weight for p in projections]), torch.cat([p.bias for p in projections])
         cross = Projection(weight, bias, onednn)(memory.states.flatten(0, 1))
-        # (sentences · S, layers · 2 · kv_heads · d_head) -> (layers, sentences, 2 · kv_heads, S, d_head)
-        cross = cross.view(sentences, src_len, layers, 2 * kv_heads, d_head).permute(2, 0, 3, 1, 4).contiguous()
+        # (sentences · S, layers · 2 · kv_heads · d_head) -> (layers, 2, sentences, kv_heads, S, d_head)
+        cross = cross.view(sentences, src_len, layers, 2, kv_heads, d_head).permute(2, 3, 0, 4, 1, 5).contiguous()
         state = DecoderState(
             layers=layers,
             rows=sentences * beam,
