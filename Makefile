@@ -114,10 +114,11 @@ gpu-wheels:
 		--platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
 	python3 -m pip wheel -q --no-deps -w .whl $(GPU_SDISTS)
 
-# make gpu-check PART=paths|tests|transformer|rnn|bench|ablation|compare. paths and tests run the gpu test tier
-# (pytest -m gpu tests/test_gpu.py: pass/fail, junit XML and <part>.json in OUT, default checkpoints/gpu_check):
-# paths in stages that each fit a time budget within one 10-minute call, the compiles last; tests in one pytest
-# call (the lent machine's image has pytest). The other parts are the timed figures.
+# make gpu-check PART=paths|compile|tests|transformer|rnn|bench|ablation|compare. paths, compile and tests run the
+# gpu test tier (pytest -m gpu tests/test_gpu.py tests/test_decoding_gpu.py: pass/fail, junit XML and <part>.json
+# in OUT, default checkpoints/gpu_check): paths in stages whose budgets (stated in the script) fit one 10-minute
+# call, two compile tests last; compile the other compile tests; tests all in one pytest call (more than one
+# call's time). The other parts are the timed figures.
 PART ?= transformer
 gpu-check:
 	bash scripts/gpu_check.sh $(PART)

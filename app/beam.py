@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from app.data.tokenizer import BOS, EOS, PAD
-from app.search import Hypotheses, Search, length_penalty
+from app.search import Hypotheses, Search, attention_to_host, by_step, length_penalty, sentence_attention
 
 
 class BeamSearch(Search):
@@ -36,9 +36,8 @@ class BeamSearch(Search):
         n_best=1,
         need_attention=False,
         onednn=True,
-        graphs=False,
     ):
-        super().__init__(model, src, beam_size, max_len_ratio, max_len_extra, need_attention, onednn, graphs)
+        super().__init__(model, src, beam_size, max_len_ratio, max_len_extra, need_attention, onednn)
         k, device, batch = beam_size, self.device, self.batch
         self.alpha, self.n_best = alpha, n_best
         scores = torch.full((batch, k), float("-inf"), device=device)
@@ -61,7 +60,7 @@ class BeamSearch(Search):
         self.segment_rows: list[torch.Tensor] = []
         self.eos_only: Optional[torch.Tensor] = None
         # whether done sentences can stay in the batch for a while (else each leaves at the step it is done)
-        self.riding = self.check_every > 1 or self.compact_share > 0
+        self.riding = self.check_every > 1
 
     def step(self, check: bool) -> bool:
         """One token per beam; with ``check`` (a host sync), the sentences that are done leave. True: all done."""
@@ -126,8 +125,8 @@ class BeamSearch(Search):
         self, steps: torch.Tensor, rows: torch.Tensor, with_attention: bool
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Tokens (N, max steps) of hypotheses that chose EOS at ``steps`` from row ``rows`` (PAD after the
-        end), and their attention (N, ..., max steps + 1, S): rows 0..steps are theirs, EOS row included;
-        the rows after it are to be cut off. Rows are numbered among the rows of their step: in a batch
+        end), and their attention (N, max steps + 1, S, ...): steps 0..steps are theirs, EOS included; the
+        steps after it are to be cut off. Rows are numbered among the rows of their step: in a batch
         compacted since, a hypothesis that ended already looks up a row there is (clamped), then ignores it."""
         n_steps = int(steps.max()) + 1 if steps.numel() else 1
         compacted = len(self.kept) < self.batch  # some sentences left the batch
@@ -142,7 +141,7 @@ class BeamSearch(Search):
             if with_attention:
                 attention[s] = self.history_attention[s][cur.clamp(max=self.history_attention[s].size(0) - 1)]
         tokens = torch.stack(columns[::-1], 1) if columns else rows.new_full((rows.size(0), 1), PAD)
-        return tokens, torch.cat(attention, dim=-2) if with_attention else None
+        return tokens, by_step(attention) if with_attention else None
 
     def result(self) -> Hypotheses:
         n, batch = min(self.n_best, self.beam), self.batch
@@ -160,10 +159,5 @@ class BeamSearch(Search):
         if not self.history_attention:
             return Hypotheses(best_tokens, None, nbest, self.kv_cache_bytes)
         _, attention = self.trace(steps[:, 0], rows[:, 0], with_attention=True)
-        attention = attention.float().cpu()
-        return Hypotheses(
-            best_tokens,
-            [attention[b, ..., : lengths[b][0] + 1, : self.src_lengths[b]] for b in range(batch)],
-            nbest,
-            self.kv_cache_bytes,
-        )
+        blocks = attention_to_host(attention, [n[0] + 1 for n in lengths], self.src_lengths)
+        return Hypotheses(best_tokens, [sentence_attention([b]) for b in blocks], nbest, self.kv_cache_bytes)

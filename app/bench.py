@@ -33,6 +33,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from app.bench_decode import sync, time_decoding
+from app.bench_rows import attempt
 from app.bench_training import time_trainer
 from app.checkpoint import check_compatible, load_checkpoint
 from app.config import Config
@@ -169,22 +170,25 @@ def speed_features(cfg: Config, dtype) -> list[tuple[str, Config, contextlib.Abs
     return rows
 
 
-def ablation(cfg: Config, build: Callable[[], nn.Module], data, device, dtype, steps: int, warmup: int) -> list[dict]:
+def ablation(
+    cfg: Config, build: Callable[[], nn.Module], data, device, dtype, steps: int, warmup: int, failed: dict[str, str]
+) -> list[dict]:
     """Training speed with each speed feature off in turn, every row from the same starting weights and timed
-    the same way (``time_training``: the update and its batches, without the Trainer's bookkeeping)."""
+    the same way (``time_training``: the update and its batches, without the Trainer's bookkeeping). A row
+    that raises (out of memory without a fused kernel, a compile) says why in the table and in ``failed``."""
     baseline, _ = time_training(build(), cfg, data, device, dtype, steps, warmup)
     rows = [{"setting": "all speed features on (the defaults)", **baseline, "vs_defaults": 1.0}]
     for label, variant, context, naive in speed_features(cfg, dtype):
         torch._dynamo.reset()
-        try:
+
+        def timed(variant=variant, context=context, naive=naive) -> dict:
             with context:
-                figures, _ = time_training(
-                    build(), variant, data, device, amp_dtype(variant.train.amp, device), steps, warmup, naive
-                )
-        except Exception as error:  # e.g. out of memory without a fused kernel: keep the other rows
-            message = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
-            rows.append({"setting": label, "error": message})
-            print(f"{label}: failed, {message}")
+                dtype = amp_dtype(variant.train.amp, device)
+                return time_training(build(), variant, data, device, dtype, steps, warmup, naive)[0]
+
+        figures = attempt(failed, f"ablation: {label}", timed)
+        if figures is None:
+            rows.append({"setting": label, "error": failed[f"ablation: {label}"]})
             continue
         ratio = figures["train_tgt_tokens_per_s"] / max(baseline["train_tgt_tokens_per_s"], 1)
         rows.append({"setting": label, **figures, "vs_defaults": round(ratio, 2)})
@@ -287,42 +291,64 @@ def bench(cfg: Config) -> dict:
     }
     if device.type == "cpu":
         result["threads"] = {"torch": torch.get_num_threads(), "ctranslate2": cfg.bench.ct2_threads}
-    figures, one_more_step = time_trainer(cfg, steps, warmup)
-    result.update(figures)
-    # the launches a training step costs: what steers its host time without a GPU (docs/benchmarking.md)
-    result["train_step_operators"] = count_ops(one_more_step, 2, device, dispatch=not cfg.train.compile)
+    failed: dict[str, str] = {}  # row -> its one-line error: the other rows still run (app/bench_rows.py)
     os.makedirs(os.path.join("checkpoints", "bench"), exist_ok=True)
-    if cfg.bench.profile_steps:
-        result["profile"], table = profile_steps(
-            one_more_step,
-            cfg.bench.profile_steps,
-            device,
-            os.path.join("checkpoints", "bench", f"{cfg.name}_trace.json"),
+    trained = attempt(failed, "training", lambda: time_trainer(cfg, steps, warmup))
+    one_more_step = None
+    if trained is None:
+        result["training"] = {"error": failed["training"]}
+    else:
+        figures, one_more_step = trained
+        result.update(figures)
+        # the launches a training step costs: what steers its host time without a GPU (docs/benchmarking.md)
+        ops = attempt(
+            failed, "train_step_operators", lambda: count_ops(one_more_step, 2, device, dispatch=not cfg.train.compile)
         )
-        atomic_write_text(os.path.join("checkpoints", "bench", f"{cfg.name}_profile.txt"), table)
-        print(table)
+        result["train_step_operators"] = ops if ops is not None else {"error": failed["train_step_operators"]}
+    if cfg.bench.profile_steps and one_more_step is not None:
+        profiled = attempt(
+            failed,
+            "profile",
+            lambda: profile_steps(
+                one_more_step,
+                cfg.bench.profile_steps,
+                device,
+                os.path.join("checkpoints", "bench", f"{cfg.name}_trace.json"),
+            ),
+        )
+        if profiled is None:
+            result["profile"] = {"error": failed["profile"]}
+        else:
+            result["profile"], table = profiled
+            atomic_write_text(os.path.join("checkpoints", "bench", f"{cfg.name}_profile.txt"), table)
+            print(table)
     result["decode_sentences"] = len(test)
     if cfg.bench.checkpoint_path:  # the timed steps updated the weights: decode (and score) the checkpoint's
         model.load_state_dict(state["model"])
-    result.update(time_decoding(model, cfg, tokenizer, test, device, dtype))
+    result.update(time_decoding(model, cfg, tokenizer, test, device, dtype, failed))
     print_table(result)
     if cfg.bench.ablate:
-        del model, one_more_step  # free the first run's weights and optimizer state before the others
+        del model, one_more_step, trained  # free the first run's weights and optimizer state before the others
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        rows = ablation(cfg, build, data, device, dtype, steps, warmup)
-        result["ablation"] = rows
-        header = (
-            f"Training speed, each feature off in turn: {result['model']}, {result['parameters_m']} M parameters, "
-            f"{cfg.train.batch_tokens}-token batches, {steps} timed steps after {warmup}, {result['device']}"
-        )
-        markdown = ablation_markdown(rows, header)
-        atomic_write_text(os.path.join("checkpoints", "bench", f"{cfg.name}_ablation.md"), markdown)
-        print(markdown)
+        rows = attempt(failed, "ablation", lambda: ablation(cfg, build, data, device, dtype, steps, warmup, failed))
+        result["ablation"] = rows if rows is not None else {"error": failed["ablation"]}
+        if rows is not None:
+            header = (
+                f"Training speed, each feature off in turn: {result['model']}, {result['parameters_m']} M "
+                f"parameters, {cfg.train.batch_tokens}-token batches, {steps} timed steps after {warmup}, "
+                f"{result['device']}"
+            )
+            markdown = ablation_markdown(rows, header)
+            atomic_write_text(os.path.join("checkpoints", "bench", f"{cfg.name}_ablation.md"), markdown)
+            print(markdown)
+    result["failed_rows"] = failed
     path = os.path.join("checkpoints", "bench", f"{cfg.name}.json")
     atomic_write_text(path, json.dumps(result, indent=2))
     print(f"wrote {path}")
+    if failed:
+        print(f"{len(failed)} row(s) failed: " + "; ".join(f"{row}: {error}" for row, error in failed.items()))
     return result
 
 

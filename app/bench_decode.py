@@ -1,9 +1,9 @@
 """``make bench``'s decoding rows: the test split decoded greedily and with ``decode.beam_size`` by our
-decoder (on CUDA also with its steps captured in CUDA graphs) and, for a Transformer, by its CTranslate2
-export (float32 and int8, on CUDA also float16; the same beam, the same batch budget), on the same device,
-with BLEU beside each. The engines take turns in each of ``bench.decode_rounds`` rounds (a load change on a
-shared machine hits all of them alike) and the best time of each is kept. ``decode_step_operators``: the
-ATen operators and kernels one greedy and one beam step launch (app/profiling.py, ``count_ops``)."""
+decoder and, for a Transformer, by its CTranslate2 export (float32 and int8, on CUDA also float16; the same
+beam, the same batch budget), on the same device, with BLEU beside each. The engines take turns in each of
+``bench.decode_rounds`` rounds (a load change on a shared machine hits all of them alike) and the best time of
+each is kept. ``decode_step_operators``: the ATen operators and kernels one greedy and one beam step launch
+(app/profiling.py, ``count_ops``). A row that raises is recorded with its error (app/bench_rows.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from collections.abc import Callable
 import sacrebleu
 import torch
 
+from app.bench_rows import attempt
 from app.config import Config
 from app.ct2_engine import CT2Translator
 from app.data.batching import Batcher
@@ -33,15 +34,15 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def decoders(model, cfg: Config, tokenizer, device, dtype) -> dict[str, Callable[[list[list[int]]], list]]:
-    """Row name -> a function from source ids to hypothesis ids."""
+def decoders(
+    model, cfg: Config, tokenizer, device, dtype, failed: dict[str, str]
+) -> dict[str, Callable[[list[list[int]]], list]]:
+    """Row name -> a function from source ids to hypothesis ids; an export that fails is a failed row."""
     runs = {}
     for greedy_or_beam in [cfg.decode.greedy()] + ([cfg.decode] if cfg.decode.beam_size > 1 else []):
-        name = f"decode_beam{greedy_or_beam.beam_size}"
-        variants = {name: False} | ({f"{name}_cuda_graphs": True} if device.type == "cuda" else {})
-        for row, graphs in variants.items():
-            decode = dataclasses.replace(greedy_or_beam, cuda_graphs=graphs)
-            runs[row] = lambda src, d=decode: decode_corpus(model, src, device, d, amp_dtype=dtype).tokens
+        runs[f"decode_beam{greedy_or_beam.beam_size}"] = lambda src, d=greedy_or_beam: (
+            decode_corpus(model, src, device, d, amp_dtype=dtype).tokens
+        )
     if cfg.model.arch == "transformer" and importlib.util.find_spec("ctranslate2") is None:
         print("no CTranslate2 rows: ctranslate2 is not installed (a lent GPU machine: see make gpu-wheels)")
     elif cfg.model.arch == "transformer":
@@ -53,53 +54,72 @@ def decoders(model, cfg: Config, tokenizer, device, dtype) -> dict[str, Callable
             if name == "float16" and device.type != "cuda":  # CTranslate2 computes float16 on GPUs only
                 continue
             out = os.path.join("checkpoints", "bench", f"{cfg.name}_ct2_{name}")
-            convert(model, cfg.model, tokenizer.src_path, tokenizer.tgt_path, out, quantization, {"bench": cfg.name})
-            engine = CT2Translator(out, device.type, threads=threads, device_index=device.index or 0)
-            runs[f"decode_beam{cfg.decode.beam_size}_ct2_{name}"] = lambda src, e=engine, d=ct2_decode: (
-                e.translate(src, d).tokens
-            )
+
+            def export(out=out, quantization=quantization) -> CT2Translator:
+                source = {"bench": cfg.name}
+                convert(model, cfg.model, tokenizer.src_path, tokenizer.tgt_path, out, quantization, source)
+                return CT2Translator(out, device.type, threads=threads, device_index=device.index or 0)
+
+            row = f"decode_beam{cfg.decode.beam_size}_ct2_{name}"
+            engine = attempt(failed, row, export)
+            if engine is not None:
+                runs[row] = lambda src, e=engine, d=ct2_decode: e.translate(src, d).tokens
     return runs
 
 
 def step_operators(model, cfg: Config, test, device: torch.device, dtype) -> dict:
-    """ATen operators and kernels per decoding step (``count_ops``), greedy and with ``decode.beam_size``, on a
-    batch of the 16 longest test sentences (still decoding while counted), the steps as ``decode_corpus`` runs
-    them on this device (eager: the graphs of decode.cuda_graphs would launch one replay per step)."""
+    """ATen operators and kernels per decoding step (``count_ops``), greedy (``beam1``) and with
+    ``decode.beam_size``, each also with the attention weights kept as ``make eval`` keeps them
+    (``_attention``), on a batch of the 16 longest test sentences (still decoding while counted), the steps as
+    ``decode_corpus`` runs them on this device."""
     longest = sorted(range(len(test.src)), key=lambda i: -len(test.src[i]))[:16]
     src = Batcher(test.src)(longest).src.to(device)
     figures = {}
     was_training = model.training
     model.eval()
     for decode in [cfg.decode.greedy()] + ([cfg.decode] if cfg.decode.beam_size > 1 else []):
-        with torch.no_grad(), autocast(device, dtype):
-            search = searcher(model, src, dataclasses.replace(decode, n_best=1))
-            steps = min(COUNTED_STEPS, search.steps - 3)
+        for attention in (False, True):
+            with torch.no_grad(), autocast(device, dtype):
+                search = searcher(model, src, dataclasses.replace(decode, n_best=1), need_attention=attention)
+                steps = min(COUNTED_STEPS, search.steps - 3)
 
-            def step(search=search) -> None:
-                search.step(check=(search.t + 1) % search.check_every == 0)
+                def step(search=search) -> None:
+                    search.step(check=(search.t + 1) % search.check_every == 0)
 
-            for _ in range(2):
-                step()
-            figures[f"beam{decode.beam_size}"] = count_ops(step, steps, device)
+                for _ in range(2):
+                    step()
+                key = f"beam{decode.beam_size}" + ("_attention" if attention else "")
+                figures[key] = count_ops(step, steps, device)
     model.train(was_training)
     return figures
 
 
-def time_decoding(model, cfg: Config, tokenizer, test, device, dtype) -> dict:
-    """Each decoder's best time over the rounds, throughput, BLEU, and speed relative to our beam search."""
-    runs = decoders(model, cfg, tokenizer, device, dtype)
+def time_decoding(model, cfg: Config, tokenizer, test, device, dtype, failed: dict[str, str]) -> dict:
+    """Each decoder's best time over the rounds, throughput, BLEU, and speed relative to our beam search. A
+    decoder that raises is a row with its error (and in ``failed``); it is not run again."""
+    runs = decoders(model, cfg, tokenizer, device, dtype, failed)
     times: dict[str, list[float]] = {name: [] for name in runs}
     outputs = {}
+
+    def timed(name: str, run) -> float:
+        sync(device)
+        start = time.perf_counter()
+        outputs[name] = run(test.src)
+        sync(device)
+        return time.perf_counter() - start
+
     for _ in range(max(cfg.bench.decode_rounds, 1)):
         for name, run in runs.items():
-            sync(device)
-            start = time.perf_counter()
-            outputs[name] = run(test.src)
-            sync(device)
-            times[name].append(time.perf_counter() - start)
-    ours = min(times[f"decode_beam{cfg.decode.beam_size}"])
+            if name not in failed:
+                seconds = attempt(failed, name, lambda name=name, run=run: timed(name, run))
+                if seconds is not None:
+                    times[name].append(seconds)
+    ours_row = f"decode_beam{cfg.decode.beam_size}"
+    ours = min(times[ours_row]) if times.get(ours_row) else None
     rows = {}
     for name, seconds in times.items():
+        if name in failed:
+            continue
         best = min(seconds)
         hyps = tokenizer.decode_tgt(outputs[name])
         rows[name] = {
@@ -108,7 +128,9 @@ def time_decoding(model, cfg: Config, tokenizer, test, device, dtype) -> dict:
             "tokens_per_s": round(sum(len(h) + 1 for h in outputs[name]) / best),
             "bleu": round(sacrebleu.corpus_bleu(hyps, [test.tgt_texts]).score, 2),
         }
-        if "_ct2_" in name:
+        if "_ct2_" in name and ours is not None:
             rows[name]["speedup_vs_ours"] = round(ours / best, 2)
-    rows["decode_step_operators"] = step_operators(model, cfg, test, device, dtype)
+    rows |= {name: {"error": error} for name, error in failed.items() if name.startswith("decode_")}
+    ops = attempt(failed, "decode_step_operators", lambda: step_operators(model, cfg, test, device, dtype))
+    rows["decode_step_operators"] = ops if ops is not None else {"error": failed["decode_step_operators"]}
     return rows

@@ -77,7 +77,8 @@ def average_command(cfg: Config) -> None:
 def bench_command(cfg: Config) -> None:
     from app.bench import bench
 
-    bench(cfg)
+    if bench(cfg)["failed_rows"]:  # every other row was still measured, printed and written
+        sys.exit(1)
 
 
 def compare_command(cfg: Config) -> None:

@@ -206,9 +206,6 @@ class DecodeConfig:
     # the same on CUDA, where a step's cost is its launches more than its rows: the test split in one batch
     cuda_batch_tokens: int = 200_000
     cpu_onednn: bool = True  # a Transformer's decoding steps multiply through oneDNN on a CPU (false: MKL, as training)
-    # capture a Transformer's decoding step in CUDA graphs (one per batch shape): a step launches one graph
-    # instead of a few hundred kernels. Same outputs as eager; off until measured on a GPU (make gpu-check)
-    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.beam_size < 1 or self.n_best > self.beam_size:

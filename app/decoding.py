@@ -27,12 +27,10 @@ def greedy_decode(
     max_len_extra: int = 10,
     need_attention: bool = False,
     onednn: bool = True,
-    graphs: bool = False,
 ) -> Hypotheses:
     """Pick the most probable token at every step until EOS or the length limit, for a whole batch. ``onednn``:
-    on a CPU, a Transformer's step multiplies through oneDNN (``decode.cpu_onednn``); ``graphs``: its steps
-    take fixed shapes, captured in CUDA graphs on CUDA (``decode.cuda_graphs``, ``StaticSteps``)."""
-    search = GreedySearch(model, src, max_len_ratio, max_len_extra, need_attention, onednn, graphs)
+    on a CPU, a Transformer's step multiplies through oneDNN (``decode.cpu_onednn``)."""
+    search = GreedySearch(model, src, max_len_ratio, max_len_extra, need_attention, onednn)
     return search.run()
 
 
@@ -47,21 +45,18 @@ def beam_search(
     n_best: int = 1,
     need_attention: bool = False,
     onednn: bool = True,
-    graphs: bool = False,
 ) -> Hypotheses:
     """Batched beam search (``BeamSearch``) of a batch of sources; the host reads the results once, at the end.
-    ``onednn`` and ``graphs``: as ``greedy_decode``'s."""
-    search = BeamSearch(
-        model, src, beam_size, alpha, max_len_ratio, max_len_extra, n_best, need_attention, onednn, graphs
-    )
+    ``onednn``: as ``greedy_decode``'s."""
+    search = BeamSearch(model, src, beam_size, alpha, max_len_ratio, max_len_extra, n_best, need_attention, onednn)
     return search.run()
 
 
-def searcher(model, src: torch.Tensor, decode: DecodeConfig, need_attention: bool = False, graphs: bool = False):
+def searcher(model, src: torch.Tensor, decode: DecodeConfig, need_attention: bool = False):
     """The search ``decode`` asks for over a batch of sources: greedy when its beam_size is 1, else beam search."""
     d = decode
     if d.beam_size == 1:
-        return GreedySearch(model, src, d.max_len_ratio, d.max_len_extra, need_attention, d.cpu_onednn, graphs)
+        return GreedySearch(model, src, d.max_len_ratio, d.max_len_extra, need_attention, d.cpu_onednn)
     return BeamSearch(
         model,
         src,
@@ -72,7 +67,6 @@ def searcher(model, src: torch.Tensor, decode: DecodeConfig, need_attention: boo
         d.n_best,
         need_attention,
         d.cpu_onednn,
-        graphs,
     )
 
 
@@ -98,7 +92,6 @@ def decode_corpus(
     kv_cache_bytes = None
     beam_size = decode.beam_size
     budget = decode.cuda_batch_tokens if device.type == "cuda" else decode.batch_tokens
-    graphs = decode.cuda_graphs and device.type == "cuda"
     batches = make_batches([len(s) for s in src], None, max(budget // beam_size, 1))
     batcher = Batcher(src)
     pending, split = batches[::-1], False  # popped from the end: in order
@@ -107,7 +100,7 @@ def decode_corpus(
         indices = pending.pop()
         try:
             with autocast(device, amp_dtype):
-                hyps = searcher(model, batcher(indices).to(device).src, decode, need_attention, graphs).run()
+                hyps = searcher(model, batcher(indices).to(device).src, decode, need_attention).run()
         except torch.OutOfMemoryError:
             if len(indices) == 1:
                 raise

@@ -16,7 +16,6 @@ import torch
 
 from app.data.tokenizer import BOS, EOS, PAD
 from app.errors import UserError
-from app.static_steps import StaticSteps
 
 
 @dataclass
@@ -79,9 +78,36 @@ def done_check_interval(device: torch.device) -> int:
 
 
 # Greedy search drops its finished sentences once they are at least 1 / COMPACT_SHARE of the batch: dropping copies
-# the others' key/value caches. Beam search drops them at every check, in the reorder it does anyway; with
-# captured steps both wait for half the batch (each new batch shape is a new graph to capture).
+# the others' key/value caches. Beam search drops them at every check, in the reorder it does anyway.
 COMPACT_SHARE = 8
+
+
+def by_step(attention: list[torch.Tensor]) -> torch.Tensor:
+    """Steps' attention, each (rows, ..., 1, S), as one (rows, steps, S, ...) tensor: what ``attention_to_host``
+    gathers from."""
+    return torch.cat([a.movedim(-2, 1).movedim(-1, 2) for a in attention], dim=1)
+
+
+def attention_to_host(attention: torch.Tensor, steps: list[int], sources: list[int]) -> list[torch.Tensor]:
+    """Per row of ``attention`` (rows, T, S, ...), its first ``steps`` target positions over its first ``sources``
+    source positions, in float32 on the host: (steps, sources, ...) each. One gather on the device and one copy
+    to the host of what the sentences hold, not of the batch's padding: a batch of a whole split would
+    otherwise copy every sentence at the longest output by the longest source."""
+    device, length, width = attention.device, attention.size(1), attention.size(2)
+    want_steps = torch.tensor(steps, device=device)[:, None, None]
+    want_sources = torch.tensor(sources, device=device)[:, None, None]
+    keep = (torch.arange(length, device=device)[None, :, None] < want_steps) & (
+        torch.arange(width, device=device)[None, None, :] < want_sources
+    )
+    kept = attention[keep].float().cpu()  # (Σ steps · sources, ...), row by row
+    blocks = kept.split([t * s for t, s in zip(steps, sources)])
+    return [block.view(t, s, *attention.shape[3:]) for block, t, s in zip(blocks, steps, sources)]
+
+
+def sentence_attention(blocks: list[torch.Tensor]) -> torch.Tensor:
+    """A sentence's (steps, sources, ...) blocks, in step order, as its (..., steps, sources) attention."""
+    joined = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+    return joined.movedim((0, 1), (-2, -1))
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -103,7 +129,6 @@ class Search:
         max_len_extra: int,
         need_attention: bool,
         onednn: bool,
-        graphs: bool,
     ):
         self.model, self.beam, self.need_attention, self.device = model, beam, need_attention, src.device
         src_mask = src != PAD
@@ -122,17 +147,10 @@ class Search:
         self.segment_start = 0  # the step the current segment of results began at
         self.never: Optional[torch.Tensor] = None
         self.check_every = done_check_interval(self.device)
-        # fixed-shape steps (CUDA graphs): for a model whose state has them, when no attention is asked for
-        self.static = None
-        if graphs and not need_attention and hasattr(self.state, "make_static"):
-            self.static = StaticSteps(model, self.memory, self.state, capture=self.device.type == "cuda")
-        # compact once this share of the sentences is done: new shapes are new graphs to capture
-        self.compact_share = 0.5 if self.static is not None else 0.0
+        self.compact_share = 0.0  # compact once this share of the sentences in the batch is done
 
     def model_step(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Next-token logits for every row (and the attention, when asked for)."""
-        if self.static is not None:
-            return self.static(self.prev), None
         logits, attention, self.state = self.model.step(self.memory, self.prev, self.state, self.need_attention)
         return logits, attention
 
@@ -172,16 +190,14 @@ class Search:
 class GreedySearch(Search):
     """Picks the most probable token at every step until EOS or the length limit, for a whole batch."""
 
-    def __init__(
-        self, model, src, max_len_ratio=1.5, max_len_extra=10, need_attention=False, onednn=True, graphs=False
-    ):
-        super().__init__(model, src, 1, max_len_ratio, max_len_extra, need_attention, onednn, graphs)
-        if self.static is None:  # leaving copies the caches of those that stay: worth it once enough are done
-            self.compact_share = 1 / COMPACT_SHARE
+    def __init__(self, model, src, max_len_ratio=1.5, max_len_extra=10, need_attention=False, onednn=True):
+        super().__init__(model, src, 1, max_len_ratio, max_len_extra, need_attention, onednn)
+        self.compact_share = 1 / COMPACT_SHARE  # leaving copies the others' caches: worth it once enough are done
         self.prev = torch.full((self.batch,), BOS, dtype=torch.long, device=self.device)
         self.finished = torch.zeros(self.batch, dtype=torch.bool, device=self.device)
         self.tokens = torch.full((self.batch, self.steps), PAD, dtype=torch.long, device=self.device)
-        self.attention: Optional[torch.Tensor] = None  # (batch, ..., steps, S)
+        # per segment: the ids of its rows, their attention (rows, steps, S, ...) on the device, its first step
+        self.attention: list[tuple[list[int], torch.Tensor, int]] = []
         self.segment_tokens: list[torch.Tensor] = []
         self.segment_attention: list[torch.Tensor] = []
 
@@ -216,22 +232,18 @@ class GreedySearch(Search):
             start, end = self.segment_start, self.t
             self.tokens[:, start:end].index_copy_(0, self.ids, torch.stack(self.segment_tokens, 1))
             if self.segment_attention:
-                segment = torch.cat(self.segment_attention, dim=-2)  # (rows, ..., steps, S)
-                if self.attention is None:
-                    shape = (self.batch, *segment.shape[1:-2], self.steps, segment.size(-1))
-                    self.attention = segment.new_zeros(shape)
-                self.attention[..., start:end, :].index_copy_(0, self.ids, segment)
+                self.attention.append((list(self.kept), by_step(self.segment_attention), start))
         self.segment_tokens, self.segment_attention = [], []
         super().write_segment()
 
     def result(self) -> Hypotheses:
         out = self.tokens.tolist()
         tokens = [row[: row.index(EOS)] if EOS in row else row for row in out]
-        if self.attention is None:  # not asked for, or a model without attention
+        if not self.attention:  # not asked for, or a model without attention
             return Hypotheses(tokens, kv_cache_bytes=self.kv_cache_bytes)
-        attention = self.attention.float().cpu()
-        return Hypotheses(
-            tokens,
-            [attention[i, ..., : len(tokens[i]) + 1, : self.src_lengths[i]] for i in range(self.batch)],
-            kv_cache_bytes=self.kv_cache_bytes,
-        )
+        blocks: list[list[torch.Tensor]] = [[] for _ in range(self.batch)]
+        for ids, attention, start in self.attention:  # each sentence's steps in this segment, up to its EOS
+            steps = [min(max(len(tokens[i]) + 1 - start, 0), attention.size(1)) for i in ids]
+            for i, block in zip(ids, attention_to_host(attention, steps, [self.src_lengths[i] for i in ids])):
+                blocks[i].append(block)
+        return Hypotheses(tokens, [sentence_attention(b) for b in blocks], kv_cache_bytes=self.kv_cache_bytes)

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # The GPU checks and figures the issues ask for, each part one call to a lent GPU machine (10-minute limit):
 #   bash scripts/gpu_check.sh paths        # the first call: the gpu test tier (tests/test_gpu.py, test_decoding_gpu.py) in stages, each
-#                                          # under `timeout` within PATHS_SECONDS (570) in all, the compiles last:
-#                                          # families (bf16 training and beam-5 eval with attention maps of every
-#                                          # family), decoding (steps captured in CUDA graphs decode as eager
-#                                          # ones, fp32 and bf16), resume (SIGKILL after the first checkpoint, then resume: the
-#                                          # saved step and per-step losses within a bf16 tolerance), torchrun
-#                                          # (1 GPU, DDP over NCCL), oom (a real out-of-memory with oom_retry),
-#                                          # compile and cuda_graphs (one graph over every batch shape); after each
-#                                          # stage $OUT/paths.json says {stage: {status, seconds, ...}}
-#   bash scripts/gpu_check.sh tests        # the same tests in one pytest call (pytest -m gpu tests/test_gpu.py,
-#                                          # TESTS_SECONDS (570) at most): $OUT/tests.log, tests_all.xml, tests.json
+#                                          # under `timeout` with its budget (below), PATHS_SECONDS (570) in all, the
+#                                          # compiles last: families (bf16 training, greedy validation and beam-5
+#                                          # eval with attention maps of every family), decoding (CUDA decodes the
+#                                          # recorded float32 hypotheses), resume (SIGKILL after the first checkpoint,
+#                                          # then resume: the saved step and per-step losses within a bf16 tolerance),
+#                                          # torchrun (1 GPU, DDP over NCCL), oom (a real out-of-memory with
+#                                          # oom_retry), compile (the Transformer with inductor, and with CUDA graphs
+#                                          # over 4 batch shapes); after each stage $OUT/paths.json says {stage:
+#                                          # {status, seconds, ...}}, and a stage cut by its timeout names the test
+#                                          # it was in (timed_out_in)
+#   bash scripts/gpu_check.sh compile      # the compile tests paths leaves out (rnn_bahdanau's, the Transformer's
+#                                          # CUDA graphs over every shape), COMPILE_SECONDS (570) at most
+#   bash scripts/gpu_check.sh tests        # the whole tier in one pytest call (pytest -m gpu, TESTS_SECONDS (570)
+#                                          # at most; it needs more than one call): $OUT/tests.log, tests_all.xml, tests.json
 #   bash scripts/gpu_check.sh transformer  # 1-GPU torchrun (DDP over NCCL) training, greedy and beam-5
 #                                          # eval of the test set, make bench with the trained weights
 #                                          # and its profile
@@ -32,7 +36,7 @@
 # model, to try the script on a CPU); the test tier sets its own small models, and without CUDA its tests
 # skip, so paths and tests on a CPU check only the script.
 set -uo pipefail
-part=${1:?usage: $0 paths|tests|transformer|rnn|bench|ablation|compare}
+part=${1:?usage: $0 paths|compile|tests|transformer|rnn|bench|ablation|compare}
 OUT=${OUT:-checkpoints/gpu_check}
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -81,31 +85,34 @@ gpu_tests_start() {  # before the first stage of paths/tests: pytest is there, a
     cuda=$($PY -c 'import torch; print(int(torch.cuda.is_available()))')
 }
 
-GPU_TESTS="tests/test_gpu.py tests/test_decoding_gpu.py"  # the gpu tier
+GPU_TESTS=${GPU_TESTS:-"tests/test_gpu.py tests/test_decoding_gpu.py"}  # the gpu tier
 
 gpu_tests() {  # STAGE SECONDS K: the gpu tier's tests matching `pytest -k K` (all for ""), at most SECONDS and
-    # never past $deadline (seconds since the script started); junit XML in $OUT/<part>_<stage>.xml, the
-    # stage's result added to $OUT/<part>.json. On SIGINT from timeout, pytest and the training runs it
-    # started stop (a run saves first); what passed is in the XML, the test cut short is reported as a timeout.
-    local stage=$1 budget=$2 select=$3 left rc start xml=$OUT/${part}_$1.xml
+    # never past $deadline (seconds since the script started); junit XML in $OUT/<part>_<stage>.xml, its
+    # output in $OUT/<part>_<stage>.log (verbose: each test named as it starts), the stage's result added to
+    # $OUT/<part>.json. On SIGINT from timeout, pytest and the training runs it started stop (a run saves
+    # first); what passed is in the XML, and the test cut short, the last one the log names without a result.
+    local stage=$1 budget=$2 select=$3 left rc start xml=$OUT/${part}_$1.xml stage_log=$OUT/${part}_$1.log
     left=$((deadline - SECONDS - 25))  # 25 s: timeout's --kill-after and the JSON
     ((budget > left)) && budget=$left
     start=$SECONDS
+    : >"$stage_log"
     if ((budget < 30)); then
         echo "!! $stage: no time left ($deadline s in all)" | tee -a "$log"
         rc=-1
     else
         echo "== $stage: pytest -m gpu $GPU_TESTS${select:+ -k '$select'} (at most $budget s)" | tee -a "$log"
-        timeout --signal=INT --kill-after=20 "$budget" $PY -m pytest -m gpu $GPU_TESTS ${select:+-k "$select"} \
-            -p no:cacheprovider --tb=short -o junit_family=legacy --junitxml="$xml" >>"$log" 2>&1
+        timeout --signal=INT --kill-after=20 "$budget" $PY -m pytest -v -m gpu $GPU_TESTS ${select:+-k "$select"} \
+            -p no:cacheprovider --tb=short -o junit_family=legacy --junitxml="$xml" >"$stage_log" 2>&1
         rc=$?
-        tail -n 8 "$log" | grep -v '^\s*$'
+        cat "$stage_log" >>"$log"
+        tail -n 8 "$stage_log" | grep -v '^\s*$'
     fi
-    $PY - "$OUT/$part.json" "$stage" "$rc" $((SECONDS - start)) "$budget" "$xml" "$cuda" <<'PYEOF' || status=1
-import json, os, sys
+    $PY - "$OUT/$part.json" "$stage" "$rc" $((SECONDS - start)) "$budget" "$xml" "$cuda" "$stage_log" <<'PYEOF' || status=1
+import json, os, re, sys
 import xml.etree.ElementTree as ET
 
-path, stage, rc, seconds, budget, xml, cuda = sys.argv[1:]
+path, stage, rc, seconds, budget, xml, cuda, stage_log = sys.argv[1:]
 rc = int(rc)
 entry = {"seconds": int(seconds), "budget_s": max(int(budget), 0)}
 tests = failed = skipped = 0
@@ -131,6 +138,10 @@ if rc == -1:
     reasons.add("no time left")
 elif rc in (124, 137):
     entry["status"] = "timeout"
+    # pytest -v writes a test's id when it starts and its result on the same line when it ends
+    started = re.findall(r"^(tests/\S+::\S+)(.*)$", open(stage_log, errors="replace").read(), re.M)
+    unfinished = [test for test, rest in started if not re.search(r"PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS", rest)]
+    entry["timed_out_in"] = unfinished[-1] if unfinished else "(no test had started: collection or start-up)"
 elif rc or failed or not tests:  # pytest exits 5 when no test matched: a failure here
     entry["status"] = "failed"
 else:
@@ -145,7 +156,8 @@ results[stage] = entry
 with open(path + ".tmp", "w") as f:
     json.dump(results, f, indent=2)
 os.replace(path + ".tmp", path)
-print(f"{stage}: {entry['status']} in {entry['seconds']} s ({tests} tests, {failed} failed, {skipped} skipped)")
+where = f", in {entry['timed_out_in']}" if "timed_out_in" in entry else ""
+print(f"{stage}: {entry['status']} in {entry['seconds']} s{where} ({tests} tests, {failed} failed, {skipped} skipped)")
 # a skip is a failure where there is a GPU (the tests could not run); on a CPU it is the expected outcome
 sys.exit(0 if entry["status"] == "passed" or (entry["status"] == "skipped" and cuda == "0") else 1)
 PYEOF
@@ -157,16 +169,29 @@ print("cuda:", torch.cuda.is_available(), {p: m.version(p) for p in
       ("torch", "pyarrow", "datasets", "huggingface-hub", "fsspec", "hydra-core", "sentencepiece", "sacrebleu")})' || exit 1
 
 case $part in
-paths)  # every stage bounded, the slowest last: a stage cut by its timeout still leaves the others' results
+paths)  # every stage bounded, the slowest last: a stage cut by its timeout still leaves the others' results.
+    # Budgets (s), each with its pytest start-up (~10 s), from the H100 of 2026-11-25 (docs/benchmarking.md):
+    #   families   90  6 families, each trained and evaluated in the one pytest process (was 6 × 45 s, 2 CLI calls each)
+    #   decoding   35  5 models decoded on the GPU, a few seconds each (the 8 tests it replaces took 21 s)
+    #   resume     90  took 80 s: an uninterrupted run, a run killed with SIGKILL, its resumption (3 CLI calls)
+    #   torchrun   50  took 41 s
+    #   oom        40  one CLI call; its corpus of ~150 k words tokenizes in seconds (3 M words: > 220 s)
+    #   compile   230  a compile test took 80-100 s (three graphs built): two of them
+    #            ----
+    #             535  of PATHS_SECONDS=570: 35 s to spare for the script's start and a stage cut at its timeout
     gpu_tests_start
     deadline=${PATHS_SECONDS:-570}
-    gpu_tests families 240 "test_family"
-    gpu_tests decoding 90 "test_decoding_gpu"
-    gpu_tests resume 120 "test_sigkill"
-    gpu_tests torchrun 60 "test_torchrun"
-    gpu_tests oom 120 "test_oom"
-    gpu_tests compile 200 "test_compile and inductor"
-    gpu_tests cuda_graphs 600 "test_compile and cudagraphs"
+    gpu_tests families 90 "test_family"
+    gpu_tests decoding 35 "test_decoding_gpu"
+    gpu_tests resume 90 "test_sigkill"
+    gpu_tests torchrun 50 "test_torchrun"
+    gpu_tests oom 40 "test_oom"
+    gpu_tests compile 230 "test_compile and transformer and (inductor or 4_shapes)"
+    ;;
+compile)
+    gpu_tests_start
+    deadline=${COMPILE_SECONDS:-570}
+    gpu_tests compile 570 "test_compile and not (transformer and (inductor or 4_shapes))"
     ;;
 tests)
     gpu_tests_start
@@ -211,6 +236,6 @@ compare)
     done
     ;;
 *)
-    echo "usage: $0 paths|tests|transformer|rnn|bench|ablation|compare"; exit 2 ;;
+    echo "usage: $0 paths|compile|tests|transformer|rnn|bench|ablation|compare"; exit 2 ;;
 esac
 exit $status

@@ -209,3 +209,21 @@ def test_no_hypothesis_ends_after_its_sentence_is_done(monkeypatch):
         results.append(beam_search(model, SRC, beam_size=2, alpha=1.0, n_best=2, max_len_ratio=0.5, max_len_extra=1))
     assert [tokens for tokens, _ in results[0].nbest[0]] == [[], [B]]
     assert results[1].nbest == results[0].nbest
+
+
+@pytest.mark.parametrize("family", ["transformer", "rnn_bahdanau"])
+def test_greedy_attention_is_that_of_its_hypothesis_fed_back(family):
+    """Greedy keeps each step's attention in segments, one per batch between two compactions, and puts each
+    sentence's together at the end: it is the attention of the model fed that hypothesis (teacher forcing),
+    from BOS to EOS, over the sentence's own source tokens."""
+    from app.search import GreedySearch
+
+    model, src = real_model(family), sources()
+    search = GreedySearch(model, src, need_attention=True)
+    hyps = search.run()
+    assert len(search.attention) > 1 and len({len(t) for t in hyps.tokens}) > 1  # sentences left in turns
+    for i, tokens in enumerate(hyps.tokens):
+        _, forced = model.decode(model.encode(src[i : i + 1]), torch.tensor([[BOS, *tokens]]), need_attention=True)
+        length = int((src[i] != PAD).sum())
+        assert hyps.attention[i].shape == forced[0, ..., :length].shape
+        assert torch.allclose(hyps.attention[i], forced[0, ..., :length], atol=1e-5)

@@ -1,5 +1,5 @@
-"""make bench without running it: the CPU cap on its configuration, the ablation table, the profile's
-kinds of work, and the one FLOP count (app/flops.py) checked by hand."""
+"""make bench without its timings: the CPU cap on its configuration, the ablation table, rows that fail, the
+profile's kinds of work, and the one FLOP count (app/flops.py) checked by hand."""
 
 import pytest
 from conftest import TINY, Vocab, compose_config
@@ -66,10 +66,12 @@ def test_a_failing_ablation_row_does_not_lose_the_others(monkeypatch):
 
     monkeypatch.setattr(app.bench, "time_training", fake_training)
     cfg = compose_config("model=transformer_small")
-    rows = app.bench.ablation(cfg, lambda: None, None, torch.device("cpu"), None, 1, 0)
+    errors = {}
+    rows = app.bench.ablation(cfg, lambda: None, None, torch.device("cpu"), None, 1, 0, errors)
     failed = [r for r in rows if "error" in r]
     assert [r["setting"] for r in failed] == ["without fused AdamW (its non-finite check then syncs)"]
     assert failed[0]["error"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert errors == {"ablation: without fused AdamW (its non-finite check then syncs)": failed[0]["error"]}
     assert rows[0]["train_tgt_tokens_per_s"] == 1000 and rows[0]["vs_defaults"] == 1.0
     assert len(rows) == 7 and all(r["vs_defaults"] == 0.9 for r in rows[1:] if "error" not in r)
 
@@ -128,3 +130,43 @@ def test_windowed_attention_counts_only_the_pairs_in_the_window():
     full = training_flops(build_model(compose_config(*sizes).model, Vocab(10, 10)), [9], [2])
     windowed = training_flops(build_model(compose_config(*sizes, "model.window=2").model, Vocab(10, 10)), [9], [2])
     assert full - windowed == 12 * 8 * (9 * 9 - windowed_pairs(9, 2))
+
+
+def test_a_row_that_raises_is_recorded_and_the_bench_still_writes_the_others(tmp_path, monkeypatch, corpus_tsv, capsys):
+    """The training rows and the beam row raise (as a CUDA crash would): the greedy row and the decoding step
+    operators are still measured, the table and the JSON say which rows failed and why, and the command
+    exits 1."""
+    import json
+    import re
+    import shutil
+
+    import app.bench
+    import app.bench_decode
+    from app.cli import bench_command
+
+    shutil.copy(corpus_tsv, tmp_path / "corpus.tsv")
+    monkeypatch.chdir(tmp_path)
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("it->second->use_count > 0 INTERNAL ASSERT FAILED\nmore lines")
+
+    real_decode = app.bench_decode.decode_corpus
+
+    def beam_crashes(model, src, device, decode, **kwargs):
+        return real_decode(model, src, device, decode, **kwargs) if decode.beam_size == 1 else crash()
+
+    monkeypatch.setattr(app.bench, "time_trainer", crash)
+    monkeypatch.setattr(app.bench_decode, "decode_corpus", beam_crashes)
+    settings = ["bench.decode_sentences=3", "decode.beam_size=2", "bench.profile_steps=2"]
+    cfg = compose_config(*TINY, *settings, command="bench")
+    with pytest.raises(SystemExit) as exited:
+        bench_command(cfg)
+    assert exited.value.code == 1
+    table = json.loads((tmp_path / "checkpoints" / "bench" / "tiny.json").read_text())
+    error = "RuntimeError: it->second->use_count > 0 INTERNAL ASSERT FAILED"
+    assert table["failed_rows"] == {"training": error, "decode_beam2": error}
+    assert table["training"] == table["decode_beam2"] == {"error": error}
+    assert table["decode_beam1"]["seconds"] > 0 and table["decode_step_operators"]["beam1"]["ops"] > 0
+    assert "train_step_operators" not in table and "profile" not in table  # they need a training step
+    out = capsys.readouterr().out
+    assert re.search(rf"^decode_beam2 error +{re.escape(error)}$", out, re.M) and "decode_beam1 sentences_per_s" in out

@@ -489,6 +489,8 @@ def test_bench_prints_and_writes_the_table(workdir, monkeypatch):
     train_ops, decode_ops = table["train_step_operators"], table["decode_step_operators"]
     assert train_ops["ops"] > decode_ops["beam2"]["ops"] > 0 and train_ops["kernels"] > decode_ops["beam2"]["kernels"]
     assert decode_ops["beam1"]["kernels"] > 0 and decode_ops["beam2"]["kernels"] >= decode_ops["beam1"]["kernels"]
+    for search in ("beam1", "beam2"):  # with the attention weights kept, as make eval keeps them: more
+        assert decode_ops[f"{search}_attention"]["ops"] > decode_ops[search]["ops"]
     # the decoding rows score the checkpoint's weights, not the ones the timed training steps left
     from app.config import DecodeConfig
     from app.data.corpus import load_split

@@ -1,71 +1,52 @@
-"""Captured decoding steps on CUDA (decode.cuda_graphs): the models of tests/test_decoding_reference.py decoded
-with every step replayed from a CUDA graph give the hypotheses of the same steps run eagerly, in float32 and
-under bf16 autocast, and graphs are what ran. Skipped without CUDA (``pytest -m gpu`` on a GPU machine)."""
+"""Decoding on CUDA: the models of tests/test_decoding_reference.py, trained and recorded on the CPU, decode on
+the GPU in float32 to the same hypotheses, greedy with attention kept (as ``make eval`` keeps it) and beam 5
+with its n-best lists, one batch at a time and through ``decode_corpus`` with CUDA's batch budget (the whole
+set in one batch, done sentences checked every 8 steps). Skipped without CUDA (``pytest -m gpu`` on a GPU
+machine)."""
 
 import pytest
 import torch
-from test_decoding_reference import TRANSFORMERS, reference, trained  # noqa: F401  (reference: a fixture)
+from test_decoding_reference import RNNS, TRANSFORMERS, attention_peaks, reference, trained  # noqa: F401  (a fixture)
 
-from app.beam import BeamSearch
 from app.config import DecodeConfig
 from app.data.batching import Batcher
-from app.decoding import decode_corpus
-from app.search import GreedySearch
+from app.decoding import beam_search, decode_corpus, greedy_decode
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: captured decoding steps are CUDA graphs"),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: decoding on the GPU"),
 ]
 CUDA = torch.device("cuda")
 
 
-def run(search_type, model, src, graphs: bool, **settings):
-    search = search_type(model, src, graphs=graphs, **settings)
-    hyps = search.run()
-    return hyps, search
+@pytest.fixture
+def float32_matmuls():
+    """Float32 as the CPU computes it: no TF32 in matrix multiplies or cuDNN's recurrent cells."""
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
-@pytest.mark.parametrize("amp", [None, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("name", TRANSFORMERS)
-def test_captured_steps_decode_as_eager_ones(reference, name, amp):  # noqa: F811
-    saved, _ = reference
+@pytest.mark.parametrize("name", TRANSFORMERS + RNNS)
+def test_cuda_decodes_the_recorded_hypotheses(reference, name, float32_matmuls):  # noqa: F811
+    saved, recorded = reference
+    expected, sentences = recorded["outputs"][name], recorded["attention_sentences"]
     model = trained(saved, name).to(CUDA)
     src = Batcher(saved["src"])(list(range(len(saved["src"])))).src.to(CUDA)
-    with torch.autocast("cuda", dtype=amp or torch.float32, enabled=amp is not None), torch.no_grad():
-        eager, _ = run(GreedySearch, model, src, False)
-        captured, search = run(GreedySearch, model, src, True)
-        assert search.static is not None and search.static.captured > 0
-        assert captured.tokens == eager.tokens
-        eager, _ = run(BeamSearch, model, src, False, beam_size=5, n_best=5)
-        captured, search = run(BeamSearch, model, src, True, beam_size=5, n_best=5)
-        assert search.static.captured > 0
-        assert [[t for t, _ in n] for n in captured.nbest] == [[t for t, _ in n] for n in eager.nbest]
-        for a, b in zip(captured.nbest, eager.nbest):
-            assert [s for _, s in a] == pytest.approx([s for _, s in b], rel=1e-3 if amp else 1e-5, abs=1e-4)
 
+    greedy = greedy_decode(model, src, need_attention=True)
+    assert greedy.tokens == expected["greedy"]
+    assert attention_peaks(greedy, sentences) == expected["greedy_attention_argmax"]
 
-def test_a_replayed_step_computes_what_an_eager_step_does(reference):  # noqa: F811
-    """Step by step: the logits a graph's replay leaves equal those of the same fixed-shape step run eagerly
-    on a copy of the state, across span buckets (16, 32, ...) and a reorder between steps."""
-    saved, _ = reference
-    model = trained(saved, "transformer_rope_gqa_rmsnorm_post").to(CUDA)
-    src = Batcher(saved["src"][:8])(list(range(8))).src.to(CUDA)
-    with torch.no_grad():
-        captured = BeamSearch(model, src, beam_size=4, graphs=True)
-        eager = BeamSearch(model, src, beam_size=4, graphs=True)
-        eager.static.capture = False  # the same fixed-shape steps, not captured
-        steps = min(40, captured.steps - 1)  # within the cache laid out for the batch
-        for _ in range(steps):
-            done = captured.step(check=False), eager.step(check=False)
-            assert done == (False, False)
-            assert torch.equal(captured.prev, eager.prev)
-            assert torch.allclose(captured.scores, eager.scores, atol=1e-5)
-        assert captured.static.captured == (1 if steps <= 16 else 2 if steps <= 32 else 3)  # spans 16, 32, 64
+    beam = beam_search(model, src, beam_size=5, alpha=1.0, n_best=5)
+    assert [[tokens for tokens, _ in nbest] for nbest in beam.nbest] == expected["beam5_nbest"]
+    for nbest, scores in zip(beam.nbest, expected["beam5_scores"]):
+        assert [score for _, score in nbest] == pytest.approx(scores, rel=1e-4, abs=1e-5)
 
-
-def test_decode_corpus_with_graphs_is_decode_corpus_without(reference):  # noqa: F811
-    saved, _ = reference
-    model = trained(saved, "transformer").to(CUDA)
-    plain = decode_corpus(model, saved["src"], CUDA, DecodeConfig(beam_size=5, cuda_graphs=False))
-    graphs = decode_corpus(model, saved["src"], CUDA, DecodeConfig(beam_size=5, cuda_graphs=True))
-    assert graphs.tokens == plain.tokens
+    whole = decode_corpus(model, saved["src"], CUDA, DecodeConfig(beam_size=1), need_attention=True)
+    assert whole.tokens == expected["greedy"]
+    assert (
+        decode_corpus(model, saved["src"], CUDA, DecodeConfig(beam_size=4, length_penalty=0.6)).tokens
+        == (expected["corpus_beam4_alpha0.6"])
+    )

@@ -1,12 +1,14 @@
-"""The GPU tier: every CUDA path through the real CLI, with pass/fail. ``pytest -m gpu`` on a machine with a
-GPU (``make gpu-check PART=tests``, or ``PART=paths`` for the same tests in stages that each fit a time
-budget); without CUDA every test here is skipped with the reason, at no cost.
+"""The GPU tier: every CUDA path through the commands of the CLI, with pass/fail. ``pytest -m gpu`` on a machine
+with a GPU (``make gpu-check PART=paths``: these tests in stages that each fit a time budget); without CUDA
+every test here is skipped with the reason, at no cost.
 
 Each test trains a small model (d_model 128, or 64/128-wide RNNs) for a few dozen steps in bf16 (the
 default on CUDA) on a small real corpus, and takes seconds on an H100 apart from the torch.compile ones:
 
 - every family trains, and its beam-5 evaluation writes metrics.json, plus the attention maps where the
-  model has attention (none for the plain encoder-decoder);
+  model has attention (none for the plain encoder-decoder): the command ``make train ARGS="...
+  train.evaluate=true"`` runs, in this test process, so that the six share one start-up (torch, CUDA, the
+  host worker, the tokenizer) instead of paying two each;
 - a run killed with SIGKILL after its first checkpoint resumes at the saved step, and its per-step losses
   match an uninterrupted run's within ``LOSS_ATOL``;
 - train.compile=true (and compile_mode=reduce-overhead, CUDA graphs) builds one graph over every batch shape;
@@ -30,7 +32,7 @@ import time
 
 import pytest
 import torch
-from conftest import REPO, SWORD
+from conftest import REPO, SWORD, compose_config
 
 pytestmark = [
     pytest.mark.gpu,
@@ -109,6 +111,22 @@ def run_app(cwd, *args, launcher=("-m", "app")) -> subprocess.CompletedProcess:
     )
 
 
+def run_here(workdir, monkeypatch, command: str, *args: str) -> None:
+    """``command`` with these settings (of two values of one, the later) in this process, in ``workdir``, as the
+    CLI dispatches it (app/cli.py's ``COMMANDS``). A stage's timeout (SIGINT), which training turns into a
+    saved stop, ends the session as a Ctrl-C does, so that pytest still writes what passed."""
+    from app.cli import COMMANDS
+    from app.interrupt import TrainingInterrupted
+
+    monkeypatch.chdir(workdir)
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    cfg = compose_config(*settings(*args), command=command)
+    try:
+        COMMANDS[command](cfg)
+    except TrainingInterrupted as stopped:
+        raise KeyboardInterrupt(str(stopped)) from stopped
+
+
 def output(result: subprocess.CompletedProcess) -> str:
     return result.stdout + result.stderr
 
@@ -167,17 +185,15 @@ def workdir(tmp_path_factory, pairs):
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_family_trains_on_cuda_and_beam_eval_writes_metrics_and_maps(workdir, family, record_property):
-    """Each model family trains in bf16 on the GPU, and ``command=eval decode.beam_size=5`` writes
-    metrics.json; a model with attention also gets the attention's summary in metrics.json and its maps
-    (alignments data file, heatmap folder), the plain encoder-decoder gets neither."""
+def test_family_trains_on_cuda_and_beam_eval_writes_metrics_and_maps(workdir, family, record_property, monkeypatch):
+    """Each model family trains in bf16 on the GPU, validates greedily at its end, and its evaluation with
+    ``decode.beam_size=5`` (``train.evaluate=true``: in the same command) writes metrics.json; a model with
+    attention also gets the attention's summary in metrics.json and its maps (alignments data file, heatmap
+    folder), the plain encoder-decoder gets neither."""
     name, steps = f"family_{family}", 30
-    result = run_app(workdir, "command=train", *BASE, *FAMILIES[family], f"name={name}", f"train.max_steps={steps}")
-    assert result.returncode == 0, tail(result)
+    args = [*BASE, *FAMILIES[family], f"name={name}", f"train.max_steps={steps}", "train.evaluate=true"]
+    run_here(workdir, monkeypatch, "train", *args, "decode.beam_size=5")
     assert_trained_on_cuda(workdir, name, steps)
-
-    result = run_app(workdir, "command=eval", f"name={name}", "decode.beam_size=5", "viz.eval_plots=2")
-    assert result.returncode == 0, tail(result)
     out = workdir / "checkpoints" / name / "eval" / "test"
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["sentences"] > 0 and metrics["decoding"].startswith("beam 5"), metrics
@@ -294,13 +310,22 @@ def test_compile_builds_one_graph_over_every_batch_shape(workdir, family, mode, 
     assert 1 <= s.get("compile_graphs", 0) <= 2 * regions, f"compile_graphs in train_summary.json: {said}"
 
 
+# The out-of-memory run: a Transformer twice the base's width on the small corpus repeated to ~150 k words
+# (Genesis 1-6: ~3,500 pairs, one batch of ~0.7 M tokens padded to its longest pair with the 400-piece
+# vocabulary, counted on the CPU). Its activations for backward, counted by hand at ~0.4 MB per token in bf16
+# (an estimate, not measured), come to ~280 GB: past any one GPU lent (80 or 141 GB), while the tokenizer
+# trains in seconds (3 M words took minutes).
+OOM_MODEL = ["model=transformer", "model.d_model=1024", "model.ff_dim=4096", "model.heads=16"]
+OOM_WORDS = 150_000
+
+
 def test_oom_retry_halves_the_batch_after_a_real_out_of_memory(tmp_path, pairs, record_property):
-    """With train.oom_retry=true, a batch of 2,000,000 tokens on the Transformer base runs the GPU out of
-    memory for real (its activations alone need well over 100 GiB); the run halves train.batch_tokens,
-    says so, and finishes its steps with the smaller budget."""
-    # the small corpus repeated (distinct ids, duplicates kept) until a batch can hold 2 M tokens
+    """With train.oom_retry=true, a batch of 2,000,000 tokens (the whole corpus, ~0.7 M padded tokens) on a wide
+    Transformer runs the GPU out of memory for real; the run halves train.batch_tokens, says so, and finishes
+    its steps with the smaller budget."""
+    # the small corpus repeated (distinct ids, duplicates kept)
     words = sum(len(src.split()) + len(tgt.split()) for _, src, tgt in pairs)
-    copies = math.ceil(3_000_000 / words)
+    copies = math.ceil(OOM_WORDS / words)
     write_pairs(tmp_path / "oom.tsv", [(f"{i}.{k}", src, tgt) for k in range(copies) for i, src, tgt in pairs])
     steps = 2
     result = run_app(
@@ -311,7 +336,7 @@ def test_oom_retry_halves_the_batch_after_a_real_out_of_memory(tmp_path, pairs, 
         "data.train=oom.tsv",
         "data.filters.dedup=false",
         "tokenizer.vocab_size=400",
-        "model=transformer",
+        *OOM_MODEL,
         "train.batch_tokens=2000000",
         "train.oom_retry=true",
         f"train.max_steps={steps}",

@@ -115,3 +115,35 @@ def test_bad_settings_are_user_errors():
         build_model(TransformerConfig(arch="lstm9000"), Vocab(VOCAB, VOCAB))
     with pytest.raises(UserError, match="model.arch='rnn' does not match the TransformerConfig settings"):
         build_model(TransformerConfig(arch="rnn"), Vocab(VOCAB, VOCAB))
+
+
+def largest_copy(run) -> int:
+    """Elements of the largest tensor ``aten::copy_`` writes while ``run()`` runs (the profiler's input shapes)."""
+    from torch.profiler import profile
+
+    with profile(record_shapes=True) as prof:
+        run()
+    shapes = [e.input_shapes[0] for e in prof.events() if e.name == "aten::copy_" and e.input_shapes]
+    return max((torch.Size(shape).numel() for shape in shapes), default=0)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_step_keeping_attention_copies_no_source_keys_or_values(beam):
+    """A decoding step that keeps the cross-attention weights (as make eval does) multiplies by each sentence's
+    source keys and values where they are: nothing it copies is as large as one layer's source keys (copying
+    every layer's source keys and values at every step made a greedy step cost what a beam step does)."""
+    from app.beam import BeamSearch
+    from app.search import GreedySearch
+
+    model, sentences, length = tiny_model(), 6, 40
+    src = torch.randint(5, VOCAB, (sentences, length))
+    with torch.no_grad():
+        search = (
+            BeamSearch(model, src, beam, need_attention=True)
+            if beam > 1
+            else GreedySearch(model, src, need_attention=True)
+        )
+        search.step(check=False)
+        copied = largest_copy(lambda: search.step(check=False))
+    keys = sentences * length * model.d_model  # one layer's source keys, all heads
+    assert 0 < copied < keys

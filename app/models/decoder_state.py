@@ -79,18 +79,16 @@ class DecoderState:
 
     cache   (2 · layers, rows, kv_heads, capacity, d_head): each layer's self-attention keys (RoPE-rotated), then
             values, of the positions decoded so far, each step's written in place at ``position``;
-    cross   (layers, sentences, 2 · kv_heads, S, d_head): the cross-attention keys then values of each sentence,
-            computed once and read by all its beams.
+    cross   (layers, 2, sentences, kv_heads, S, d_head): each layer's cross-attention keys, then values, of each
+            sentence, computed once and read by all its beams. Keys and values each contiguous: a step that
+            keeps the attention weights multiplies by them as one batch of (sentence, head) matrices, with no
+            copy of the source's keys and values at every step.
 
     The cache is a view of ``storage``, allocated once for the rows and steps of the whole decoding. A reorder
     (``select``) gathers the rows into the ``spare`` storage and the two swap. With ``exact`` (beam search,
     which reorders after every step) it lays them out with room for one more position only, so that a step
     attends over whole, contiguous keys and values (on a CPU, SDPA reads those twice as fast as a window
     into a larger cache); otherwise the capacity stays that of the whole decoding.
-
-    ``static`` (set for a captured CUDA graph, app/static_steps.py) keeps the capacity and the storage: steps
-    attend over the first ``static`` positions under a mask, and a reorder copies back in place, so that a
-    step's shapes and tensors stay the same from step to step.
     """
 
     def __init__(
@@ -115,24 +113,14 @@ class DecoderState:
         self.position = torch.zeros(1, dtype=torch.long, device=cross.device)  # where the next step writes
         self.length = 0  # positions written (= position, on the host)
         self.exact = exact
-        self.static: Optional[int] = None  # captured steps: the positions they attend over (make_static)
         size = layers * 2 * rows * self.kv_heads * capacity * self.d_head
         self.storage, self.spare = cross.new_empty(size), cross.new_empty(size)
-        self.rows, self.capacity, self.steps = rows, 1 if exact else capacity, capacity
-        self.lay_out()
-
-    def make_static(self) -> None:
-        """Fixed shapes for captured steps, before the first: the cache laid out over every step, zero where
-        nothing is written yet (a masked key still multiplies its value by a zero weight: no NaN may hide
-        there), and reorders copied back into the same storage."""
-        self.exact, self.capacity, self.static = False, self.steps, 0
-        self.storage.zero_()
-        self.spare.zero_()
+        self.rows, self.capacity = rows, 1 if exact else capacity
         self.lay_out()
 
     @property
     def kv_heads(self) -> int:
-        return self.cross.size(2) // 2
+        return self.cross.size(3)
 
     def layout(self, storage: torch.Tensor, rows: int, capacity: int) -> torch.Tensor:
         """The first elements of ``storage`` as a contiguous (2 · layers, rows, kv_heads, capacity, d_head) cache."""
@@ -147,8 +135,7 @@ class DecoderState:
         self.layers = list(zip(views[::2], views[1::2]))
 
     def cross_views(self) -> None:
-        kv = self.kv_heads
-        self.cross_layers = [(layer[:, :kv], layer[:, kv:]) for layer in self.cross.unbind(0)]
+        self.cross_layers = [(layer[0], layer[1]) for layer in self.cross.unbind(0)]
 
     @property
     def self_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -172,15 +159,11 @@ class DecoderState:
         cache = self.cache if written == self.capacity else self.cache[..., :written, :]
         torch.index_select(cache, 1, index, out=gathered[..., :written, :])
         self.rows, self.capacity = rows, capacity
-        if self.static is not None:  # a captured step reads this very storage
-            self.lay_out()
-            self.cache[..., :written, :].copy_(gathered[..., :written, :])
-        else:
-            self.storage, self.spare = self.spare, self.storage
-            self.lay_out(gathered)
+        self.storage, self.spare = self.spare, self.storage
+        self.lay_out(gathered)
         if compacted:
             sentences = index[:: self.beam] // self.beam
-            self.cross, self.key_mask = self.cross.index_select(1, sentences), self.key_mask.index_select(0, sentences)
+            self.cross, self.key_mask = self.cross.index_select(2, sentences), self.key_mask.index_select(0, sentences)
             self.cross_views()
         return self
 

@@ -167,7 +167,7 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """One token per row, x (rows, D), in inference: the keys and values of x go into the ``cache``'s
         (keys, values), (rows, kv_heads, capacity, d_head) each, at ``state.position``; its query attends over
-        the first ``span`` positions (``self_mask``: which of them, or a float bias; None: all), then over the source's
+        the first ``span`` positions (``self_mask``: ALiBi's float bias, or None), then over the source's
         ``cross`` keys and values (sentences, kv_heads, S, d_head)."""
         heads, kv_heads, d_head = self.self_attn.heads, self.self_attn.kv_heads, self.self_attn.d_head
         rows = x.size(0)
@@ -315,8 +315,8 @@ class Transformer(nn.Module):
         projections = [layer.cross_attn.kv_proj for layer in self.decoder]
         weight, bias = torch.cat([p.weight for p in projections]), torch.cat([p.bias for p in projections])
         cross = Projection(weight, bias, onednn)(memory.states.flatten(0, 1))
-        # (sentences · S, layers · 2 · kv_heads · d_head) -> (layers, sentences, 2 · kv_heads, S, d_head)
-        cross = cross.view(sentences, src_len, layers, 2 * kv_heads, d_head).permute(2, 0, 3, 1, 4).contiguous()
+        # (sentences · S, layers · 2 · kv_heads · d_head) -> (layers, 2, sentences, kv_heads, S, d_head)
+        cross = cross.view(sentences, src_len, layers, 2, kv_heads, d_head).permute(2, 3, 0, 4, 1, 5).contiguous()
         state = DecoderState(
             layers=layers,
             rows=sentences * beam,
@@ -343,7 +343,7 @@ class Transformer(nn.Module):
             state = self.start(memory, prev_tokens.size(0) // memory.states.size(0))
         if state.length == state.capacity:
             state.make_room()
-        span = state.length + 1 if state.static is None else state.static
+        span = state.length + 1
         x = F.embedding(prev_tokens, state.embedding)  # E y · √d_model
         if self.positions is not None:
             x = x + self.positions.at(state.position)
@@ -351,9 +351,6 @@ class Transformer(nn.Module):
         self_mask = None
         if self.alibi is not None:  # heads grouped as the queries are (grouped_queries)
             self_mask = self.alibi.at(state.position, span).view(self.decoder[0].self_attn.kv_heads, -1, span)
-        if state.static is not None:  # positions past this step's are not written yet
-            written = torch.arange(span, device=x.device)[None, :] <= state.position  # (1, span)
-            self_mask = written if self_mask is None else self_mask.masked_fill(~written, float("-inf"))
         attention = []
         for layer, cache, cross, weights in zip(self.decoder, state.layers, state.cross_layers, state.weights):
             x, layer_attention = layer.step(
