@@ -43,6 +43,7 @@ from app.data.schedule import training_schedule
 from app.data.shapes import SUGGESTED_SHAPES
 from app.data.tokenizer import PAD
 from app.flops import peak_flops, training_flops
+from app.master_weights import MasterWeights
 from app.models import build_model, count_parameters
 from app.profiling import count_ops, profile_steps
 from app.update import compiled_for_training, make_optimizer, train_step
@@ -64,7 +65,8 @@ def time_training(
     ``naive`` turns loop-level speed features off, for comparison: "sync" reads the loss back after
     every step, "unbucketed" cuts batches from a random order, "pageable" copies without pinned memory."""
     optimizer, scheduler = make_optimizer(model, cfg)
-    trained = compiled_for_training(model, cfg)
+    master = MasterWeights(model, dtype if cfg.train.master_weights else None)
+    trained = compiled_for_training(master.compute, cfg)
     batcher = Batcher(data.src, data.tgt)
     if "unbucketed" in naive:
         epoch = make_batches(
@@ -80,7 +82,7 @@ def time_training(
         batch = batcher(indices)
         n_tokens = int((batch.tgt_out != PAD).sum())  # counted on the host copy: no device sync
         on_device = batch.to(device, pin="pageable" not in naive)
-        result = train_step(trained, [on_device], n_tokens, optimizer, scheduler, cfg, dtype)
+        result = train_step(trained, [on_device], n_tokens, optimizer, scheduler, cfg, dtype, master=master)
         if "sync" in naive:
             result.loss_sum.item()
         shapes_seen.add((*batch.src.shape, batch.tgt_in.shape[1]))
@@ -140,6 +142,14 @@ def speed_features(cfg: Config, dtype) -> list[tuple[str, Config, contextlib.Abs
     rows = []
     if cuda:
         rows.append(("without bf16 autocast (fp32)", changed(amp="fp32"), plain(), loop()))
+        rows.append(
+            (
+                "without bf16 weights from fp32 masters (autocast casts each weight at each use)",
+                changed(master_weights=False),
+                plain(),
+                loop(),
+            )
+        )
     rows.append(
         ("without fused AdamW (its non-finite check then syncs)", changed(fused_optimizer=False), plain(), loop())
     )

@@ -71,6 +71,31 @@ def next_updates(schedule: BatchSchedule, skip: int, take: int) -> list[Update]:
     return [next(updates) for _ in range(take)]
 
 
+def host_step(trainer: Trainer, tokens: int, steps: int = 20) -> dict:
+    """Milliseconds per update of the Trainer on one batch of the shortest training pairs, at most ``tokens``
+    padded tokens: a batch so small that on a GPU its compute is a fraction of a millisecond and the time is the
+    host's (Python, dispatch, kernel launches), what bounds every step that the GPU finishes first. On a CPU the
+    compute counts too, unless the model is narrow (docs/benchmarking.md)."""
+    order = np.argsort(trainer.src_lens + trainer.tgt_lens, kind="stable")
+    count = 1
+    while (
+        count < len(order) and padded_tokens(order[: count + 1], trainer.src_lens + 1, trainer.tgt_lens + 1) <= tokens
+    ):
+        count += 1
+    part = [int(i) for i in order[:count]]
+    target = int(trainer.tgt_lens[part].sum()) + count  # + EOS each
+    ready = trainer.prepare(Update([part], target, epoch=0, position=0, epoch_batch_tokens=tokens))
+    for _ in range(3):
+        trainer.optimize(ready)
+    _sync(trainer.device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        trainer.optimize(ready)
+    _sync(trainer.device)
+    padded = padded_tokens(part, trainer.src_lens + 1, trainer.tgt_lens + 1)
+    return {"host_step_ms": round((time.perf_counter() - start) / steps * 1e3, 2), "host_step_tokens": padded}
+
+
 def time_trainer(cfg: Config, steps: int, warmup: int, rounds: int = 2) -> tuple[dict, Callable[[], None]]:
     """The ``step`` and ``loop`` figures of ``steps`` timed updates each, the two taking turns in ``rounds``
     rounds (a load change on a shared machine hits both alike), each turn after ``warmup`` untimed updates;
@@ -115,5 +140,6 @@ def time_trainer(cfg: Config, steps: int, warmup: int, rounds: int = 2) -> tuple
     figures.update(trainer.schedule.epoch_figures())
     if device.type == "cuda":
         figures["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+    figures.update(host_step(trainer, cfg.bench.host_tokens))
     updates = iter(schedule)  # the profiler's updates follow the loop's
     return figures, one_update

@@ -262,6 +262,7 @@ class BenchConfig:
     ct2_threads: int = 1
     checkpoint_path: Optional[str] = None  # a trained run's .pt (same model= settings): decode timings of real output
     profile_steps: int = 0  # then profile this many more steps: time per kind of work, top ops, a Chrome trace
+    host_tokens: int = 256  # host_step_ms: updates on a batch of at most this many padded tokens (its compute ~ 0)
     ablate: bool = False  # also time training with each speed feature off in turn (and with train.compile)
     cpu_small: bool = True  # on a CPU, cap model, batch, steps and test sentences at a size benched in minutes
 

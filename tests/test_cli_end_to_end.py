@@ -488,6 +488,8 @@ def test_bench_prints_and_writes_the_table(workdir, monkeypatch):
     # operators per step (app/profiling.count_ops): a training step launches far more than a decoding step
     train_ops, decode_ops = table["train_step_operators"], table["decode_step_operators"]
     assert train_ops["ops"] > decode_ops["beam2"]["ops"] > 0 and train_ops["kernels"] > decode_ops["beam2"]["kernels"]
+    # host milliseconds per update, on a batch of the shortest pairs within bench.host_tokens
+    assert table["host_step_ms"] > 0 and 0 < table["host_step_tokens"] <= 256
     assert decode_ops["beam1"]["kernels"] > 0 and decode_ops["beam2"]["kernels"] >= decode_ops["beam1"]["kernels"]
     for search in ("beam1", "beam2"):  # with the attention weights kept, as make eval keeps them: more
         assert decode_ops[f"{search}_attention"]["ops"] > decode_ops[search]["ops"]
