@@ -35,7 +35,10 @@ def cached(stamp: str, key: str, outputs: Iterable[str], verify: bool = False) -
         outputs = list(outputs)
         if not all(os.path.exists(path) for path in outputs):
             return None
-        return mark_done(stamp, key, outputs, **{k: v for k, v in record.items() if k != "key"})
+        try:
+            return mark_done(stamp, key, outputs, **{k: v for k, v in record.items() if k != "key"})
+        except PermissionError:  # a corpus folder this user may only read
+            return record
     problem = damage(os.path.dirname(stamp), record["files"], verify)
     if problem:
         log.warning("%s: rebuilding it from its inputs", problem)

@@ -137,9 +137,8 @@ def intact_checkpoints(run_dir: str, skip: str = "") -> list[tuple[str, int]]:
     return sorted(found, key=lambda found: -found[1])
 
 
-def intact_note(run_dir: str, skip: str = "") -> str:
-    """``last (step 60), step_0000055 (step 55)``, or that there is none."""
-    found = intact_checkpoints(run_dir, skip)
+def intact_note(run_dir: str, found: list[tuple[str, int]]) -> str:
+    """``intact checkpoints of <run_dir>: last (step 60), step_0000055 (step 55)``, or that there is none."""
     listed = ", ".join(f"{name} (step {step})" for name, step in found)
     return f"intact checkpoints of {run_dir}: {listed}" if found else f"{run_dir} has no other intact checkpoint"
 

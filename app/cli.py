@@ -50,7 +50,7 @@ def train_command(cfg: Config) -> None:
         except DiskFull as err:
             intact = intact_checkpoints(cfg.run_dir)
             then = f"continue with: {resume_hint()}" if intact else "train again"
-            raise DiskFull(f"{err}; {intact_note(cfg.run_dir)}: once there is space, {then}") from None
+            raise DiskFull(f"{err}; {intact_note(cfg.run_dir, intact)}: once there is space, {then}") from None
     if cfg.train.evaluate and distributed.is_main() and not (keep and evaluated(cfg)):  # under torchrun: on rank 0
         evaluate_run(cfg)
 

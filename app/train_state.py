@@ -85,7 +85,7 @@ class TrainingState:
         return state
 
     def snapshot(self) -> dict:
-        """A checkpoint without the optimizer's state (AdamW's moments, two thirds of ``last.pt``):
+        """A checkpoint without the optimizer's state (AdamW's two moment estimates per parameter):
         ``step_NNNNNNN.pt``, for averaging and evaluation, and what a resume falls back on when ``last.pt``
         is damaged."""
         state = self.checkpoint()

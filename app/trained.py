@@ -9,7 +9,14 @@ from typing import Optional
 
 import torch
 
-from app.checkpoint import UnloadableCheckpoint, checkpoint_path, checkpoint_step, intact_note, load_checkpoint
+from app.checkpoint import (
+    UnloadableCheckpoint,
+    checkpoint_path,
+    checkpoint_step,
+    intact_checkpoints,
+    intact_note,
+    load_checkpoint,
+)
 from app.config import Config, DecodeConfig, config_from_dict
 from app.ct2_engine import EXPORT_INFO, CT2Translator, export_dir
 from app.data.corpus import load_tokenizer
@@ -47,7 +54,8 @@ def load_trained(run_dir: str, which: str, device: torch.device, setting: str = 
     try:
         state = load_checkpoint(path)
     except UnloadableCheckpoint as err:
-        raise UnloadableCheckpoint(f"{err}; {intact_note(run_dir, path)}: choose one with {setting}=") from None
+        intact = intact_note(run_dir, intact_checkpoints(run_dir, skip=path))
+        raise UnloadableCheckpoint(f"{err}; {intact}: choose one with {setting}=") from None
     trained = config_from_dict(state["config"])
     tokenizer = load_tokenizer(trained.data.dir, trained.tokenizer)
     if tokenizer.fingerprint() != state["vocab"]:
