@@ -1,7 +1,7 @@
 """A folder owned by one process at a time: an OS lock (``flock``) on ``<folder>/.lock``.
 
 The kernel releases the lock when its process ends, however it ends, so a killed run never blocks its
-resume. The file records who holds it (PID, start time, command line) for the message the next process
+resume. The file records who holds it (PID, start time, command and name) for the message the next process
 prints. The file stays when its holder ends: deleting it while it is held would let a second process lock
 a new file of the same name.
 """
@@ -102,7 +102,7 @@ def owning(folder: str):
 
 
 def holder(fd: int) -> str:
-    """The holder of a lock, from its file: ``process 123 (started ..., python -m app ...)``."""
+    """The holder of a lock, from its file: ``process 123 (started 2026-01-31 12:00:00: command=train name=x)``."""
     try:
         record = json.loads(os.pread(fd, 4096, 0) or b"{}")
     except ValueError:
