@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import glob
 import os
+import pickle
 import re
+import zipfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -26,7 +28,18 @@ SNAPSHOT = re.compile(r"step_(\d+)\.pt$")
 
 
 def save_checkpoint(path: str, payload: dict) -> None:
-    atomic_write(path, lambda f: torch.save(payload, f))
+    atomic_write(path, lambda f: torch.save(payload, f), size=tensor_bytes(payload))
+
+
+def tensor_bytes(obj) -> int:
+    """Bytes of the tensors in a checkpoint's nested dicts and lists: about the size of its file."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
 
 
 def host_copy(obj):
@@ -71,13 +84,63 @@ class CheckpointWriter:
         self.executor.shutdown()
 
 
-def load_checkpoint(path: str, device: torch.device | str = "cpu") -> dict:
+class UnloadableCheckpoint(UserError):
+    """A checkpoint file that is there but does not load."""
+
+
+def load_checkpoint(path: str, device: torch.device | str = "cpu", mmap: bool = False) -> dict:
+    """A checkpoint's contents (``mmap``: its tensors mapped from the file, read when used)."""
     if not os.path.exists(path):
         raise UserError(f"{path}: checkpoint not found (train first, or check name=)")
     try:
-        return torch.load(path, map_location=device, weights_only=True)
+        return torch.load(path, map_location=device, weights_only=True, mmap=mmap)
     except Exception as err:
-        raise UserError(f"{path}: not a loadable checkpoint: {str(err).splitlines()[0]}") from None
+        raise UnloadableCheckpoint(f"{path}: not a loadable checkpoint: {load_failure(path, err)}") from None
+
+
+def load_failure(path: str, err: Exception) -> str:
+    """Why a checkpoint does not load, in a few words. Never torch's advice to load with weights_only=False:
+    that runs whatever code the file holds."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if size == 0:
+        return "the file is empty"
+    if head != b"PK\x03\x04":  # torch.save writes a zip archive
+        return "not a file torch.save wrote"
+    if not zipfile.is_zipfile(path):
+        return f"cut short ({size} bytes, without the end of its archive): written or copied incompletely"
+    if isinstance(err, pickle.UnpicklingError):
+        return "it holds Python objects besides tensors and plain values, refused (loading them could run code)"
+    return f"damaged ({str(err).split('. ')[0].splitlines()[0]})"
+
+
+def checkpoint_step(state: dict) -> int:
+    """The training step of a checkpoint or snapshot (of the newest snapshot an average was made of)."""
+    if "progress" in state:
+        return state["progress"]["step"]
+    return max(map(snapshot_step, state.get("averaged", [])), default=0)
+
+
+def intact_checkpoints(run_dir: str, skip: str = "") -> list[tuple[str, int]]:
+    """(name, step) of the checkpoints in ``run_dir`` that load (all but ``skip``), newest first: what a
+    damaged one's message offers instead. Their tensors are mapped, not read."""
+    names = ["last", "best", "averaged", *(snapshot_name(step) for step in reversed(snapshot_steps(run_dir)))]
+    found = []
+    for name in names:
+        path = os.path.join(run_dir, f"{name}.pt")
+        if os.path.exists(path) and os.path.abspath(path) != os.path.abspath(skip or "-"):
+            try:
+                found.append((name, checkpoint_step(load_checkpoint(path, mmap=True))))
+            except UserError:
+                pass
+    return sorted(found, key=lambda found: -found[1])
+
+
+def intact_note(run_dir: str, found: list[tuple[str, int]]) -> str:
+    """``intact checkpoints of <run_dir>: last (step 60), step_0000055 (step 55)``, or that there is none."""
+    listed = ", ".join(f"{name} (step {step})" for name, step in found)
+    return f"intact checkpoints of {run_dir}: {listed}" if found else f"{run_dir} has no other intact checkpoint"
 
 
 def checkpoint_path(run_dir: str, which: str) -> str:

@@ -12,34 +12,52 @@ import sys
 from collections.abc import Callable
 
 import hydra
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from app import distributed
 from app.config import Config, config_error, load_config, register_configs
-from app.errors import UserError
+from app.errors import DiskFull, UserError
+from app.folder_lock import LOCK_FILE, FolderLock
 from app.interrupt import TrainingInterrupted
+from app.utils import causes, disk_full
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 # commands that belong to no run keep their log here and write no record of settings
 NO_RUN_DIRS = {"prepare": "data", "bench": "checkpoints/bench", "compare": "checkpoints/compare"}
+# commands that write a run's files own its folder while they run (translate only reads it)
+# what each command owns in a run folder: training all of it (its checkpoints, snapshots, log, tb/); make eval,
+# average and export only their own outputs, so they run beside a training run, one of each kind at a time
+OWNING_COMMANDS = {
+    "train": LOCK_FILE,
+    "eval": f"{LOCK_FILE}-eval",
+    "average": f"{LOCK_FILE}-average",
+    "export": f"{LOCK_FILE}-export",
+}
 
 
 def prepare_command(cfg: Config) -> None:
     from app.data.corpus import prepare_data
 
-    prepare_data(cfg)
+    prepare_data(cfg, verify=True)  # make data repairs whatever is damaged
 
 
 def train_command(cfg: Config) -> None:
+    from app.checkpoint import intact_checkpoints, intact_note
     from app.evaluate import evaluate_run, evaluated
     from app.train_state import finished
-    from app.training import train
+    from app.training import resume_hint, train
 
     keep = cfg.train.auto_resume and finished(cfg.run_dir)
     if keep:
         print(f"{cfg.run_dir}: finished earlier (train_summary.json), kept as it is (train.auto_resume=true)")
     else:
-        train(cfg)
+        try:
+            train(cfg)
+        except DiskFull as err:
+            intact = intact_checkpoints(cfg.run_dir)
+            then = f"continue with: {resume_hint()}" if intact else "train again"
+            raise DiskFull(f"{err}; {intact_note(cfg.run_dir, intact)}: once there is space, {then}") from None
     if cfg.train.evaluate and distributed.is_main() and not (keep and evaluated(cfg)):  # under torchrun: on rank 0
         evaluate_run(cfg)
 
@@ -127,8 +145,56 @@ def _rank() -> int:
     return int(os.environ.get("RANK", 0))
 
 
+def run_folder(command: str, name: str, task_overrides: list[str]) -> str:
+    """Hydra's output folder (the log, the settings record): the run folder, ``run_dir=`` where given."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if command in NO_RUN_DIRS:
+        return NO_RUN_DIRS[command]
+    overrides = OverridesParser.create().parse_overrides(list(task_overrides))
+    given = [o.value() for o in overrides if o.key_or_group == "run_dir"]
+    return str(given[-1]) if given else f"checkpoints/{name}"
+
+
+class OwnRunFolder(Callback):
+    """The run folder (a sweep's folder under --multirun) is locked before Hydra writes its log and settings
+    record there: a second training process on it stops at once, naming the first (app/folder_lock.py), as does
+    a second make eval, average or export beside one already running (each writes its own outputs only, so
+    they run beside training). Under torchrun rank 0 takes the lock for every rank of its launcher; the other
+    ranks write nothing there."""
+
+    def __init__(self) -> None:
+        self.lock: FolderLock | None = None
+
+    def take(self, config: DictConfig, folder_key: str) -> None:
+        if OmegaConf.select(config, "command", default=None) not in OWNING_COMMANDS or _rank() > 0:
+            return
+        folder, command = OmegaConf.select(config, folder_key), OmegaConf.select(config, "command")
+        self.lock = FolderLock(folder, OWNING_COMMANDS[command])
+        try:  # Hydra turns an exception of a callback into a warning and goes on: exit here
+            self.lock.acquire(advice=": wait for it to end, or give another name= (or run_dir=)")
+        except UserError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        except OSError as err:
+            print(f"error: {folder}: cannot lock it ({err.strerror})", file=sys.stderr)
+            sys.exit(2)
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        self.take(config, "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self.take(config, "hydra.sweep.dir")
+
+    def on_run_end(self, config: DictConfig, **kwargs) -> None:
+        if self.lock:
+            self.lock.release()
+
+    on_multirun_end = on_run_end
+
+
 # Hydra's own settings per command (conf/config.yaml): where it logs, and whether it keeps a record
-OmegaConf.register_new_resolver("app_run_dir", lambda command, name: NO_RUN_DIRS.get(command, f"checkpoints/{name}"))
+OmegaConf.register_new_resolver("app_run_dir", run_folder)
 OmegaConf.register_new_resolver(
     "app_record_dir", lambda command: None if command in NO_RUN_DIRS or _rank() > 0 else f".hydra/{command}"
 )
@@ -154,6 +220,12 @@ def run(dict_cfg: DictConfig) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except Exception as err:
+        if not disk_full(err):
+            raise
+        where = next((f" of {e.filename}" for e in causes(err) if getattr(e, "filename", None)), "")
+        print(f"error: no space left on the device{where}: free some and run again", file=sys.stderr)
+        sys.exit(2)
 
 
 def check_arguments(args: list[str]) -> None:

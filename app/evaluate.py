@@ -34,6 +34,7 @@ from app.board import log_eval
 from app.checkpoint import checkpoint_path
 from app.config import Config, VizConfig
 from app.data.corpus import ParallelData, load_split
+from app.data.sources import SPLITS
 from app.data.tokenizer import EOS, Tokenizer
 from app.errors import UserError
 from app.explorer import evaluation_records, write_explorer
@@ -64,7 +65,7 @@ def evaluate_run(cfg: Config) -> dict:
     check_settings(cfg)
     clock = Stopwatch()
     with clock("load"):
-        trained = load_trained(cfg.run_dir, cfg.eval.checkpoint, resolve_device(cfg.device))
+        trained = load_trained(cfg.run_dir, cfg.eval.checkpoint, resolve_device(cfg.device), "eval.checkpoint")
         data = load_split(trained.config.data.dir, cfg.eval.split, trained.tokenizer)
         split_size, data = len(data), data.head(cfg.eval.max_sentences)
         ct2 = load_ct2(cfg, trained, "eval.engine") if cfg.eval.engine == "ct2" else None
@@ -119,6 +120,8 @@ def evaluate_run(cfg: Config) -> dict:
 
 
 def check_settings(cfg: Config) -> None:
+    if cfg.eval.split not in SPLITS:
+        raise UserError(f"eval.split={cfg.eval.split!r} is not a split; the splits are {', '.join(SPLITS)}")
     if cfg.eval.max_sentences < 0:
         raise UserError(f"eval.max_sentences={cfg.eval.max_sentences}: the first N sentences of the split, 0 for all")
     if cfg.eval.attention not in ATTENTION_KEEP:

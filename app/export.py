@@ -55,7 +55,7 @@ def export_run(cfg) -> str:
     the heads of decoder layer ``viz.layer``. Returns the directory."""
     clock = Stopwatch()
     with clock("load"):
-        trained = load_trained(cfg.run_dir, cfg.export.checkpoint, torch.device("cpu"))
+        trained = load_trained(cfg.run_dir, cfg.export.checkpoint, torch.device("cpu"), "export.checkpoint")
     out_dir = export_dir(cfg)
     run_info = {"run_dir": cfg.run_dir, "checkpoint": cfg.export.checkpoint, "step": trained.step}
     tok = trained.tokenizer

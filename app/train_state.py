@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from app.checkpoint import check_compatible, load_checkpoint
+from app.checkpoint import UnloadableCheckpoint, check_compatible, load_checkpoint, snapshot_name, snapshot_steps
 from app.config import Config, TrainConfig
 from app.data.schedule import BatchSchedule
 from app.errors import UserError
@@ -85,21 +85,22 @@ class TrainingState:
         return state
 
     def snapshot(self) -> dict:
-        """The model alone (``step_NNNNNNN.pt``, for averaging and evaluation)."""
-        return {
-            "model": self.model.state_dict(),
-            "config": self.config,
-            "vocab": self.vocab,
-            "progress": asdict(self.progress),
-        }
+        """A checkpoint without the optimizer's state (AdamW's two moment estimates per parameter):
+        ``step_NNNNNNN.pt``, for averaging and evaluation, and what a resume falls back on when ``last.pt``
+        is damaged."""
+        state = self.checkpoint()
+        del state["optimizer"]
+        return state
 
-    def restore(self, path: str, rank: int, world: int) -> None:
-        """Continue from the checkpoint ``path`` of this run: its weights, optimizer, schedules, progress and
-        random generators. The token budget follows train.batch_tokens if the user changed it."""
-        state = load_checkpoint(path)  # on the CPU: see the module's docstring
+    def restore(self, last_path: str, rank: int, world: int) -> None:
+        """Continue from ``last_path`` (or, where it is damaged, from the run's newest intact checkpoint that
+        can continue it: ``resume_state``): its weights, optimizer, schedules, progress and random
+        generators. The token budget follows train.batch_tokens if the user changed it."""
+        state, path = resume_state(last_path)  # on the CPU: see the module's docstring
         check_compatible(state, path, self.vocab, self.cfg.model)
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if "optimizer" in state:  # a snapshot has none: AdamW's moments start again from zero
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         known = {f.name for f in fields(Progress)}
         self.progress = p = Progress(**{k: v for k, v in state["progress"].items() if k in known})
@@ -114,6 +115,39 @@ class TrainingState:
             torch.manual_seed(self.cfg.train.seed + rank + 7919 * p.step)
         s = self.schedule
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, p.step, s.epoch, s.position)
+
+
+def resume_state(last_path: str) -> tuple[dict, str]:
+    """``last.pt`` and its path; where it does not load, the newest intact checkpoint of the run that can
+    continue it (``best.pt``, or a snapshot, which lacks only the optimizer's state), said so in the log.
+    Where none can, a UserError says why not, checkpoint by checkpoint."""
+    try:
+        return load_checkpoint(last_path), last_path
+    except UnloadableCheckpoint as err:
+        damaged = str(err)
+    run_dir, why_not = os.path.dirname(last_path), []
+    names = ["best", *(snapshot_name(step) for step in reversed(snapshot_steps(run_dir)))]
+    candidates = []
+    for name in names:
+        path = os.path.join(run_dir, f"{name}.pt")
+        if not os.path.exists(path):
+            continue
+        try:
+            state = load_checkpoint(path, mmap=True)
+        except UserError as err:
+            why_not.append(str(err))
+            continue
+        if "schedule" not in state:
+            why_not.append(f"{path}: holds no data position (a snapshot written before they did)")
+        else:
+            candidates.append((state["progress"]["step"], "optimizer" in state, path))
+    if not candidates:
+        reasons = "; ".join(why_not) or f"{run_dir} has no best.pt and no snapshot step_*.pt (train.keep_last=0)"
+        raise UserError(f"{damaged}; no other checkpoint can continue the run: {reasons}")
+    step, full, path = max(candidates)  # the newest; at a tie, the full checkpoint
+    lost = "" if full else "; AdamW's moment estimates start again from zero (a snapshot holds no optimizer state)"
+    log.warning("%s; continuing from %s, the newest intact checkpoint (step %d)%s", damaged, path, step, lost)
+    return load_checkpoint(path), path
 
 
 def legacy_schedule(progress: dict, seed: int) -> dict:

@@ -9,7 +9,14 @@ from typing import Optional
 
 import torch
 
-from app.checkpoint import checkpoint_path, load_checkpoint, snapshot_step
+from app.checkpoint import (
+    UnloadableCheckpoint,
+    checkpoint_path,
+    checkpoint_step,
+    intact_checkpoints,
+    intact_note,
+    load_checkpoint,
+)
 from app.config import Config, DecodeConfig, config_from_dict
 from app.ct2_engine import EXPORT_INFO, CT2Translator, export_dir
 from app.data.corpus import load_tokenizer
@@ -40,10 +47,15 @@ class TrainedModel:
         )
 
 
-def load_trained(run_dir: str, which: str, device: torch.device) -> TrainedModel:
-    """The checkpoint ``which`` (best, last, averaged, step_NNNNNNN) of ``run_dir`` on ``device``, in eval mode."""
+def load_trained(run_dir: str, which: str, device: torch.device, setting: str = "eval.checkpoint") -> TrainedModel:
+    """The checkpoint ``which`` (best, last, averaged, step_NNNNNNN: the value of ``setting``) of ``run_dir``
+    on ``device``, in eval mode. One that does not load names those that do."""
     path = checkpoint_path(run_dir, which)
-    state = load_checkpoint(path)
+    try:
+        state = load_checkpoint(path)
+    except UnloadableCheckpoint as err:
+        intact = intact_note(run_dir, intact_checkpoints(run_dir, skip=path))
+        raise UnloadableCheckpoint(f"{err}; {intact}: choose one with {setting}=") from None
     trained = config_from_dict(state["config"])
     tokenizer = load_tokenizer(trained.data.dir, trained.tokenizer)
     if tokenizer.fingerprint() != state["vocab"]:
@@ -51,12 +63,7 @@ def load_trained(run_dir: str, which: str, device: torch.device) -> TrainedModel
     model = build_model(trained.model, tokenizer)
     model.load_state_dict(state["model"])
     model.to(device).eval()
-    step = (
-        state["progress"]["step"]
-        if "progress" in state
-        else max(map(snapshot_step, state.get("averaged", [])), default=0)
-    )
-    return TrainedModel(model, tokenizer, trained, device, amp_dtype(trained.train.amp, device), step)
+    return TrainedModel(model, tokenizer, trained, device, amp_dtype(trained.train.amp, device), checkpoint_step(state))
 
 
 def check_engine(setting: str, engine: str) -> None:

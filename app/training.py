@@ -286,6 +286,7 @@ class Trainer:
         finally:
             if isinstance(updates, Prefetcher):
                 updates.close()
+            self.bar.close()  # now, not at exit after the error message
             self.checkpoints.close()  # every checkpoint on disk before the run returns or raises
         if self.main and not os.path.exists(self.best_path):
             if cfg.train.eval_every <= 0:

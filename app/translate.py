@@ -21,7 +21,7 @@ def translate_lines(cfg: Config) -> None:
         engine = load_ct2(cfg, None, "translate.engine")
         tokenizer = engine.tokenizer()
     else:
-        engine = load_trained(cfg.run_dir, cfg.translate.checkpoint, resolve_device(cfg.device))
+        engine = load_trained(cfg.run_dir, cfg.translate.checkpoint, resolve_device(cfg.device), "translate.checkpoint")
         tokenizer = engine.tokenizer
     hyps = engine.translate(tokenizer.encode_src(lines), cfg.decode)
     if cfg.decode.n_best > 1:
@@ -40,17 +40,22 @@ def translate_lines(cfg: Config) -> None:
 
 def read_translate_input(path: str | None) -> list[str]:
     """Lines to translate from a file or stdin; an empty input or undecodable bytes is an error."""
-    where = path or "standard input"
-    if path and not os.path.isfile(path):
-        raise UserError(f"translate.input={path!r}: file not found")
-    source = open(path, "rb") if path else sys.stdin.buffer
+    where = f"translate.input={path!r}" if path else "standard input"
+    if path and os.path.isdir(path):
+        raise UserError(f"{where}: a folder, not a file")
+    try:  # any file that reads: also /dev/null, a named pipe, a shell's <(...)
+        source = open(path, "rb") if path else sys.stdin.buffer
+    except FileNotFoundError:
+        raise UserError(f"{where}: file not found") from None
+    except OSError as err:
+        raise UserError(f"{where}: cannot be read ({err.strerror})") from None
     lines = []
     with source:
         for line_no, raw in enumerate(source, start=1):
             try:
                 lines.append(raw.decode("utf-8").rstrip("\r\n"))
             except UnicodeDecodeError:
-                raise UserError(f"{where}:{line_no}: not valid UTF-8") from None
+                raise UserError(f"{path or 'standard input'}:{line_no}: not valid UTF-8") from None
     if not lines:
-        raise UserError(f"{where}: nothing to translate (no input lines)")
+        raise UserError(f"{where}: nothing to translate (it is empty)")
     return lines

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import random
+import shutil
 import tempfile
 import time
 from typing import Optional
 
 import torch
 
-from app.errors import UserError
+from app.errors import DiskFull, UserError
 
 
 def stable_hash(obj) -> str:
@@ -29,9 +31,10 @@ def file_hash(path: str) -> str:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str, mode: str = "wb"):
+def atomic_open(path: str, mode: str = "wb", size: int = 0):
     """A file to write ``path`` through: a temp file in the same folder, fsynced and renamed when the
-    block ends, removed if it fails. A crash leaves either the old file or the new one, never a torn one."""
+    block ends, removed if it fails. A crash leaves either the old file or the new one, never a torn one;
+    a full disk is a DiskFull naming the file, ``size`` (what it needs, where known) and the space left."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
@@ -42,20 +45,50 @@ def atomic_open(path: str, mode: str = "wb"):
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are ordinary files
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, Exception) and disk_full(err):
+            needs = f"it needs about {human_bytes(size)}, " if size else ""
+            free = human_bytes(shutil.disk_usage(folder).free)
+            raise DiskFull(f"{path}: no space left on its device to write it ({needs}{free} free)") from None
         raise
 
 
-def atomic_write(path: str, write) -> None:
+def disk_full(err: BaseException) -> bool:
+    """Whether ``err`` comes of a full disk or quota, also when a library wrapped the OSError (torch.save
+    raises a RuntimeError whose context is the OSError)."""
+    return any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in causes(err))
+
+
+def causes(err: BaseException) -> list[BaseException]:
+    """``err`` and the exceptions it was raised from or while handling, outermost first."""
+    chain = []
+    while err is not None and err not in chain:
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    return chain
+
+
+def human_bytes(n: float) -> str:
+    if n < 1024:
+        return f"{n:.0f} bytes"
+    for unit in ("KiB", "MiB"):
+        n /= 1024
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} GiB"
+
+
+def atomic_write(path: str, write, size: int = 0) -> None:
     """Write ``path`` atomically through ``write(file_object)`` (see atomic_open)."""
-    with atomic_open(path) as f:
+    with atomic_open(path, size=size) as f:
         write(f)
 
 
 def atomic_write_text(path: str, text: str) -> None:
-    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    data = text.encode("utf-8")
+    atomic_write(path, lambda f: f.write(data), size=len(data))
 
 
 def seed_everything(seed: int) -> None:

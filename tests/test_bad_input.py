@@ -109,10 +109,16 @@ def test_empty_overlong_and_duplicate_pairs_are_dropped_counted_and_reported(tmp
 
 
 @pytest.mark.parametrize(
-    "stdin,error",
-    [("", "standard input: nothing to translate"), (None, "translate.input='missing.txt': file not found")],
+    "args,error",
+    [
+        ([], "standard input: nothing to translate (it is empty)"),
+        (["translate.input=missing.txt"], "translate.input='missing.txt': file not found"),
+        (["translate.input=/dev/null"], "translate.input='/dev/null': nothing to translate (it is empty)"),
+        (["translate.input=empty.txt"], "translate.input='empty.txt': nothing to translate (it is empty)"),
+        (["translate.input=."], "translate.input='.': a folder, not a file"),
+    ],
 )
-def test_translate_input_that_is_empty_or_missing(tmp_path, stdin, error):
-    args = ["translate.input=missing.txt"] if stdin is None else []
-    result = run_cli(tmp_path, "command=translate", "name=none", *args, stdin=stdin or "")
-    assert result.returncode == 2 and error in result.stderr and "Traceback" not in result.stderr
+def test_translate_input_that_is_empty_or_missing(tmp_path, args, error):
+    (tmp_path / "empty.txt").write_text("")
+    result = run_cli(tmp_path, "command=translate", "name=none", *args, stdin="")
+    assert result.returncode == 2 and result.stderr == f"error: {error}\n"

@@ -2,6 +2,7 @@
 gradient accumulation on the same global batches, rank-0-only outputs, resume under DDP, and the
 token budget per update."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -79,8 +80,6 @@ def test_two_ranks_equal_one_process_accumulating_the_same_batches(runs):
 
 
 def test_the_summary_states_ranks_accumulation_and_tokens_per_update(runs):
-    import json
-
     root, _ = runs
     ddp = json.loads((root / "checkpoints/ddp/train_summary.json").read_text())
     accum = json.loads((root / "checkpoints/accum/train_summary.json").read_text())
@@ -100,6 +99,8 @@ def test_only_rank_zero_writes(runs):
     assert no_events(ddp_files) == no_events(accum_files)  # the same files as one process writes, once
     assert sorted(os.listdir(root)) == ["checkpoints", "corpus.tsv", "data"]  # nothing else anywhere
     assert ddp.stdout.count("training stopped") + ddp.stderr.count("training stopped") == 1  # one log
+    lock = json.loads((root / "checkpoints/ddp/.lock").read_text())  # rank 0 locked the folder for its launcher
+    assert lock["launcher_pid"] != lock["pid"]
 
 
 def test_resume_under_ddp_continues_exactly(runs):

@@ -21,6 +21,8 @@ from app.config import Config, TokenizerConfig
 from app.data.prepare import prepare
 from app.data.sources import SPLITS
 from app.data.tokenizer import Tokenizer, build_tokenizer, model_paths
+from app.errors import UserError
+from app.folder_lock import owning
 from app.utils import file_hash, stable_hash
 
 log = logging.getLogger(__name__)
@@ -59,13 +61,16 @@ class TokenizedSplit:
         return len(self.src_lens)
 
 
-def prepare_data(cfg: Config) -> Tokenizer:
+def prepare_data(cfg: Config, verify: bool = False) -> Tokenizer:
     """Corpus preparation, tokenizer training and the tokenized Arrow caches, each skipped when its
-    inputs did not change."""
-    prepare(cfg.data)
-    tokenizer = build_tokenizer(cfg.data.dir, cfg.tokenizer)
-    for split in SPLITS:
-        tokenized(cfg.data.dir, split, tokenizer, cfg.data.num_proc)
+    inputs did not change and its outputs are as written (``verify``: their content hashes too, as
+    ``make data`` checks). One process at a time works in a corpus folder: another waits for it, then
+    finds the work done."""
+    with owning(cfg.data.dir):
+        prepare(cfg.data, verify)
+        tokenizer = build_tokenizer(cfg.data.dir, cfg.tokenizer, verify)
+        for split in SPLITS:
+            tokenized(cfg.data.dir, split, tokenizer, cfg.data.num_proc, verify)
     return tokenizer
 
 
@@ -88,14 +93,17 @@ def load_split(data_dir: str, split: str, tokenizer: Tokenizer) -> ParallelData:
     return ParallelData(dataset["id"], dataset["src"], dataset["tgt"], dataset["src_ids"], dataset["tgt_ids"])
 
 
-def tokenized(data_dir: str, split: str, tokenizer: Tokenizer, num_proc: int = 0):
+def tokenized(data_dir: str, split: str, tokenizer: Tokenizer, num_proc: int = 0, verify: bool = False):
     """The Arrow cache of ``<data_dir>/<split>.tsv`` under ``tokenizer`` (a ``datasets.Dataset``,
-    memory-mapped), built when missing or stale."""
+    memory-mapped), built when missing, stale, damaged (app/cache.py) or unreadable."""
     import datasets
 
     tsv = os.path.join(data_dir, f"{split}.tsv")
     stem = os.path.splitext(os.path.basename(tokenizer.src_path))[0]
     cache = os.path.join(data_dir, "tokenized", stem, split)
+    if split not in SPLITS or not os.path.exists(tsv):
+        there = [s for s in SPLITS if os.path.exists(os.path.join(data_dir, f"{s}.tsv"))]
+        raise UserError(f"{tsv}: no such split; {data_dir} has {', '.join(there) or 'none (make data prepares them)'}")
     stat = os.stat(tsv)
     key = stable_hash(
         {
@@ -105,8 +113,17 @@ def tokenized(data_dir: str, split: str, tokenizer: Tokenizer, num_proc: int = 0
         }
     )
     stamp = os.path.join(cache, "key.json")
-    if cached(stamp, key):
-        return datasets.load_from_disk(cache)
+    with owning(data_dir):  # not while another process builds it
+        if cached(stamp, key, [cache], verify):
+            try:
+                return datasets.load_from_disk(cache)
+            except (OSError, ValueError, pa.ArrowException) as err:
+                log.warning("%s does not load (%s): rebuilding it from %s", cache, str(err).splitlines()[0], tsv)
+        return build_tokenized(tsv, cache, stamp, key, tokenizer, num_proc)
+
+
+def build_tokenized(tsv: str, cache: str, stamp: str, key: str, tokenizer: Tokenizer, num_proc: int):
+    import datasets
 
     datasets.disable_progress_bars()
     work = f"{cache}.building-{os.getpid()}"
@@ -142,7 +159,7 @@ def tokenized(data_dir: str, split: str, tokenizer: Tokenizer, num_proc: int = 0
     shutil.rmtree(cache, ignore_errors=True)
     os.replace(os.path.join(work, "final"), cache)
     shutil.rmtree(work, ignore_errors=True)
-    mark_done(stamp, key, tsv=tsv, tokenizer=tokenizer.src_path)
+    mark_done(stamp, key, [cache], tsv=tsv, tokenizer=tokenizer.src_path)
     return datasets.load_from_disk(cache)
 
 

@@ -112,11 +112,13 @@ def read_tsv(path: str) -> list[Pair]:
         return [Pair(*line.rstrip("\n").split("\t")) for line in f]
 
 
-def prepare(cfg: DataConfig) -> dict:
-    """Make sure ``cfg.dir`` holds the prepared splits; returns the preparation report."""
+def prepare(cfg: DataConfig, verify: bool = False) -> dict:
+    """Make sure ``cfg.dir`` holds the prepared splits, as they were written (``verify``: by their content
+    hashes, app/cache.py); returns the preparation report."""
     report_path = os.path.join(cfg.dir, "prepare.json")
     key = cache_key(cfg)
-    report = cached(report_path, key, [os.path.join(cfg.dir, f"{s}.tsv") for s in SPLITS])
+    outputs = [os.path.join(cfg.dir, f"{s}.tsv") for s in SPLITS]
+    report = cached(report_path, key, outputs, verify)
     if report and all(os.path.exists(os.path.join(cfg.dir, f"{s}.align")) for s in report.get("aligned", [])):
         log.info("data: %s is up to date (%s)", cfg.dir, _counts_text(report))
         return report
@@ -168,6 +170,7 @@ def prepare(cfg: DataConfig) -> dict:
     return mark_done(
         report_path,
         key,
+        outputs + [os.path.join(cfg.dir, f"{split}.align") for split in sorted(aligned)],
         source=cfg.source,
         dropped={s: dict(filters[s].dropped) for s in SPLITS},
         pairs={s: kept[s] for s in SPLITS},

@@ -24,12 +24,9 @@ class Tokenizer:
     """Source and target SentencePiece models (the same object when the vocabulary is joint)."""
 
     def __init__(self, src_model: str, tgt_model: str):
-        for path in {src_model, tgt_model}:
-            if not os.path.exists(path):
-                raise UserError(f"{path}: tokenizer model not found (make data recreates it)")
         self.src_path, self.tgt_path = src_model, tgt_model
-        self.src = spm.SentencePieceProcessor(model_file=src_model)
-        self.tgt = self.src if tgt_model == src_model else spm.SentencePieceProcessor(model_file=tgt_model)
+        self.src = _load(src_model)
+        self.tgt = self.src if tgt_model == src_model else _load(tgt_model)
         self.joint = self.src is self.tgt
 
     @property
@@ -58,6 +55,15 @@ class Tokenizer:
     def fingerprint(self) -> dict:
         """Identifies the vocabulary a model is trained with: the SentencePiece model files' hashes."""
         return {"src": file_hash(self.src_path), "tgt": file_hash(self.tgt_path), "joint": self.joint}
+
+
+def _load(path: str) -> spm.SentencePieceProcessor:
+    if not os.path.exists(path):
+        raise UserError(f"{path}: tokenizer model not found (make data recreates it)")
+    try:
+        return spm.SentencePieceProcessor(model_file=path)
+    except RuntimeError as err:
+        raise UserError(f"{path}: not a SentencePiece model ({err}); make data rebuilds it") from None
 
 
 def model_paths(data_dir: str, cfg: TokenizerConfig) -> tuple[str, str]:
@@ -98,15 +104,20 @@ def _train_one(sentences: Iterator[str], path: str, cfg: TokenizerConfig) -> Non
     atomic_write(path, lambda f: f.write(model.getvalue()))
 
 
-def build_tokenizer(data_dir: str, cfg: TokenizerConfig) -> Tokenizer:
-    """Train (or reuse) the SentencePiece model(s) for the prepared corpus in ``data_dir``."""
+def build_tokenizer(data_dir: str, cfg: TokenizerConfig, verify: bool = False) -> Tokenizer:
+    """Train (or reuse) the SentencePiece model(s) for the prepared corpus in ``data_dir``; a model that
+    is damaged (app/cache.py; ``verify``: by its content hash) or does not load is trained again."""
     train_path = os.path.join(data_dir, "train.tsv")
     src_path, tgt_path = model_paths(data_dir, cfg)
     stamp_path = f"{src_path}.json"  # joint and separate models of one size keep separate stamps
     key = stable_hash({"train": file_hash(train_path), "cfg": asdict(cfg)})
-    if cached(stamp_path, key, [src_path, tgt_path]):
-        log.info("tokenizer: %s is up to date", src_path)
-        return Tokenizer(src_path, tgt_path)
+    if cached(stamp_path, key, [src_path, tgt_path], verify):
+        try:
+            tokenizer = Tokenizer(src_path, tgt_path)
+            log.info("tokenizer: %s is up to date", src_path)
+            return tokenizer
+        except UserError as err:
+            log.warning("%s: training it again", err)
 
     with open(train_path, encoding="utf-8") as f:
         n_pairs = sum(1 for _ in f)
@@ -123,5 +134,5 @@ def build_tokenizer(data_dir: str, cfg: TokenizerConfig) -> Tokenizer:
     else:
         _train_one(_column(train_path, 1), src_path, cfg)
         _train_one(_column(train_path, 2), tgt_path, cfg)
-    mark_done(stamp_path, key)
+    mark_done(stamp_path, key, [src_path, tgt_path])
     return Tokenizer(src_path, tgt_path)
