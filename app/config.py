@@ -110,7 +110,8 @@ class TransformerConfig:
     dec_layers: int = 6
     ff_dim: int = 2048
     dropout: float = 0.3  # as for low-resource pairs (the Bible has ~29 k training verses)
-    attention_dropout: float = 0.1
+    attention_dropout: float = 0.1  # on the attention weights
+    activation_dropout: float = 0.3  # on the feed-forward's hidden activations (model.dropout: on each residual branch)
     activation: str = "relu"  # relu | gelu
     norm: str = "pre"  # pre | post: where the norm sits in each residual block
     norm_type: str = "layernorm"  # layernorm | rmsnorm
@@ -185,10 +186,25 @@ class TrainConfig:
     # (app/data/shapes.py), so CUDA graphs (compile_mode=reduce-overhead) replay N graphs; 0 = each batch
     # padded to its longest pair (fewest pad tokens, a new shape per batch)
     batch_shapes: int = 0
+    # an exponential moving average of the weights (app/ema.py), validated, kept as best.pt and translated
+    # with in place of the trained weights; 0 = off
+    ema_decay: float = 0.0
+    # at the end of a run, average this many snapshots (app/closing_average.py), the newest (last) or those of
+    # the best validations (best): best.pt is whichever of the average and the best single weights scores
+    # higher on dev; 0 = off
+    average_snapshots: int = 0
+    average_from: str = "last"  # last | best
 
     def __post_init__(self) -> None:
         if self.batch_shapes < 0:
             raise UserError(f"train.batch_shapes={self.batch_shapes} must be 0 (off) or a number of shapes")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise UserError(f"train.ema_decay={self.ema_decay} must be in [0, 1): 0 is off, 0.999 a typical decay")
+        if self.average_snapshots < 0 or self.average_from not in ("last", "best"):
+            raise UserError(
+                f"train.average_snapshots={self.average_snapshots} train.average_from={self.average_from}: "
+                "give a number of snapshots (0 = off) and last or best"
+            )
 
 
 @dataclass

@@ -31,12 +31,14 @@ from app import distributed
 from app.alignment import read_pharaoh
 from app.board import training_figures, write_hparams
 from app.checkpoint import CheckpointWriter, host_copy, save_checkpoint, write_snapshot
+from app.closing_average import average_at_end, kept_snapshots, reserve_seconds
 from app.config import Config, TrainConfig
 from app.data.batching import Batch, Batcher
 from app.data.corpus import ParallelData, TokenizedSplit, load_split, load_tokenized, load_tokenizer, prepare_data
 from app.data.prefetch import Prefetcher
 from app.data.schedule import BatchSchedule, Update, accumulation_steps, training_schedule
 from app.data.tokenizer import Tokenizer
+from app.ema import ExponentialAverage
 from app.errors import UserError
 from app.flops import FlopCounter, peak_flops
 from app.guided_alignment import AlignmentTargets, alignment_targets
@@ -96,7 +98,8 @@ class Trainer:
         self.rank, self.world, self.main = distributed.rank(), distributed.world_size(), distributed.is_main()
         self.dtype = amp_dtype(cfg.train.amp, device)
         fingerprint = data.tokenizer.fingerprint()
-        self.state = TrainingState(model, optimizer, scheduler, schedule, cfg, fingerprint, device)
+        self.ema = ExponentialAverage(model, cfg.train.ema_decay) if cfg.train.ema_decay else None
+        self.state = TrainingState(model, optimizer, scheduler, schedule, cfg, fingerprint, device, self.ema)
         if resume:
             self.state.restore(self.last_path, self.rank, self.world)
         elif self.world > 1:  # same initial weights (DDP broadcasts rank 0's), different dropout per rank
@@ -117,6 +120,9 @@ class Trainer:
         self.postfix_at = 0.0  # when its time_left was last set
         self.estimate = RunEstimate(self.progress.step)
         self.clock: Optional[LoopClock] = None  # make bench: times the loop's steps after its first ones
+        self.parameters = count_parameters(model)
+        self.keep_last, self.keep_best = kept_snapshots(cfg.train)
+        self.average: Optional[dict] = None  # what the closing average kept (train.average_snapshots)
 
     @property
     def progress(self) -> Progress:
@@ -133,25 +139,25 @@ class Trainer:
         if not self.main:
             return
         self.checkpoints.submit(save_checkpoint, self.last_path, host_copy(self.state.checkpoint(rng_ranks)))
-        if self.cfg.train.keep_last > 0:
+        if self.keep_last > 0:
             self.snapshot()
 
     def snapshot(self) -> None:
-        t, p = self.cfg.train, self.progress
+        p = self.progress
         payload, validations = host_copy(self.state.snapshot()), [list(v) for v in p.validations]
-        self.checkpoints.submit(write_snapshot, self.run_dir, p.step, payload, t.keep_last, t.keep_best, validations)
+        keep = self.keep_last, self.keep_best
+        self.checkpoints.submit(write_snapshot, self.run_dir, p.step, payload, *keep, validations)
 
     def validate(self, closing: bool = False) -> bool:
         """Validate on rank 0, keep the best checkpoint; returns on every rank whether early stopping says stop."""
         stop, t = False, self.cfg.train
         if self.main:
             d = self.data
-            metrics = validate(
-                self.model, d.dev, d.dev_links, d.tokenizer, self.cfg, self.writer, self.progress, closing
-            )
+            model = self.state.served_model
+            metrics = validate(model, d.dev, d.dev_links, d.tokenizer, self.cfg, self.writer, self.progress, closing)
             if metrics["improved"]:
                 self.checkpoints.submit(save_checkpoint, self.best_path, host_copy(self.state.checkpoint()))
-            if t.keep_best > 0:
+            if self.keep_best > 0:
                 self.snapshot()
             stop = bool(t.patience) and self.progress.bad_evals >= t.patience
         return distributed.from_main(stop, self.device)
@@ -213,6 +219,8 @@ class Trainer:
             return f"{big.src.size(0)} sentences, source {tuple(big.src.shape)}, target {tuple(big.tgt_in.shape)}"
         p, t = self.progress, self.cfg.train
         p.step += 1
+        if self.ema is not None:
+            self.ema.update(p.step)
         p.tgt_tokens += n_tokens
         self.window.add(result, ready.local_tokens, n_tokens, ready.flops)
         self.bar.update(1)
@@ -235,8 +243,10 @@ class Trainer:
         return None if left is None else left - self.closing_reserve()
 
     def closing_reserve(self) -> float:
-        """Seconds kept for the closing validation: as long as the last one took (none measured yet: 0)."""
-        return self.progress.last_validation_seconds if self.cfg.train.eval_every > 0 else 0.0
+        """Seconds kept for the closing validation, as long as the last one took (none measured yet: 0), and for
+        the closing average."""
+        seconds = self.progress.last_validation_seconds if self.cfg.train.eval_every > 0 else 0.0
+        return seconds + reserve_seconds(self.cfg.train, self.parameters, seconds)
 
     # --- the loop ---------------------------------------------------------------------------------
 
@@ -278,6 +288,8 @@ class Trainer:
                     self.validate(closing=True)
                 p.elapsed_seconds = self.elapsed()
                 self.save()
+                self.average = average_at_end(self)
+                p.elapsed_seconds = self.elapsed()
         finally:
             if isinstance(updates, Prefetcher):
                 updates.close()
