@@ -23,7 +23,6 @@ from typing import Optional
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 from tqdm import tqdm
 
@@ -32,7 +31,7 @@ from app.alignment import read_pharaoh
 from app.board import training_figures, write_hparams
 from app.checkpoint import CheckpointWriter, host_copy, save_checkpoint, write_snapshot
 from app.closing_average import average_at_end, kept_snapshots, reserve_seconds
-from app.config import Config, TrainConfig
+from app.config import Config
 from app.data.batching import Batch, Batcher
 from app.data.corpus import ParallelData, TokenizedSplit, load_split, load_tokenized, load_tokenizer, prepare_data
 from app.data.prefetch import Prefetcher
@@ -46,7 +45,15 @@ from app.interrupt import StopRequest, StopRules, TrainingInterrupted
 from app.metrics_window import MetricsWindow, progress_postfix, report_skips
 from app.models import build_model, count_parameters
 from app.train_state import Progress, TrainingState, check_settings, resuming
-from app.training_report import CompileWatch, LoopClock, RunEstimate, duration_hint, run_summary, update_size
+from app.training_report import (
+    CompileWatch,
+    LoopClock,
+    RunEstimate,
+    duration_hint,
+    progress_bar,
+    record_start,
+    run_summary,
+)
 from app.update import compiled_for_training, make_optimizer, train_step
 from app.utils import amp_dtype, atomic_write_text, resolve_device, rng_state, seed_everything
 from app.validation import validate
@@ -332,24 +339,6 @@ class Trainer:
             log.info("training stopped: %s. %s", stop_reason, json.dumps(summary))
         self.writer.close()
         return summary
-
-
-def record_start(trainer: Trainer) -> None:
-    """``config.yaml`` in the run folder, and what trains on what in the log."""
-    cfg = trainer.cfg
-    atomic_write_text(os.path.join(trainer.run_dir, "config.yaml"), OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-    size = f"{count_parameters(trainer.model) / 1e6:.1f} M parameters"
-    data = f"{len(trainer.data.train)} train / {len(trainer.data.dev)} dev pairs"
-    log.info("model: %s, %s; device %s, %s; %s", cfg.model.arch, size, trainer.device, trainer.dtype or "fp32", data)
-    s = trainer.schedule
-    log.info("each update: %s", update_size(cfg.train, s.world, s.accum, s.batch_tokens))
-
-
-def progress_bar(t: TrainConfig, step: int, main: bool) -> tqdm:
-    """Steps done and to do; with a time budget the step-count ETA is meaningless (time_left in the
-    postfix says it instead), so the bar then has no total."""
-    total = None if t.max_minutes else t.max_steps
-    return tqdm(total=total, initial=step, desc="training", unit="step", dynamic_ncols=True, disable=not main)
 
 
 def load_data(cfg: Config, main: bool) -> TrainingData:
