@@ -113,15 +113,17 @@ def average_at_end(trainer) -> Optional[dict]:
         "seconds": round(time.perf_counter() - start, 2),
         "disk_seconds": round(loaded, 2),
     }
-    log.info(
-        "best.pt: %s (dev BLEU %.2f): the average of %d snapshots scored %.2f, the best single weights (step %d) "
-        "%.2f: %+.2f",
-        "the average" if kept == "average" else f"the best single weights of step {p.best_step}",
-        max(metrics["bleu"], p.best_bleu),
-        len(steps),
-        metrics["bleu"],
-        p.best_step,
-        p.best_bleu,
-        gain,
-    )
+    single = f"the best single weights (step {p.best_step}, dev BLEU {p.best_bleu:.2f})"
+    if kept == "average":
+        log.info(
+            "best.pt: the average of %d snapshots (dev BLEU %.2f), %+.2f over %s",
+            len(steps),
+            metrics["bleu"],
+            gain,
+            single,
+        )
+    else:
+        log.info(
+            "best.pt: %s; the average of %d snapshots scored %.2f (%+.2f)", single, len(steps), metrics["bleu"], gain
+        )
     return summary
