@@ -6,7 +6,9 @@ figure is the figure a user's ``make train`` gets:
 - ``loop``: ``Trainer.run``, the whole loop as ``make train`` runs it (the prefetch thread, the metrics
   window, the progress bar, logging, stop checks), with validation and checkpoints left out.
 
-``loop_vs_step`` (loop steps/s over step steps/s) is how much of its step's speed the loop keeps.
+``loop_vs_step`` (loop steps/s over step steps/s) is how much of its step's speed the loop keeps;
+``ema_update_ms`` what the moving average of the weights (train.ema_decay, app/ema.py) adds to each step, timed
+alone whether the run has it on or not (``ema_vs_step``: its share of the step).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from app.config import Config
 from app.data.batching import batch_shape, padded_tokens
 from app.data.schedule import BatchSchedule, Update
+from app.ema import ExponentialAverage
 from app.flops import peak_flops, training_flops
 from app.training import Trainer, build_trainer
 from app.training_report import LoopClock
@@ -61,6 +64,19 @@ def throughput(trainer: Trainer, updates: list[Update], seconds: float) -> dict:
         "model_tflops_per_s": float(f"{flops / seconds / 1e12:.3g}"),  # 3 significant digits: tiny CPU runs too
         "mfu": round(flops / seconds / peak, 4) if peak else None,
     }
+
+
+def time_ema(trainer: Trainer, step_seconds: float, updates: int = 20) -> dict:
+    """Milliseconds of one update of a moving average of the trainer's weights, and its share of a step."""
+    ema = ExponentialAverage(trainer.model, 0.999)
+    ema.update(1)  # allocator and first-call work
+    _sync(trainer.device)
+    start = time.perf_counter()
+    for t in range(updates):
+        ema.update(t + 2)
+    _sync(trainer.device)
+    seconds = (time.perf_counter() - start) / updates
+    return {"ema_update_ms": round(1000 * seconds, 3), "ema_vs_step": round(seconds / step_seconds, 4)}
 
 
 def next_updates(schedule: BatchSchedule, skip: int, take: int) -> list[Update]:
@@ -137,6 +153,7 @@ def time_trainer(cfg: Config, steps: int, warmup: int, rounds: int = 2) -> tuple
     step, loop = (throughput(trainer, timed[kind], seconds[kind]) for kind in ("step", "loop"))
     figures = {**loop, "step_steps_per_s": step["steps_per_s"], "loop_rounds": rounds}
     figures["loop_vs_step"] = round(loop["steps_per_s"] / step["steps_per_s"], 3)
+    figures.update(time_ema(trainer, 1 / step["steps_per_s"]))
     figures.update(trainer.schedule.epoch_figures())
     if device.type == "cuda":
         figures["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)

@@ -198,11 +198,16 @@ def rotate_snapshots(run_dir: str, keep_last: int, keep_best: int, validations: 
     best validations (``validations``: [step, dev BLEU] pairs)."""
     steps = snapshot_steps(run_dir)
     keep = set(steps[-keep_last:]) if keep_last > 0 else set()
-    ranked = sorted(validations, key=lambda v: (-v[1], v[0]))  # best BLEU first, earlier step on ties
-    keep |= {int(step) for step, _ in ranked[:keep_best]}
+    keep |= best_steps(validations, keep_best)
     for step in steps:
         if step not in keep:
             os.unlink(os.path.join(run_dir, f"{snapshot_name(step)}.pt"))
+
+
+def best_steps(validations: list[list[float]], n: int) -> set[int]:
+    """The steps of the ``n`` best validations ([step, dev BLEU] pairs; the earlier step on ties)."""
+    ranked = sorted(validations, key=lambda v: (-v[1], v[0]))
+    return {int(step) for step, _ in ranked[:n]}
 
 
 def average_snapshots(run_dir: str, last: int) -> tuple[dict, list[str]]:
@@ -217,6 +222,12 @@ def average_snapshots(run_dir: str, last: int) -> tuple[dict, list[str]]:
             "(raise train.keep_last, or average fewer)"
         )
     paths = [os.path.join(run_dir, f"{snapshot_name(s)}.pt") for s in steps[-last:]]
+    return average_files(paths), paths
+
+
+def average_files(paths: list[str]) -> dict:
+    """The checkpoint whose parameters are the element-wise mean of those of ``paths`` (model snapshots of one
+    run), with the config and vocab of the last and the names of the files averaged (``averaged``)."""
     states = [load_checkpoint(p) for p in paths]
     newest = states[-1]
     for path, state in zip(paths, states):
@@ -234,4 +245,4 @@ def average_snapshots(run_dir: str, last: int) -> tuple[dict, list[str]]:
         "config": newest["config"],
         "vocab": newest["vocab"],
         "averaged": [os.path.basename(p) for p in paths],
-    }, paths
+    }

@@ -110,7 +110,8 @@ class TransformerConfig:
     dec_layers: int = 6
     ff_dim: int = 2048
     dropout: float = 0.3  # as for low-resource pairs (the Bible has ~29 k training verses)
-    attention_dropout: float = 0.1
+    attention_dropout: float = 0.1  # on the attention weights
+    activation_dropout: float = 0.3  # on the feed-forward's hidden activations (model.dropout: on each residual branch)
     activation: str = "relu"  # relu | gelu
     norm: str = "pre"  # pre | post: where the norm sits in each residual block
     norm_type: str = "layernorm"  # layernorm | rmsnorm
@@ -142,7 +143,6 @@ class RNNConfig:
 
 MODEL_SCHEMAS = {"transformer": TransformerConfig, "rnn": RNNConfig}
 ModelConfig = TransformerConfig | RNNConfig
-
 
 # train.compile_mode values under which torch.compile replays CUDA graphs (cudagraph trees): one per batch shape
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
@@ -181,17 +181,31 @@ class TrainConfig:
     compile_mode: str = "default"  # default | reduce-overhead (CUDA graphs) | max-autotune | max-autotune-no-cudagraphs
     align_weight: float = 0.0  # guided alignment (app/guided_alignment.py): weight of the loss on reference links
     fused_optimizer: bool = True  # AdamW in one kernel that skips non-finite updates on the device
-    # under bf16 (train.amp): the step runs on bf16 copies of the weights, refreshed from the fp32 master weights
-    # once per update (app/master_weights.py); false: autocast casts the fp32 weights at every use
-    master_weights: bool = True
+    master_weights: bool = True  # bf16: steps on bf16 weights kept from fp32 masters (false: autocast casts each use)
     # pad every batch to one of N (sentences, source, target) shapes chosen from the training lengths
     # (app/data/shapes.py), so CUDA graphs (compile_mode=reduce-overhead) replay N graphs; 0 = each batch
     # padded to its longest pair (fewest pad tokens, a new shape per batch)
     batch_shapes: int = 0
+    # an exponential moving average of the weights (app/ema.py), validated, kept as best.pt and translated
+    # with in place of the trained weights; 0 = off. Until step 9 / (1 - decay) it spans the last ninth of the
+    # run whatever the decay (docs/training.md)
+    ema_decay: float = 0.999
+    # at the end of a run, average this many snapshots (app/closing_average.py), the newest (last) or those of
+    # the best validations (best): best.pt is whichever of the average and the best single weights scores
+    # higher on dev; 0 = off
+    average_snapshots: int = 5
+    average_from: str = "last"  # last | best
 
     def __post_init__(self) -> None:
         if self.batch_shapes < 0:
             raise UserError(f"train.batch_shapes={self.batch_shapes} must be 0 (off) or a number of shapes")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise UserError(f"train.ema_decay={self.ema_decay} must be in [0, 1): 0 is off, 0.999 a typical decay")
+        if self.average_snapshots < 0 or self.average_from not in ("last", "best"):
+            raise UserError(
+                f"train.average_snapshots={self.average_snapshots} train.average_from={self.average_from}: "
+                "give a number of snapshots (0 = off) and last or best"
+            )
 
 
 @dataclass

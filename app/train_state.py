@@ -2,6 +2,10 @@
 progress, random generators, settings, vocabulary), how a run resumes from it exactly, and whether a run
 folder is new, to be resumed or finished.
 
+A checkpoint's ``model`` is always the model users get, what eval, translate, export and make average read:
+with ``train.ema_decay`` on, the moving average of the weights (app/ema.py); the trained weights it follows
+are then ``trained_model``, what a resume continues from.
+
 A checkpoint is read on the CPU whatever the device training runs on: the model and optimizer states go
 to their device through ``load_state_dict``, and the random generators' states never leave the host."""
 
@@ -18,6 +22,7 @@ import torch
 from app.checkpoint import UnloadableCheckpoint, check_compatible, load_checkpoint, snapshot_name, snapshot_steps
 from app.config import Config, TrainConfig
 from app.data.schedule import BatchSchedule
+from app.ema import ExponentialAverage
 from app.errors import UserError
 from app.utils import rng_state, set_rng_state
 
@@ -62,16 +67,22 @@ class TrainingState:
     cfg: Config
     vocab: dict  # the tokenizer's fingerprint
     device: torch.device
+    ema: Optional[ExponentialAverage] = None  # train.ema_decay
     progress: Progress = None
 
     def __post_init__(self) -> None:
         self.config = asdict(self.cfg)
         self.progress = self.progress or Progress(started=datetime.now().isoformat(timespec="seconds"))
 
+    @property
+    def served_model(self) -> torch.nn.Module:
+        """The weights validation scores and checkpoints hand out: the moving average where there is one."""
+        return self.model if self.ema is None else self.ema.model
+
     def checkpoint(self, rng_ranks: Optional[list] = None) -> dict:
         """Everything a resume needs (``last.pt``, ``best.pt``); ``rng_ranks``: every rank's generators."""
         state = {
-            "model": self.model.state_dict(),
+            "model": self.served_model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "schedule": self.schedule.state_dict(),
@@ -80,16 +91,19 @@ class TrainingState:
             "vocab": self.vocab,
             "rng": rng_state(self.device),
         }
+        if self.ema is not None:
+            state["trained_model"] = self.model.state_dict()
         if rng_ranks and len(rng_ranks) > 1:
             state["rng_ranks"] = rng_ranks  # each rank's dropout stream, for an exact resume under DDP
         return state
 
     def snapshot(self) -> dict:
-        """A checkpoint without the optimizer's state (AdamW's two moment estimates per parameter):
-        ``step_NNNNNNN.pt``, for averaging and evaluation, and what a resume falls back on when ``last.pt``
-        is damaged."""
+        """A checkpoint without the optimizer's state (AdamW's two moment estimates per parameter) nor, with a
+        moving average, the trained weights beside it: ``step_NNNNNNN.pt``, the weights users get for averaging
+        and evaluation, and what a resume falls back on when ``last.pt`` is damaged."""
         state = self.checkpoint()
         del state["optimizer"]
+        state.pop("trained_model", None)
         return state
 
     def restore(self, last_path: str, rank: int, world: int) -> None:
@@ -98,8 +112,12 @@ class TrainingState:
         generators. The token budget follows train.batch_tokens if the user changed it."""
         state, path = resume_state(last_path)  # on the CPU: see the module's docstring
         check_compatible(state, path, self.vocab, self.cfg.model)
-        self.model.load_state_dict(state["model"])
-        if "optimizer" in state:  # a snapshot has none: AdamW's moments start again from zero
+        # a snapshot holds only the weights users get (the moving average, where there is one): training goes
+        # on from them, and AdamW's moments start again from zero
+        self.model.load_state_dict(state.get("trained_model", state["model"]))
+        if self.ema is not None:  # a run without one before: the average starts from the trained weights
+            self.ema.model.load_state_dict(state["model"])
+        if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         known = {f.name for f in fields(Progress)}
@@ -145,7 +163,14 @@ def resume_state(last_path: str) -> tuple[dict, str]:
         reasons = "; ".join(why_not) or f"{run_dir} has no best.pt and no snapshot step_*.pt (train.keep_last=0)"
         raise UserError(f"{damaged}; no other checkpoint can continue the run: {reasons}")
     step, full, path = max(candidates)  # the newest; at a tie, the full checkpoint
-    lost = "" if full else "; AdamW's moment estimates start again from zero (a snapshot holds no optimizer state)"
+    lost = (
+        ""
+        if full
+        else (
+            "; AdamW's moment estimates start again from zero and training goes on from the snapshot's weights "
+            "(a snapshot holds no optimizer state, nor with train.ema_decay the trained weights beside the average)"
+        )
+    )
     log.warning("%s; continuing from %s, the newest intact checkpoint (step %d)%s", damaged, path, step, lost)
     return load_checkpoint(path), path
 

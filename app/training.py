@@ -23,7 +23,6 @@ from typing import Optional
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 from tqdm import tqdm
 
@@ -31,12 +30,14 @@ from app import distributed
 from app.alignment import read_pharaoh
 from app.board import training_figures, write_hparams
 from app.checkpoint import CheckpointWriter, host_copy, save_checkpoint, write_snapshot
-from app.config import Config, TrainConfig
+from app.closing_average import average_at_end, kept_snapshots, reserve_seconds
+from app.config import Config
 from app.data.batching import Batch, Batcher
 from app.data.corpus import ParallelData, TokenizedSplit, load_split, load_tokenized, load_tokenizer, prepare_data
 from app.data.prefetch import Prefetcher
 from app.data.schedule import BatchSchedule, Update, accumulation_steps, training_schedule
 from app.data.tokenizer import Tokenizer
+from app.ema import ExponentialAverage
 from app.errors import UserError
 from app.flops import FlopCounter, peak_flops
 from app.guided_alignment import AlignmentTargets, alignment_targets
@@ -45,7 +46,15 @@ from app.master_weights import MasterWeights
 from app.metrics_window import MetricsWindow, progress_postfix, report_skips
 from app.models import build_model, count_parameters
 from app.train_state import Progress, TrainingState, check_settings, resuming
-from app.training_report import CompileWatch, LoopClock, RunEstimate, duration_hint, run_summary, update_size
+from app.training_report import (
+    CompileWatch,
+    LoopClock,
+    RunEstimate,
+    duration_hint,
+    progress_bar,
+    record_start,
+    run_summary,
+)
 from app.update import compiled_for_training, make_optimizer, train_step
 from app.utils import amp_dtype, atomic_write_text, resolve_device, rng_state, seed_everything
 from app.validation import validate
@@ -97,13 +106,13 @@ class Trainer:
         self.rank, self.world, self.main = distributed.rank(), distributed.world_size(), distributed.is_main()
         self.dtype = amp_dtype(cfg.train.amp, device)
         fingerprint = data.tokenizer.fingerprint()
-        self.state = TrainingState(model, optimizer, scheduler, schedule, cfg, fingerprint, device)
+        self.ema = ExponentialAverage(model, cfg.train.ema_decay) if cfg.train.ema_decay else None
+        self.state = TrainingState(model, optimizer, scheduler, schedule, cfg, fingerprint, device, self.ema)
         if resume:
             self.state.restore(self.last_path, self.rank, self.world)
         elif self.world > 1:  # same initial weights (DDP broadcasts rank 0's), different dropout per rank
             torch.manual_seed(cfg.train.seed + self.rank)
-        # the module that trains: under bf16, a copy on bf16 weights (train.master_weights); DDP all-reduces its
-        # gradients; self.model stays the plain fp32 model, the one the optimizer updates and checkpoints hold
+        # what trains: under bf16 a copy on bf16 weights (train.master_weights), under DDP wrapped; self.model: fp32
         self.master = MasterWeights(model, self.dtype if cfg.train.master_weights else None)
         self.trained = compiled_for_training(distributed.wrap(self.master.compute, device), cfg)
         self.compiles = CompileWatch(cfg.train.compile)
@@ -120,6 +129,9 @@ class Trainer:
         self.postfix_at = 0.0  # when its time_left was last set
         self.estimate = RunEstimate(self.progress.step)
         self.clock: Optional[LoopClock] = None  # make bench: times the loop's steps after its first ones
+        self.parameters = count_parameters(model)
+        self.keep_last, self.keep_best = kept_snapshots(cfg.train)
+        self.average: Optional[dict] = None  # what the closing average kept (train.average_snapshots)
 
     @property
     def progress(self) -> Progress:
@@ -136,25 +148,25 @@ class Trainer:
         if not self.main:
             return
         self.checkpoints.submit(save_checkpoint, self.last_path, host_copy(self.state.checkpoint(rng_ranks)))
-        if self.cfg.train.keep_last > 0:
+        if self.keep_last > 0:
             self.snapshot()
 
     def snapshot(self) -> None:
-        t, p = self.cfg.train, self.progress
+        p = self.progress
         payload, validations = host_copy(self.state.snapshot()), [list(v) for v in p.validations]
-        self.checkpoints.submit(write_snapshot, self.run_dir, p.step, payload, t.keep_last, t.keep_best, validations)
+        keep = self.keep_last, self.keep_best
+        self.checkpoints.submit(write_snapshot, self.run_dir, p.step, payload, *keep, validations)
 
     def validate(self, closing: bool = False) -> bool:
         """Validate on rank 0, keep the best checkpoint; returns on every rank whether early stopping says stop."""
         stop, t = False, self.cfg.train
         if self.main:
             d = self.data
-            metrics = validate(
-                self.model, d.dev, d.dev_links, d.tokenizer, self.cfg, self.writer, self.progress, closing
-            )
+            model = self.state.served_model
+            metrics = validate(model, d.dev, d.dev_links, d.tokenizer, self.cfg, self.writer, self.progress, closing)
             if metrics["improved"]:
                 self.checkpoints.submit(save_checkpoint, self.best_path, host_copy(self.state.checkpoint()))
-            if t.keep_best > 0:
+            if self.keep_best > 0:
                 self.snapshot()
             stop = bool(t.patience) and self.progress.bad_evals >= t.patience
         return distributed.from_main(stop, self.device)
@@ -202,22 +214,15 @@ class Trainer:
         n_tokens = ready.update.tgt_tokens
         try:
             with self.compiles.watch(self.progress.step + 1):
-                result = train_step(
-                    self.trained,
-                    ready.on_device,
-                    n_tokens,
-                    self.optimizer,
-                    self.scheduler,
-                    self.cfg,
-                    self.dtype,
-                    self.world,
-                    self.master,
-                )
+                parts = (self.optimizer, self.scheduler, self.cfg, self.dtype, self.world, self.master)
+                result = train_step(self.trained, ready.on_device, n_tokens, *parts)
         except torch.OutOfMemoryError:
             big = max(ready.batches, key=lambda b: b.src.numel() + b.tgt_in.numel())
             return f"{big.src.size(0)} sentences, source {tuple(big.src.shape)}, target {tuple(big.tgt_in.shape)}"
         p, t = self.progress, self.cfg.train
         p.step += 1
+        if self.ema is not None:
+            self.ema.update(p.step)
         p.tgt_tokens += n_tokens
         self.window.add(result, ready.local_tokens, n_tokens, ready.flops)
         self.bar.update(1)
@@ -240,8 +245,10 @@ class Trainer:
         return None if left is None else left - self.closing_reserve()
 
     def closing_reserve(self) -> float:
-        """Seconds kept for the closing validation: as long as the last one took (none measured yet: 0)."""
-        return self.progress.last_validation_seconds if self.cfg.train.eval_every > 0 else 0.0
+        """Seconds kept for the closing validation, as long as the last one took (none measured yet: 0), and for
+        the closing average."""
+        seconds = self.progress.last_validation_seconds if self.cfg.train.eval_every > 0 else 0.0
+        return seconds + reserve_seconds(self.cfg.train, self.parameters, seconds)
 
     # --- the loop ---------------------------------------------------------------------------------
 
@@ -283,6 +290,8 @@ class Trainer:
                     self.validate(closing=True)
                 p.elapsed_seconds = self.elapsed()
                 self.save()
+                self.average = average_at_end(self)
+                p.elapsed_seconds = self.elapsed()
         finally:
             if isinstance(updates, Prefetcher):
                 updates.close()
@@ -326,24 +335,6 @@ class Trainer:
             log.info("training stopped: %s. %s", stop_reason, json.dumps(summary))
         self.writer.close()
         return summary
-
-
-def record_start(trainer: Trainer) -> None:
-    """``config.yaml`` in the run folder, and what trains on what in the log."""
-    cfg = trainer.cfg
-    atomic_write_text(os.path.join(trainer.run_dir, "config.yaml"), OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-    size = f"{count_parameters(trainer.model) / 1e6:.1f} M parameters"
-    data = f"{len(trainer.data.train)} train / {len(trainer.data.dev)} dev pairs"
-    log.info("model: %s, %s; device %s, %s; %s", cfg.model.arch, size, trainer.device, trainer.dtype or "fp32", data)
-    s = trainer.schedule
-    log.info("each update: %s", update_size(cfg.train, s.world, s.accum, s.batch_tokens))
-
-
-def progress_bar(t: TrainConfig, step: int, main: bool) -> tqdm:
-    """Steps done and to do; with a time budget the step-count ETA is meaningless (time_left in the
-    postfix says it instead), so the bar then has no total."""
-    total = None if t.max_minutes else t.max_steps
-    return tqdm(total=total, initial=step, desc="training", unit="step", dynamic_ncols=True, disable=not main)
 
 
 def load_data(cfg: Config, main: bool) -> TrainingData:

@@ -1,16 +1,24 @@
-"""What a training run says about itself: ``train_summary.json``, the size of an update, how long the run
-will take at the speed its first steps show, and what torch.compile built."""
+"""What a training run says about itself: its settings and sizes at the start, its progress bar,
+``train_summary.json``, the size of an update, how long the run will take at the speed its first steps show,
+and what torch.compile built."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import time
 from typing import Optional
 
 import torch
+from omegaconf import OmegaConf
+from tqdm import tqdm
 
 from app.config import Config, TrainConfig
 from app.models import count_parameters
+from app.utils import atomic_write_text
+
+log = logging.getLogger(__name__)
 
 # A run that would take longer than this on a CPU is told about experiment=quick
 LONG_CPU_RUN_HOURS = 2.0
@@ -40,6 +48,8 @@ def run_summary(trainer, stop_reason: str) -> dict:
         summary["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     summary.update(parameters=count_parameters(trainer.model), amp=str(trainer.dtype or "fp32"))
     summary.update(ranks=s.world, accum_steps=s.accum)
+    if trainer.average:  # the closing average (app/closing_average.py): best_dev_bleu is best.pt's
+        summary.update(average=trainer.average, best_dev_bleu=max(p.best_bleu, trainer.average["dev_bleu"]))
     if trainer.compiles.enabled:
         summary.update(compile_graphs=trainer.compiles.graphs, compile_seconds=round(trainer.compiles.seconds, 1))
     return summary
@@ -147,3 +157,21 @@ class LoopClock:
             self.began = time.perf_counter()
         elif step == self.stop and self.began is not None:
             self.seconds = time.perf_counter() - self.began
+
+
+def record_start(trainer) -> None:
+    """``config.yaml`` in an app.training.Trainer's run folder, and what trains on what in the log."""
+    cfg = trainer.cfg
+    atomic_write_text(os.path.join(trainer.run_dir, "config.yaml"), OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    size = f"{count_parameters(trainer.model) / 1e6:.1f} M parameters"
+    data = f"{len(trainer.data.train)} train / {len(trainer.data.dev)} dev pairs"
+    log.info("model: %s, %s; device %s, %s; %s", cfg.model.arch, size, trainer.device, trainer.dtype or "fp32", data)
+    s = trainer.schedule
+    log.info("each update: %s", update_size(cfg.train, s.world, s.accum, s.batch_tokens))
+
+
+def progress_bar(t: TrainConfig, step: int, main: bool) -> tqdm:
+    """Steps done and to do; with a time budget the step-count ETA is meaningless (time_left in the
+    postfix says it instead), so the bar then has no total."""
+    total = None if t.max_minutes else t.max_steps
+    return tqdm(total=total, initial=step, desc="training", unit="step", dynamic_ncols=True, disable=not main)

@@ -99,7 +99,9 @@ def test_shaped_padding_leaves_the_loss_and_gradients_unchanged(arch):
     sizes = (
         dict(attention="bahdanau", emb_dim=16, hidden=16)
         if arch == "rnn"
-        else dict(d_model=16, heads=2, enc_layers=2, dec_layers=2, ff_dim=32, attention_dropout=0.0)
+        else dict(
+            d_model=16, heads=2, enc_layers=2, dec_layers=2, ff_dim=32, attention_dropout=0.0, activation_dropout=0.0
+        )
     )
     model = build_model(model_config(arch=arch, dropout=0.0, **sizes), Vocab(30, 30)).double()
     gen = torch.Generator().manual_seed(1)

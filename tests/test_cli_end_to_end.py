@@ -484,6 +484,7 @@ def test_bench_prints_and_writes_the_table(workdir, monkeypatch):
     assert table["device"] == "cpu" and table["timed_steps"] == 3 and table["mfu"] is None  # no peak known for CPUs
     assert table["train_src_tgt_tokens_per_s"] > table["train_tgt_tokens_per_s"] > 0
     assert 0 <= table["padding_ratio"] < 1 and table["model_tflops_per_s"] > 0
+    assert table["ema_update_ms"] > 0 and 0 < table["ema_vs_step"] < 1  # the moving average's cost per step
     assert table["decode_sentences"] == 4 and table["decode_beam2"]["sentences_per_s"] > 0
     # operators per step (app/profiling.count_ops): a training step launches far more than a decoding step
     train_ops, decode_ops = table["train_step_operators"], table["decode_step_operators"]

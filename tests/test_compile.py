@@ -29,7 +29,14 @@ RNN_SHAPES = [(5, 8, 8), (6, 9, 4), (4, 12, 11), (7, 6, 6), (5, 14, 9)]
 
 
 TRANSFORMER = dict(
-    arch="transformer", d_model=16, heads=2, enc_layers=2, dec_layers=2, ff_dim=32, attention_dropout=0.0
+    arch="transformer",
+    d_model=16,
+    heads=2,
+    enc_layers=2,
+    dec_layers=2,
+    ff_dim=32,
+    attention_dropout=0.0,
+    activation_dropout=0.0,
 )
 
 

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow  # every test here runs the real CLI in a subproce
 EXACT = [a for a in TINY if not a.startswith(("train.", "name="))] + [
     "model.dropout=0",
     "model.attention_dropout=0",
+    "model.activation_dropout=0",
     "train.batch_tokens=600",
     "train.warmup_steps=10",
     "train.log_every=1",

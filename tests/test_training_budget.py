@@ -36,19 +36,23 @@ def test_eval_every_zero_means_no_validation_and_best_is_the_last_checkpoint(wor
     assert "train.eval_every=0: no validation, best.pt is the last checkpoint (step 12)" in caplog.text
 
 
-def test_the_time_budget_includes_the_closing_validation(workdir):
+@pytest.mark.parametrize("closing_average", [False, True])
+def test_the_time_budget_includes_the_closing_validation(workdir, closing_average):
     """Validations every 4 steps, a budget of 20 s: training stops early enough for the closing validation
     to end inside the budget (it is given as long as the last validation took), where it used to start at
-    the budget and run past it."""
+    the budget and run past it; and for the closing average's validation as well where there is one."""
     budget = 20.0
     limits = ["train.max_steps=100000", f"train.max_minutes={budget / 60}", "train.patience=0"]
-    cfg = config(workdir / "run", "train.eval_every=4", *limits)
+    average = ["train.average_snapshots=2", "train.save_every=4"] if closing_average else ["train.average_snapshots=0"]
+    cfg = config(workdir / "run", "train.eval_every=4", *limits, *average)
     summary = training.train(cfg)
     state = torch.load(workdir / "run" / "last.pt", weights_only=True)["progress"]
     assert summary["stopped"].startswith("time budget") and summary["validations"] >= 1
     assert state["validations"][-1][0] == summary["steps"]  # the closing validation ran, at the last step
+    assert ("average" in summary) == closing_average
     # its own duration varies a little from the last one's: allow half of it, and a second of slack
-    assert state["elapsed_seconds"] <= budget + 0.5 * state["last_validation_seconds"] + 1.0, state
+    elapsed = summary["train_minutes"] * 60  # after the closing average
+    assert elapsed <= budget + 0.5 * state["last_validation_seconds"] + 1.0 + 0.3, (summary, state)  # 0.3: rounding
 
 
 def test_a_run_says_how_long_its_budget_takes_at_the_measured_speed(workdir, capsys):

@@ -87,7 +87,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.self_attn = attention(cfg, self_attention=True)
-        self.ff = FeedForward(cfg.d_model, cfg.ff_dim, cfg.dropout, cfg.activation)
+        self.ff = FeedForward(cfg.d_model, cfg.ff_dim, cfg.activation_dropout, cfg.activation)
         self.attn_block = Sublayer(cfg)
         self.ff_block = Sublayer(cfg)
 
@@ -111,7 +111,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = attention(cfg, self_attention=True)
         self.cross_attn = attention(cfg, self_attention=False)
-        self.ff = FeedForward(cfg.d_model, cfg.ff_dim, cfg.dropout, cfg.activation)
+        self.ff = FeedForward(cfg.d_model, cfg.ff_dim, cfg.activation_dropout, cfg.activation)
         self.self_block = Sublayer(cfg)
         self.cross_block = Sublayer(cfg)
         self.ff_block = Sublayer(cfg)
