@@ -186,14 +186,12 @@ class TrainConfig:
     # (app/data/shapes.py), so CUDA graphs (compile_mode=reduce-overhead) replay N graphs; 0 = each batch
     # padded to its longest pair (fewest pad tokens, a new shape per batch)
     batch_shapes: int = 0
-    # an exponential moving average of the weights (app/ema.py), validated, kept as best.pt and translated
-    # with in place of the trained weights; 0 = off. Until step 9 / (1 - decay) it spans the last ninth of the
-    # run whatever the decay (docs/training.md)
+    # a moving average of the weights (app/ema.py), validated, kept and translated with in place of the trained
+    # weights; 0 = off. Until step 9 / (1 - decay) it spans the last ninth of the run whatever the decay
     ema_decay: float = 0.999
-    # at the end of a run, average this many snapshots (app/closing_average.py), the newest (last) or those of
-    # the best validations (best): best.pt is whichever of the average and the best single weights scores
-    # higher on dev; 0 = off
-    average_snapshots: int = 5
+    # at the end, average this many snapshots (app/closing_average.py), the newest (last) or those of the best
+    # validations (best): best.pt is whichever of the average and the best single weights scores higher on dev
+    average_snapshots: int = 5  # 0 = off
     average_from: str = "last"  # last | best
 
     def __post_init__(self) -> None:

@@ -62,11 +62,13 @@ def main(out: str, runs: list[str]) -> None:
         ax.set_ylabel(what)
         ax.grid(alpha=0.3)
     ax_bleu.legend(fontsize=7)
-    ax_bleu.set_title("★ closing average", fontsize=8, loc="right")
+    if any(c["summary"].get("average") for c in data.values()):
+        ax_bleu.set_title("★ closing average", fontsize=8, loc="right")
     fig.tight_layout()
     fig.savefig(out)
     print(f"wrote {out} ({os.path.getsize(out) // 1024} KB)")
-    print("| run | steps | minutes | best dev BLEU (step) | lowest dev loss (step) | closing average | best.pt dev BLEU |")
+    header = "run | steps | minutes | best dev BLEU (step) | lowest dev loss (step) | closing average | best.pt BLEU"
+    print(f"| {header} |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for label, c in data.items():
         s = c["summary"]
