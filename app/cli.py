@@ -19,7 +19,7 @@ from app import distributed
 from app.config import Config, config_error, load_config, register_configs
 from app.errors import DiskFull, UserError
 from app.folder_lock import LOCK_FILE, FolderLock
-from app.interrupt import TrainingInterrupted
+from app.train.stop_rules import TrainingInterrupted
 from app.utils import causes, disk_full
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
@@ -44,9 +44,9 @@ def prepare_command(cfg: Config) -> None:
 
 def train_command(cfg: Config) -> None:
     from app.checkpoint import intact_checkpoints, intact_note
-    from app.evaluate import evaluate_run, evaluated
-    from app.train_state import finished
-    from app.training import resume_hint, train
+    from app.report.evaluate import evaluate_run, evaluated
+    from app.train.state import finished
+    from app.train.trainer import resume_hint, train
 
     keep = cfg.train.auto_resume and finished(cfg.run_dir)
     if keep:
@@ -63,19 +63,19 @@ def train_command(cfg: Config) -> None:
 
 
 def eval_command(cfg: Config) -> None:
-    from app.evaluate import evaluate_run
+    from app.report.evaluate import evaluate_run
 
     evaluate_run(cfg)
 
 
 def translate_command(cfg: Config) -> None:
-    from app.translate import translate_lines
+    from app.decode.translate import translate_lines
 
     translate_lines(cfg)
 
 
 def export_command(cfg: Config) -> None:
-    from app.export import export_run
+    from app.decode.export import export_run
 
     export_run(cfg)
 
@@ -93,14 +93,14 @@ def average_command(cfg: Config) -> None:
 
 
 def bench_command(cfg: Config) -> None:
-    from app.bench import bench
+    from app.bench.run import bench
 
     if bench(cfg)["failed_rows"]:  # every other row was still measured, printed and written
         sys.exit(1)
 
 
 def compare_command(cfg: Config) -> None:
-    from app.compare import compare_report
+    from app.report.compare import compare_report
 
     if not cfg.compare.dir:
         raise UserError("compare.dir is not set: give the sweep folder of a `--multirun command=train` run")

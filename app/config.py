@@ -179,17 +179,17 @@ class TrainConfig:
     oom_retry: bool = False  # out of memory on a batch: halve train.batch_tokens and go on instead of stopping
     compile: bool = False  # torch.compile the Transformer's training step, or an RNN decoder's loop step
     compile_mode: str = "default"  # default | reduce-overhead (CUDA graphs) | max-autotune | max-autotune-no-cudagraphs
-    align_weight: float = 0.0  # guided alignment (app/guided_alignment.py): weight of the loss on reference links
+    align_weight: float = 0.0  # guided alignment (app/train/guided_alignment.py): weight of the loss on reference links
     fused_optimizer: bool = True  # AdamW in one kernel that skips non-finite updates on the device
     master_weights: bool = True  # bf16: steps on bf16 weights kept from fp32 masters (false: autocast casts each use)
     # pad every batch to one of N (sentences, source, target) shapes chosen from the training lengths
     # (app/data/shapes.py), so CUDA graphs (compile_mode=reduce-overhead) replay N graphs; 0 = each batch
     # padded to its longest pair (fewest pad tokens, a new shape per batch)
     batch_shapes: int = 0
-    # a moving average of the weights (app/ema.py), validated, kept and translated with in place of the trained
+    # a moving average of the weights (app/train/ema.py), validated, kept and translated with in place of the trained
     # weights; 0 = off. Until step 9 / (1 - decay) it spans the last ninth of the run whatever the decay
     ema_decay: float = 0.999
-    # at the end, average this many snapshots (app/closing_average.py), the newest (last) or those of the best
+    # at the end, average this many snapshots (app/train/closing_average.py), the newest (last) or those of the best
     # validations (best): best.pt is whichever of the average and the best single weights scores higher on dev
     average_snapshots: int = 5  # 0 = off
     average_from: str = "last"  # last | best

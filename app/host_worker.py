@@ -10,7 +10,7 @@ results of its own jobs before it returns, so nothing is pending between validat
 Shutdown. The worker reads jobs from a pipe whose sending end this process alone holds: when this process
 ends, however it ends, the worker reads end-of-file and exits. At interpreter exit that pipe is closed and
 the worker joined (no zombie). It ignores SIGINT, which a terminal sends to the whole process group: Ctrl-C
-is the training process's to handle (app/interrupt.py). Should the worker fail to start or die, its jobs
+is the training process's to handle (app/train/stop_rules.py). Should the worker fail to start or die, its jobs
 run in this process instead: the same functions, the same results."""
 
 from __future__ import annotations

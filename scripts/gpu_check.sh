@@ -48,7 +48,7 @@ PY=${PY:-python3}
 EXTRA=${GPU_CHECK_ARGS:-}
 TRAIN_MINUTES=${TRAIN_MINUTES:-3}
 BENCH_STEPS=${BENCH_STEPS:-50}
-PROFILE_STEPS=${PROFILE_STEPS:-5}  # profiled after the timed steps: where the time goes (app/profiling.py)
+PROFILE_STEPS=${PROFILE_STEPS:-5}  # profiled after the timed steps: where the time goes (app/bench/profiling.py)
 status=0
 
 log=$OUT/$part.log

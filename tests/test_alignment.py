@@ -5,10 +5,12 @@ import torch
 from conftest import Vocab, model_config
 from toy_tasks import reversal_data, train_on_reversal
 
-from app.alignment import alignment_error_rate, hard_alignment, layer_views, read_pharaoh, word_index
 from app.data.batching import Batcher
+from app.data.links import read_pharaoh, word_index
 from app.errors import UserError
 from app.models import build_model
+from app.report.aer import alignment_error_rate, hard_alignment
+from app.report.attention_views import plotted_view
 
 
 def test_pieces_merge_into_words():
@@ -70,7 +72,7 @@ def test_attention_rnn_on_reversal_has_low_aer():
     for i, s in enumerate(src):
         n = len(s)
         pieces = [f"▁{x}" for x in s] + ["</s>"]
-        weights = layer_views(attention[i, : n + 1, : n + 1])["weights"]
+        weights = plotted_view(attention[i, : n + 1, : n + 1])[1]
         predicted.append(hard_alignment(weights, pieces, [f"▁{x}" for x in tgt[i]] + ["</s>"]))
         links = {(n - 1 - j, j) for j in range(n)}
         gold.append((links, links))

@@ -10,16 +10,10 @@ import pytest
 import torch
 from test_explorer import kept_views, peaked_attention
 
-from app.alignment import (
-    attention_entropy,
-    attention_views,
-    piece_links,
-    read_attention,
-    store_attention,
-    word_index,
-    write_attention_files,
-)
+from app.data.links import piece_links, word_index
 from app.errors import UserError
+from app.report.attention_files import read_attention, store_attention, write_attention_files
+from app.report.attention_views import attention_entropy, attention_views
 
 
 def sentences(n: int = 5, layers: int = 3, heads: int = 4, seed: int = 0) -> list[tuple[dict, np.ndarray]]:
@@ -52,7 +46,7 @@ def test_every_head_on_request_is_what_aer_reads():
     stored = store_attention(attention, keep="all")
     names, maps = attention_views(attention)  # the views the AER scores, named alike
     assert stored.names == names and stored.head_layers == [0, 1]
-    assert np.abs(stored.maps / 255 - maps.numpy()).max() <= 1 / 510 + 1e-6
+    assert np.abs(stored.maps / 255 - maps).max() <= 1 / 510 + 1e-6
 
 
 def test_an_rnn_map_is_one_view():

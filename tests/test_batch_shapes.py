@@ -16,7 +16,7 @@ from app.data.shapes import BatchShapes, ShapedBatch, choose_shapes
 from app.data.tokenizer import BOS, EOS, PAD
 from app.errors import UserError
 from app.models import build_model
-from app.update import sequence_loss
+from app.train.update import sequence_loss
 
 
 def correlated_lengths(n, seed):
@@ -158,7 +158,7 @@ def test_training_sees_only_the_fixed_shapes_and_resumes_bit_exact(tmp_path, cor
 
     from conftest import TINY, compose_config
 
-    import app.training as training
+    import app.train.trainer as training
     from app.data.corpus import prepare_data
 
     shutil.copy(corpus_tsv, tmp_path / "corpus.tsv")

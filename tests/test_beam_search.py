@@ -9,9 +9,9 @@ from conftest import Vocab, model_config
 
 from app.config import DecodeConfig
 from app.data.tokenizer import BOS, EOS, PAD
-from app.decoding import beam_search, decode_corpus, greedy_decode
+from app.decode.corpus import beam_search, decode_corpus, greedy_decode
+from app.decode.search import length_penalty
 from app.models import build_model
-from app.search import length_penalty
 
 A, B = 4, 5
 VOCAB = 6
@@ -148,13 +148,13 @@ def test_decode_corpus_restores_input_order_with_beams():
 def test_a_batch_out_of_memory_is_decoded_in_halves(monkeypatch, caplog):
     """A decoding budget too large for the device: the batch is split until it fits, the hypotheses those of
     decoding in small batches from the start, in input order, and the user told once which setting to lower."""
-    import app.decoding
+    import app.decode.corpus
 
     model = real_model("transformer")
     src = [[5 + (i * 7 + j) % 25 for j in range(1 + i % 6)] for i in range(12)]
     decode = DecodeConfig(batch_tokens=10_000, beam_size=3, n_best=2)
     small = decode_corpus(model, src, torch.device("cpu"), DecodeConfig(batch_tokens=3, beam_size=3, n_best=2))
-    real, sizes = app.decoding.searcher, []
+    real, sizes = app.decode.corpus.searcher, []
 
     def runs_out_above_three_sentences(model, src, *args, **kwargs):
         sizes.append(src.size(0))
@@ -162,8 +162,8 @@ def test_a_batch_out_of_memory_is_decoded_in_halves(monkeypatch, caplog):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
         return real(model, src, *args, **kwargs)
 
-    monkeypatch.setattr(app.decoding, "searcher", runs_out_above_three_sentences)
-    with caplog.at_level("WARNING", logger="app.decoding"):
+    monkeypatch.setattr(app.decode.corpus, "searcher", runs_out_above_three_sentences)
+    with caplog.at_level("WARNING", logger="app.decode.corpus"):
         split = decode_corpus(model, src, torch.device("cpu"), decode)
     assert sorted(s for s in sizes if s > 3) == [6, 6, 12] and sum(s for s in sizes if s <= 3) == 12
     assert split.tokens == small.tokens and [[t for t, _ in n] for n in split.nbest] == [
@@ -171,7 +171,9 @@ def test_a_batch_out_of_memory_is_decoded_in_halves(monkeypatch, caplog):
     ]
     warnings = [r.getMessage() for r in caplog.records if "out of memory" in r.getMessage()]
     assert len(warnings) == 1 and "batch of 12 sentences" in warnings[0] and "decode.batch_tokens" in warnings[0]
-    monkeypatch.setattr(app.decoding, "searcher", lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("x")))
+    monkeypatch.setattr(
+        app.decode.corpus, "searcher", lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("x"))
+    )
     with pytest.raises(torch.OutOfMemoryError):  # a single sentence that does not fit is not hidden
         decode_corpus(model, src[:1], torch.device("cpu"), decode)
 
@@ -185,7 +187,7 @@ def test_asking_less_often_whether_all_are_done_changes_nothing(family, monkeypa
     model, src = real_model(family), sources()
     results = {}
     for every in (1, 8):
-        monkeypatch.setattr("app.search.done_check_interval", lambda device, every=every: every)
+        monkeypatch.setattr("app.decode.search.done_check_interval", lambda device, every=every: every)
         results[every] = (
             beam_search(model, src, beam_size=3, n_best=3, need_attention=True),
             greedy_decode(model, src, need_attention=True),
@@ -205,7 +207,7 @@ def test_no_hypothesis_ends_after_its_sentence_is_done(monkeypatch):
     model = MarkovModel({BOS: {EOS: 0.5, B: 0.365, A: 0.135}, B: {EOS: 0.6, A: 0.4}, A: {A: 1.0}})
     results = []
     for every in (1, 8):
-        monkeypatch.setattr("app.search.done_check_interval", lambda device, every=every: every)
+        monkeypatch.setattr("app.decode.search.done_check_interval", lambda device, every=every: every)
         results.append(beam_search(model, SRC, beam_size=2, alpha=1.0, n_best=2, max_len_ratio=0.5, max_len_extra=1))
     assert [tokens for tokens, _ in results[0].nbest[0]] == [[], [B]]
     assert results[1].nbest == results[0].nbest
@@ -216,7 +218,7 @@ def test_greedy_attention_is_that_of_its_hypothesis_fed_back(family):
     """Greedy keeps each step's attention in segments, one per batch between two compactions, and puts each
     sentence's together at the end: it is the attention of the model fed that hypothesis (teacher forcing),
     from BOS to EOS, over the sentence's own source tokens."""
-    from app.search import GreedySearch
+    from app.decode.search import GreedySearch
 
     model, src = real_model(family), sources()
     search = GreedySearch(model, src, need_attention=True)

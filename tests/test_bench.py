@@ -1,5 +1,5 @@
 """make bench without its timings: the CPU cap on its configuration, the ablation table, rows that fail, the
-profile's kinds of work, and the one FLOP count (app/flops.py) checked by hand."""
+profile's kinds of work, and the one FLOP count (app/models/flops.py) checked by hand."""
 
 import pytest
 from conftest import TINY, Vocab, compose_config
@@ -7,7 +7,7 @@ from conftest import TINY, Vocab, compose_config
 
 @pytest.mark.parametrize("preset", ["transformer", "rnn_bahdanau", "rnn_luong", "rnn_plain"])
 def test_cpu_bench_caps_the_configuration_at_a_small_one(preset):
-    from app.bench import small_for_cpu
+    from app.bench.run import small_for_cpu
     from app.models import build_model, count_parameters
 
     cfg = compose_config(f"model={preset}")
@@ -31,7 +31,7 @@ def test_cpu_bench_caps_the_configuration_at_a_small_one(preset):
 
 
 def test_ablation_table_keeps_a_failed_row():
-    from app.bench import ablation_markdown
+    from app.bench.run import ablation_markdown
 
     ok = {
         "setting": "all speed features on (the defaults)",
@@ -53,7 +53,7 @@ def test_ablation_table_keeps_a_failed_row():
 def test_a_failing_ablation_row_does_not_lose_the_others(monkeypatch):
     import torch
 
-    import app.bench
+    import app.bench.run
 
     calls = []
 
@@ -64,10 +64,10 @@ def test_a_failing_ablation_row_does_not_lose_the_others(monkeypatch):
         tokens = 1000 if len(calls) == 1 else 900  # the first call times the defaults
         return {"steps_per_s": 1.0, "train_tgt_tokens_per_s": tokens, "padding_ratio": 0.05, "mfu": None}, None
 
-    monkeypatch.setattr(app.bench, "time_training", fake_training)
+    monkeypatch.setattr(app.bench.run, "time_training", fake_training)
     cfg = compose_config("model=transformer_small")
     errors = {}
-    rows = app.bench.ablation(cfg, lambda: None, None, torch.device("cpu"), None, 1, 0, errors)
+    rows = app.bench.run.ablation(cfg, lambda: None, None, torch.device("cpu"), None, 1, 0, errors)
     failed = [r for r in rows if "error" in r]
     assert [r["setting"] for r in failed] == ["without fused AdamW (its non-finite check then syncs)"]
     assert failed[0]["error"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
@@ -77,7 +77,7 @@ def test_a_failing_ablation_row_does_not_lose_the_others(monkeypatch):
 
 
 def test_profile_kinds_of_work():
-    from app.profiling import kind_of
+    from app.bench.profiling import kind_of
 
     assert kind_of("aten::mm") == kind_of("aten::addmm") == kind_of("aten::_scaled_mm") == "matrix multiply"
     assert kind_of("aten::_flash_attention_backward") == "attention kernels"
@@ -89,8 +89,8 @@ def test_profile_kinds_of_work():
 
 
 def test_training_flops_count_by_hand():
-    from app.flops import matmul_parameters, training_flops
     from app.models import build_model
+    from app.models.flops import matmul_parameters, training_flops
 
     cfg = compose_config(
         "model=transformer_small",
@@ -111,8 +111,8 @@ def test_training_flops_count_by_hand():
 
 
 def test_windowed_attention_counts_only_the_pairs_in_the_window():
-    from app.flops import training_flops, windowed_pairs
     from app.models import build_model
+    from app.models.flops import training_flops, windowed_pairs
 
     for length in (1, 4, 9):
         for window in (0, 2, 20):
@@ -140,8 +140,8 @@ def test_a_row_that_raises_is_recorded_and_the_bench_still_writes_the_others(tmp
     import re
     import shutil
 
-    import app.bench
-    import app.bench_decode
+    import app.bench.decoding
+    import app.bench.run
     from app.cli import bench_command
 
     shutil.copy(corpus_tsv, tmp_path / "corpus.tsv")
@@ -150,13 +150,13 @@ def test_a_row_that_raises_is_recorded_and_the_bench_still_writes_the_others(tmp
     def crash(*args, **kwargs):
         raise RuntimeError("it->second->use_count > 0 INTERNAL ASSERT FAILED\nmore lines")
 
-    real_decode = app.bench_decode.decode_corpus
+    real_decode = app.bench.decoding.decode_corpus
 
     def beam_crashes(model, src, device, decode, **kwargs):
         return real_decode(model, src, device, decode, **kwargs) if decode.beam_size == 1 else crash()
 
-    monkeypatch.setattr(app.bench, "time_trainer", crash)
-    monkeypatch.setattr(app.bench_decode, "decode_corpus", beam_crashes)
+    monkeypatch.setattr(app.bench.run, "time_trainer", crash)
+    monkeypatch.setattr(app.bench.decoding, "decode_corpus", beam_crashes)
     settings = ["bench.decode_sentences=3", "decode.beam_size=2", "bench.profile_steps=2"]
     cfg = compose_config(*TINY, *settings, command="bench")
     with pytest.raises(SystemExit) as exited:

@@ -260,12 +260,12 @@ def test_training_logs_alignment_images_and_scalars_to_tensorboard(workdir, monk
     steps = [e.step for e in events.Images("alignment/0/alignment")]
     assert 20 in steps and 40 in steps  # one per validation: the slider shows alignment emerging
     # the scalars of the validation at step 40: greedy decoding of the 2 dev sentences shown, by that model
-    from app.alignment import attention_entropy, layer_views, monotonicity
-    from app.board import tensorboard_sentences
     from app.config import DecodeConfig
     from app.data.corpus import load_split
-    from app.decoding import decode_corpus
-    from app.trained import load_trained
+    from app.decode.corpus import decode_corpus
+    from app.decode.trained import load_trained
+    from app.report.attention_views import attention_entropy, monotonicity, plotted_view
+    from app.report.board import tensorboard_sentences
 
     monkeypatch.chdir(workdir)  # the run's settings name its data folder relative to where it ran
     trained = load_trained("checkpoints/tiny", "step_0000040", torch.device("cpu"))
@@ -273,7 +273,7 @@ def test_training_logs_alignment_images_and_scalars_to_tensorboard(workdir, monk
     chosen = tensorboard_sentences(dev.src, 2)
     src = [dev.src[i] for i in chosen]
     hyps = decode_corpus(trained.model, src, trained.device, DecodeConfig(beam_size=1), need_attention=True)
-    weights = [layer_views(a)["weights"] for a in hyps.attention]
+    weights = [plotted_view(a)[1] for a in hyps.attention]
     last = lambda tag: [e for e in events.Scalars(tag) if e.step == 40][0].value  # noqa: E731
     assert last("dev/attention_entropy") == pytest.approx(sum(map(attention_entropy, weights)) / 2, rel=1e-5)
     assert last("dev/attention_monotonicity") == pytest.approx(sum(map(monotonicity, weights)) / 2, rel=1e-5)
@@ -323,7 +323,7 @@ def test_eval_writes_an_explorer_that_chromium_draws(workdir):
     from matplotlib import colormaps
     from PIL import Image
 
-    from app.alignment import read_attention
+    from app.report.attention_files import read_attention
 
     out = workdir / "checkpoints" / "tiny" / "eval" / "test"
     result = run_cli(workdir, "command=eval", "name=tiny", "device=cpu", "viz.eval_plots=0")
@@ -497,8 +497,8 @@ def test_bench_prints_and_writes_the_table(workdir, monkeypatch):
     # the decoding rows score the checkpoint's weights, not the ones the timed training steps left
     from app.config import DecodeConfig
     from app.data.corpus import load_split
-    from app.decoding import decode_corpus
-    from app.trained import load_trained
+    from app.decode.corpus import decode_corpus
+    from app.decode.trained import load_trained
 
     monkeypatch.chdir(workdir)
     trained = load_trained("checkpoints/tiny", "best", torch.device("cpu"))

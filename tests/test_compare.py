@@ -11,11 +11,11 @@ import torch
 import yaml
 
 from app.cli import job_dir
-from app.compare import compare_report, load_runs
 from app.config import TrainConfig
 from app.errors import UserError
-from app.interrupt import StopRules
-from app.train_state import finished
+from app.report.compare import compare_report, load_runs
+from app.train.state import finished
+from app.train.stop_rules import StopRules
 
 BUCKETS = [("0-10", 3, 20.0), ("10-20", 5, 10.0), ("20+", 1, None)]  # the last has too few words for BLEU
 

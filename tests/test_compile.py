@@ -9,10 +9,10 @@ from conftest import Vocab, model_config
 from app.config import Config
 from app.data.batching import Batch
 from app.errors import UserError
-from app.master_weights import MasterWeights
 from app.models import build_model
-from app.training_report import CompileWatch
-from app.update import compiled_for_training, make_optimizer, train_step
+from app.train.master_weights import MasterWeights
+from app.train.summary import CompileWatch
+from app.train.update import compiled_for_training, make_optimizer, train_step
 
 pytestmark = pytest.mark.slow  # every test here runs the real CLI in a subprocess, or compiles
 

@@ -10,7 +10,7 @@ from test_decoding_reference import RNNS, TRANSFORMERS, attention_peaks, referen
 
 from app.config import DecodeConfig
 from app.data.batching import Batcher
-from app.decoding import beam_search, decode_corpus, greedy_decode
+from app.decode.corpus import beam_search, decode_corpus, greedy_decode
 
 pytestmark = [
     pytest.mark.gpu,

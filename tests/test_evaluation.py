@@ -4,7 +4,7 @@ import pytest
 import sacrebleu
 
 from app.errors import UserError
-from app.scoring import score
+from app.report.scores import score
 
 HYPS = [
     "In the beginning God made the heavens and the earth.",
@@ -63,7 +63,7 @@ def test_count_mismatch_is_user_error():
 
 
 def test_bleu_by_source_length_buckets():
-    from app.scoring import bleu_by_length
+    from app.report.scores import bleu_by_length
 
     sources = ["a b", "a b c d e", "one two three four five six seven eight nine ten eleven twelve"]
     hyps = ["the cat sat", "a dog ran off fast", "something else entirely here"]
@@ -78,7 +78,7 @@ def test_bleu_by_source_length_buckets():
 
 
 def test_bleu_of_the_longest_tenth():
-    from app.scoring import bleu_of_longest
+    from app.report.scores import bleu_of_longest
 
     # 11 sentences: ⌈1.1⌉ = 2 longest sources, the 8-word one and the earlier of the two 5-word ones
     sources = ["w " * n for n in (1, 5, 2, 8, 3, 5, 1, 2, 3, 1, 2)]
@@ -97,7 +97,7 @@ def test_bleu_counted_once_gives_sacrebleus_numbers():
     sentence's BLEU are sums of them, equal to sacrebleu's own scores of those sentences."""
     from sacrebleu.metrics import BLEU
 
-    from app.scoring import BleuStatistics, split_scores
+    from app.report.scores import BleuStatistics, split_scores
 
     hyps, refs = HYPS * 3, REFS[1:] + REFS[:1] + REFS * 2  # some sentences far from their reference
     sources = ["a " * n for n in (3, 12, 25, 7, 40, 2, 18, 9, 31, 5, 14, 22)]
@@ -127,9 +127,9 @@ def test_bleu_counted_once_gives_sacrebleus_numbers():
 def test_ter_in_the_host_worker_is_sacrebleus_ter():
     """make eval's TER, computed in the host worker process, is sacrebleu's, with the seconds it took."""
     from app.host_worker import host_worker, submit
-    from app.scoring import split_scores, timed_ter_score
+    from app.report.scores import split_scores, timed_ter_score
 
-    worker = host_worker(preload=("app.scoring",))
+    worker = host_worker(preload=("app.report.scores",))
     assert worker is not None
     result, seconds = submit(worker, timed_ter_score, HYPS, REFS).result()
     assert not worker.broken  # the worker computed it
@@ -146,7 +146,7 @@ def test_a_look_at_the_first_sentences_is_not_the_splits_evaluation(tmp_path):
     import time
 
     from app.config import Config
-    from app.evaluate import evaluated
+    from app.report.evaluate import evaluated
 
     cfg = Config(name="run", run_dir=str(tmp_path))
     (tmp_path / "best.pt").write_bytes(b"")

@@ -14,8 +14,9 @@ import pytest
 import torch
 from matplotlib import colormaps
 
-from app.alignment import attention_entropy, piece_links, word_index
-from app.explorer import ExplorerRecord, link_cells, text7, write_explorer
+from app.data.links import piece_links, word_index
+from app.report.attention_views import attention_entropy
+from app.report.explorer import ExplorerRecord, link_cells, text7, write_explorer
 
 VIRIDIS = (colormaps["viridis"](np.arange(256))[:, :3] * 255).round().astype(int)
 
@@ -82,7 +83,7 @@ def synthetic_records(
 
 
 def untext7(text: str) -> bytes:
-    """The inverse of app.explorer.text7, written independently: 7 bits from each character's low bits."""
+    """The inverse of app.report.explorer.text7, written independently: 7 bits from each character's low bits."""
     codes = np.frombuffer(text.encode("utf-16-le"), "<u2") & 0x7F
     bits = ((codes[:, None] >> np.arange(6, -1, -1)) & 1).astype(np.uint8).ravel()
     return np.packbits(bits[: len(bits) // 8 * 8]).tobytes()
@@ -256,7 +257,7 @@ def test_a_sentence_without_forced_attention_has_no_reference_rows(tmp_path):
 
 
 def test_reference_word_links_become_the_cells_of_their_pieces(tmp_path):
-    """Word links -> (reference piece, source piece) cells through app.alignment.piece_links: every piece
+    """Word links -> (reference piece, source piece) cells through app.data.links.piece_links: every piece
     of a linked word; sure cells, and the possible-only ones apart. Either form of links gives the same."""
     records = known_records()
     path = tmp_path / "explorer.html"
@@ -280,7 +281,7 @@ def test_reference_word_links_become_the_cells_of_their_pieces(tmp_path):
 
 
 def test_entropy_is_the_hypothesis_attentions_mean_row_entropy_over_every_head(tmp_path):
-    """The list's entropy (a sort key): app.alignment.attention_entropy of the hypothesis attention, the
+    """The list's entropy (a sort key): app.report.attention_views.attention_entropy of the hypothesis attention, the
     mean over every row of every layer and head; the forced attention does not change it."""
     one_hot = np.eye(4, dtype=np.float32)[[0, 2, 1]]
     uniform = np.full((3, 4), 0.25, dtype=np.float32)

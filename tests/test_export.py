@@ -1,4 +1,4 @@
-"""CTranslate2 export (app/export.py) against our own decoding: per-token log-probabilities of every
+"""CTranslate2 export (app/decode/export.py) against our own decoding: per-token log-probabilities of every
 exportable variant (untrained models, fast), then greedy and beam search of models trained for real on
 Genesis (slow), and the settings that must be refused."""
 
@@ -16,15 +16,15 @@ import sacrebleu  # noqa: E402
 import sentencepiece as spm  # noqa: E402
 
 from app.config import DecodeConfig, RNNConfig, TransformerConfig  # noqa: E402
-from app.ct2_engine import CT2Translator  # noqa: E402
 from app.data.batching import Batcher  # noqa: E402
 from app.data.tokenizer import BOS, EOS, PAD  # noqa: E402
-from app.decoding import decode_corpus  # noqa: E402
+from app.decode.corpus import decode_corpus  # noqa: E402
+from app.decode.ct2_engine import CT2Translator  # noqa: E402
+from app.decode.export import convert  # noqa: E402
+from app.decode.search import length_penalty  # noqa: E402
 from app.errors import UserError  # noqa: E402
-from app.export import convert  # noqa: E402
 from app.models import build_model  # noqa: E402
-from app.search import length_penalty  # noqa: E402
-from app.update import sequence_loss  # noqa: E402
+from app.train.update import sequence_loss  # noqa: E402
 
 SWORD = "/usr/share/sword"
 CHAPTERS = {1: 31, 2: 25, 3: 24, 4: 26, 5: 32, 6: 22, 7: 24, 8: 22}  # Genesis 1-8: 206 verses

@@ -7,8 +7,15 @@ import pytest
 import torch
 from PIL import Image
 
-from app.alignment import attention_entropy, attention_shape, figure_views, layer_views, monotonicity
-from app.plots import (
+from app.report.attention_views import (
+    attention_entropy,
+    attention_shape,
+    attention_views,
+    figure_views,
+    monotonicity,
+    plotted_view,
+)
+from app.report.plots import (
     MAP_LEVELS,
     PALETTE,
     READABLE_PT,
@@ -40,20 +47,23 @@ def test_rnn_attention_gives_one_labelled_map():
     assert pixels.shape[1] > 200 and (pixels == picture.rgb()).all()  # the PNG holds the picture, losslessly
 
 
-def test_transformer_attention_gives_layer_and_head_views():
+def test_transformer_attention_gives_layer_and_head_views_named_once():
     attention = torch.softmax(torch.randn(3, 2, 5, 6), -1)  # layers, heads, tgt, src
-    views = layer_views(attention, layer=-1)
-    assert views["layer"] == 2
-    assert torch.allclose(views["weights"], attention[2].mean(0))
-    assert views["head_weights"].shape == (2, 5, 6) and views["layer_means"].shape == (3, 5, 6)
+    name, weights = plotted_view(attention, layer=-1)
+    assert name == "layer 2 mean" and np.allclose(weights, attention[2].mean(0).numpy())
+    names, maps = attention_views(attention, [1])
+    assert names == ["layer 1 head 0", "layer 1 head 1", "layer 0 mean", "layer 1 mean", "layer 2 mean"]
+    assert np.allclose(maps[1], attention[1, 1].numpy()) and np.allclose(maps[3], attention[1].mean(0).numpy())
     figs = figures(figure_views(attention, layer=0), list("abcdef"), list("vwxyz"))
     assert set(figs) == {"alignment", "layers", "heads_layer0"}
-    assert [p.title for p in figs["layers"].panels] == [f"layer {i}, mean of heads" for i in range(3)]
-    assert [p.title for p in figs["heads_layer0"].panels] == ["layer 0, head 0", "layer 0, head 1"]
+    assert [p.title for p in figs["alignment"].panels] == ["layer 0 mean"]  # the name every reader gives it
+    assert [p.title for p in figs["layers"].panels] == [f"layer {i} mean" for i in range(3)]
+    assert [p.title for p in figs["heads_layer0"].panels] == ["layer 0 head 0", "layer 0 head 1"]
     every = figures(figure_views(attention, layer=0, every_layer=True), list("abcdef"), list("vwxyz"))
     assert set(every) == {"alignment", "layers", "heads_layer0", "heads_layer1", "heads_layer2"}
+    assert [p.title for p in every["heads_layer2"].panels] == ["layer 2 head 0", "layer 2 head 1"]
     with pytest.raises(ValueError, match="expected"):
-        layer_views(torch.rand(2, 3, 4))
+        plotted_view(torch.rand(2, 3, 4))
 
 
 def cell_colours(picture, panel) -> np.ndarray:

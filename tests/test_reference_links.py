@@ -9,22 +9,16 @@ import torch
 from conftest import Vocab, model_config
 from toy_tasks import reversal_data, train_on_reversal
 
-from app.alignment import (
-    AlignmentScore,
-    attention_views,
-    hard_alignment,
-    hard_alignments,
-    piece_links,
-    read_pharaoh,
-    word_index,
-)
 from app.config import DataConfig
 from app.data.batching import Batcher
+from app.data.links import piece_links, read_pharaoh, word_index
 from app.data.prepare import prepare, read_tsv, split_of
 from app.data.sources import SPLITS
 from app.errors import UserError
-from app.guided_alignment import AlignmentTargets, guided_alignment_loss, piece_words, word_numbers
 from app.models import build_model
+from app.report.aer import AlignmentScore, hard_alignment, hard_alignments
+from app.report.attention_views import attention_views
+from app.train.guided_alignment import AlignmentTargets, guided_alignment_loss, piece_words, word_numbers
 
 
 def sentence(i: int) -> tuple[str, str, str, str]:
@@ -120,10 +114,10 @@ def test_every_head_and_layer_mean_is_a_view_scored_at_once():
         "layer 0 mean",
         "layer 1 mean",
     ]
-    assert torch.equal(maps[4], attention[0].mean(0)) and maps.shape == (6, 2, 2)
+    assert np.array_equal(maps[4], attention[0].mean(0).numpy()) and maps.shape == (6, 2, 2)
     pieces = ["▁a", "▁b"]
     score = AlignmentScore(names)
-    score.add(hard_alignments(maps.numpy(), pieces, pieces), sure={(0, 0)}, possible={(0, 0), (1, 1)})
+    score.add(hard_alignments(maps, pieces, pieces), sure={(0, 0)}, possible={(0, 0), (1, 1)})
     assert score.result("layer 0 head 0") == {"aer": 0.0, "precision": 1.0, "recall": 1.0, "links": 2}
     assert score.result("layer 0 head 1") == {"aer": 1.0, "precision": 0.0, "recall": 0.0, "links": 2}
     assert score.result("layer 1 head 0")["aer"] == pytest.approx(round(1 - 2 / 3, 4))  # links (0,0), (0,1)

@@ -11,8 +11,8 @@ from conftest import Vocab, compose_config
 from app.data.schedule import BatchSchedule
 from app.errors import UserError
 from app.models import build_model
-from app.train_state import TrainingState
-from app.update import make_optimizer
+from app.train.state import TrainingState
+from app.train.update import make_optimizer
 from app.utils import rng_state
 
 rng = random.Random(0)

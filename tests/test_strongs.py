@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from app.alignment import read_pharaoh
 from app.data import osis
+from app.data.links import read_pharaoh
 from app.data.osis import bible_verses, clean_osis, raw_verses
 from app.data.strongs import bible_links, pharaoh_line, strong_links, tagged_words
 

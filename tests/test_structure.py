@@ -16,14 +16,14 @@ DEFERRED = {
         ("app.cli", m): "command"
         for m in (
             "app.data.corpus",
-            "app.evaluate",
-            "app.train_state",
-            "app.training",
-            "app.translate",
-            "app.export",
+            "app.report.evaluate",
+            "app.train.state",
+            "app.train.trainer",
+            "app.decode.translate",
+            "app.decode.export",
             "app.checkpoint",
-            "app.bench",
-            "app.compare",
+            "app.bench.run",
+            "app.report.compare",
         )
     },
 }

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import TINY, compose_config
 
-from app import training
+from app.train import trainer as training
 
 pytestmark = pytest.mark.slow  # toy trainings
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import TINY, Vocab, compose_config
 
-import app.training as training
+import app.train.trainer as training
 from app.checkpoint import check_compatible, load_checkpoint, rotate_snapshots, save_checkpoint, snapshot_steps
 from app.errors import UserError
 
@@ -189,9 +189,9 @@ def test_an_rnn_checkpoint_with_every_familys_keys_compares_only_rnn_settings():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("scale", [1e-3, 50.0, float("inf"), float("nan")])
 def test_gradient_clipping_is_torchs_bit_for_bit(dtype, scale):
-    """app.update.clip_gradients skips clip_grad_norm_'s per-gradient no-op .to; norm and clipped gradients
+    """app.train.update.clip_gradients skips clip_grad_norm_'s per-gradient no-op .to; norm and clipped gradients
     must stay exactly torch's, non-finite ones included (a parameter without a gradient among them)."""
-    from app.update import clip_gradients
+    from app.train.update import clip_gradients
 
     torch.manual_seed(0)
     theirs = [torch.nn.Parameter(torch.randn(shape, dtype=dtype)) for shape in [(7, 5), (5,), (3, 2, 4), (1,)]]

@@ -6,7 +6,7 @@ from conftest import Vocab, model_config
 
 from app.config import TransformerConfig
 from app.data.tokenizer import BOS, EOS, PAD
-from app.decoding import greedy_decode
+from app.decode.corpus import greedy_decode
 from app.errors import UserError
 from app.models import build_model
 
@@ -132,8 +132,8 @@ def test_a_step_keeping_attention_copies_no_source_keys_or_values(beam):
     """A decoding step that keeps the cross-attention weights (as make eval does) multiplies by each sentence's
     source keys and values where they are: nothing it copies is as large as one layer's source keys (copying
     every layer's source keys and values at every step made a greedy step cost what a beam step does)."""
-    from app.beam import BeamSearch
-    from app.search import GreedySearch
+    from app.decode.beam import BeamSearch
+    from app.decode.search import GreedySearch
 
     model, sentences, length = tiny_model(), 6, 40
     src = torch.randint(5, VOCAB, (sentences, length))

@@ -7,7 +7,7 @@ import torch
 from conftest import Vocab, model_config
 
 from app.data.tokenizer import BOS, EOS, PAD
-from app.decoding import greedy_decode
+from app.decode.corpus import greedy_decode
 from app.errors import UserError
 from app.models import build_model
 from app.models.attention import MultiHeadAttention, band_mask, causal_mask

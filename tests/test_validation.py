@@ -16,7 +16,7 @@ from conftest import REPO, TINY, compose_config
 def tiny(tmp_path_factory, corpus_tsv):
     """The tiny corpus prepared in a folder of its own, its dev split and a 1+1-layer Transformer."""
     from app.models import build_model
-    from app.training import load_data
+    from app.train.trainer import load_data
 
     root = tmp_path_factory.mktemp("validation")
     (root / "corpus.tsv").write_bytes(corpus_tsv.read_bytes())
@@ -43,8 +43,8 @@ def run_validation(tiny, name: str, worker: bool, steps=(10,)):
     """Validations at ``steps`` into a TensorBoard folder of their own: their metrics and the events."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from app.train_state import Progress
-    from app.validation import validate
+    from app.train.state import Progress
+    from app.train.validation import validate
 
     root, cfg, data, model = tiny
     cfg.viz.worker = worker

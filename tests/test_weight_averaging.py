@@ -1,6 +1,6 @@
-"""Averaged weights: the exponential moving average (train.ema_decay, app/ema.py) follows its formula in one
+"""Averaged weights: the exponential moving average (train.ema_decay, app/train/ema.py) follows its formula in one
 fused update, is what validation scores and checkpoints hand out, and resumes bit for bit; the closing average
-(train.average_snapshots, app/closing_average.py) averages the chosen snapshots and keeps as best.pt whichever
+(train.average_snapshots, app/train/closing_average.py) averages the chosen snapshots and keeps as best.pt whichever
 of it and the best single weights scored higher on dev, inside the time budget."""
 
 import json
@@ -10,14 +10,14 @@ import pytest
 import torch
 from conftest import TINY, Vocab, compose_config, model_config
 
-from app import training
 from app.checkpoint import average_files
-from app.closing_average import chosen_steps, kept_snapshots
 from app.config import TrainConfig
 from app.data.corpus import prepare_data
-from app.ema import ExponentialAverage
+from app.decode.trained import load_trained
 from app.models import build_model
-from app.trained import load_trained
+from app.train import trainer as training
+from app.train.closing_average import chosen_steps, kept_snapshots
+from app.train.ema import ExponentialAverage
 
 SMALL = {
     "transformer": dict(arch="transformer", d_model=16, heads=2, enc_layers=1, dec_layers=1, ff_dim=32),

@@ -10,9 +10,9 @@ import torch
 
 from app.data.batching import Batcher
 from app.data.tokenizer import PAD
-from app.decoding import greedy_decode
-from app.guided_alignment import guided_alignment_loss
-from app.update import sequence_loss
+from app.decode.corpus import greedy_decode
+from app.train.guided_alignment import guided_alignment_loss
+from app.train.update import sequence_loss
 
 FIRST_SYMBOL, SYMBOLS = 4, 12
 

@@ -16,8 +16,8 @@ from functools import lru_cache
 
 import pyarrow as pa
 
-from app.cache import cached, mark_done
 from app.config import Config, TokenizerConfig
+from app.data.cache import cached, mark_done
 from app.data.prepare import prepare
 from app.data.sources import SPLITS
 from app.data.tokenizer import Tokenizer, build_tokenizer, model_paths
@@ -95,7 +95,7 @@ def load_split(data_dir: str, split: str, tokenizer: Tokenizer) -> ParallelData:
 
 def tokenized(data_dir: str, split: str, tokenizer: Tokenizer, num_proc: int = 0, verify: bool = False):
     """The Arrow cache of ``<data_dir>/<split>.tsv`` under ``tokenizer`` (a ``datasets.Dataset``,
-    memory-mapped), built when missing, stale, damaged (app/cache.py) or unreadable."""
+    memory-mapped), built when missing, stale, damaged (app/data/cache.py) or unreadable."""
     import datasets
 
     tsv = os.path.join(data_dir, f"{split}.tsv")

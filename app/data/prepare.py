@@ -17,8 +17,8 @@ from typing import Optional
 
 from tqdm import tqdm
 
-from app.cache import cached, mark_done
 from app.config import DataConfig, FilterConfig
+from app.data.cache import cached, mark_done
 from app.data.osis import CLEAN_VERSION as OSIS_CLEAN_VERSION
 from app.data.sources import SPLITS, Pair, read_source
 from app.errors import UserError
@@ -114,7 +114,7 @@ def read_tsv(path: str) -> list[Pair]:
 
 def prepare(cfg: DataConfig, verify: bool = False) -> dict:
     """Make sure ``cfg.dir`` holds the prepared splits, as they were written (``verify``: by their content
-    hashes, app/cache.py); returns the preparation report."""
+    hashes, app/data/cache.py); returns the preparation report."""
     report_path = os.path.join(cfg.dir, "prepare.json")
     key = cache_key(cfg)
     outputs = [os.path.join(cfg.dir, f"{s}.tsv") for s in SPLITS]

@@ -29,7 +29,7 @@ class Pair:
     id: str
     src: str
     tgt: str
-    links: Optional[str] = None  # reference word links in the Pharaoh format (app.alignment.read_pharaoh)
+    links: Optional[str] = None  # reference word links in the Pharaoh format (app.data.links.read_pharaoh)
 
 
 Splits = dict[str, Optional[Iterable[Pair]]]  # each split read lazily, once

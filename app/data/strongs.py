@@ -4,7 +4,7 @@ Bible modules such as spaRV1909eb and engKJV2006eb tag words with the Strong's n
 Greek word they translate: ``<w lemma="strong:H7225">EN el principio</w>``. Two words of a verse pair
 that carry the same number translate the same original word, so they are linked: a *sure* link when
 each side has exactly one word with that number, a *possible* one otherwise. The links are written in
-the Pharaoh format that ``app.alignment.read_pharaoh`` reads, over the words of the cleaned verse texts
+the Pharaoh format that ``app.data.links.read_pharaoh`` reads, over the words of the cleaned verse texts
 (``app.data.osis.clean_osis``).
 """
 

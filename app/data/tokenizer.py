@@ -10,8 +10,8 @@ from dataclasses import asdict
 
 import sentencepiece as spm
 
-from app.cache import cached, mark_done
 from app.config import TokenizerConfig
+from app.data.cache import cached, mark_done
 from app.errors import UserError
 from app.utils import atomic_write, file_hash, stable_hash
 
@@ -106,7 +106,7 @@ def _train_one(sentences: Iterator[str], path: str, cfg: TokenizerConfig) -> Non
 
 def build_tokenizer(data_dir: str, cfg: TokenizerConfig, verify: bool = False) -> Tokenizer:
     """Train (or reuse) the SentencePiece model(s) for the prepared corpus in ``data_dir``; a model that
-    is damaged (app/cache.py; ``verify``: by its content hash) or does not load is trained again."""
+    is damaged (app/data/cache.py; ``verify``: by its content hash) or does not load is trained again."""
     train_path = os.path.join(data_dir, "train.tsv")
     src_path, tgt_path = model_paths(data_dir, cfg)
     stamp_path = f"{src_path}.json"  # joint and separate models of one size keep separate stamps

@@ -27,7 +27,7 @@ from conftest import Vocab, model_config  # noqa: E402
 from app.config import Config  # noqa: E402
 from app.data.batching import Batch  # noqa: E402
 from app.models import build_model  # noqa: E402
-from app.update import make_optimizer, train_step  # noqa: E402
+from app.train.update import make_optimizer, train_step  # noqa: E402
 
 REFERENCE = os.path.join(HERE, "training_reference.json")
 VOCAB, STEPS = 60, 4

@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from app import distributed
 from app.errors import UserError
-from app.update import StepResult
+from app.train.update import StepResult
 
 
 class MetricsWindow:

@@ -3,7 +3,7 @@ decoder and, for a Transformer, by its CTranslate2 export (float32 and int8, on 
 beam, the same batch budget), on the same device, with BLEU beside each. The engines take turns in each of
 ``bench.decode_rounds`` rounds (a load change on a shared machine hits all of them alike) and the best time of
 each is kept. ``decode_step_operators``: the ATen operators and kernels one greedy and one beam step launch
-(app/profiling.py, ``count_ops``). A row that raises is recorded with its error (app/bench_rows.py)."""
+(app/bench/profiling.py, ``count_ops``). A row that raises is recorded with its error (app/bench/rows.py)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from collections.abc import Callable
 import sacrebleu
 import torch
 
-from app.bench_rows import attempt
+from app.bench.profiling import count_ops
+from app.bench.rows import attempt
 from app.config import Config
-from app.ct2_engine import CT2Translator
 from app.data.batching import Batcher
-from app.decoding import decode_corpus, searcher
-from app.export import convert
-from app.profiling import count_ops
+from app.decode.corpus import decode_corpus, searcher
+from app.decode.ct2_engine import CT2Translator
+from app.decode.export import convert
 from app.utils import autocast
 
 CT2_QUANTIZATIONS = {"float32": "none", "int8": "int8", "float16": "float16"}  # row name -> export.quantization

@@ -6,7 +6,7 @@ A sentence shows the attention that produced its hypothesis and, where the corpu
 links, also the attention read while forcing the reference through the decoder (rows: reference pieces),
 with the links outlined over it; a toggle switches the rows.
 
-Everything is inline (no network). A sentence's maps are the views ``app.alignment.store_attention``
+Everything is inline (no network). A sentence's maps are the views ``app.report.attention_files.store_attention``
 keeps, as the attention files hold them: by default the heads of one layer (``viz.layer``) and every
 layer's mean of heads, or every head of every layer (``eval.attention=all``). Each map set (a sentence's
 hypothesis attention, its forced attention) is quantized to uint8 (error <= 1/510), zlib-compressed and
@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 from matplotlib import colormaps
 
-from app.alignment import StoredAttention, piece_links, store_attention, word_index
+from app.data.links import piece_links, word_index
 from app.data.tokenizer import EOS
+from app.report.attention_files import StoredAttention, store_attention
 from app.utils import atomic_write_text
 
 LEVEL = 1  # zlib level of the maps: level 6 made them 5-8 % smaller in 2-8 times as long (synthetic maps)
@@ -42,13 +43,13 @@ class ExplorerRecord:
     ``attention``: what produced the hypothesis, numpy or torch floats with rows summing to 1, (tgt, src)
     for an RNN or (layers, heads, tgt, src) for a Transformer; tgt = len(tgt_tokens) (the hypothesis
     pieces and EOS), src = len(src_tokens) (the source pieces and EOS). Or the views of it already kept
-    (an ``app.alignment.StoredAttention``, as ``make eval`` has them for its attention files).
+    (an ``app.report.attention_files.StoredAttention``, as ``make eval`` has them for its attention files).
 
     ``ref_attention`` (optional): the attention read while forcing the reference through the decoder,
     the same layout with rows = ``ref_tokens`` (the reference pieces and EOS) and the same layers and heads.
     ``links`` (optional, needs ``ref_attention``): the reference word links of the sentence over
     whitespace words, (source word, target word) pairs, given as ``(sure, possible)`` the way
-    ``app.alignment.read_pharaoh`` reads a line (possible includes sure) or as
+    ``app.data.links.read_pharaoh`` reads a line (possible includes sure) or as
     ``{"sure": ..., "possible": ...}``; the page outlines the cells of their pieces (sure solid, the
     possible-only ones dashed).
     """
@@ -150,7 +151,8 @@ def write_explorer(
     """Write the explorer HTML for ``records`` (ExplorerRecord or dicts of its fields; any iterable, read
     once, so a generator need not hold every sentence's maps at once), in their order (the corpus order);
     ``meta`` (model, checkpoint, split, corpus BLEU, alignment...) is shown as key: value pairs in the
-    header. ``layer`` and ``keep``: which heads a Transformer's maps keep (app.alignment.store_attention)."""
+    header. ``layer`` and ``keep``: which heads a Transformer's maps keep
+    (app.report.attention_files.store_attention)."""
     sentences, blobs, offset = [], [], 0
     for record in records:
         record = record if isinstance(record, ExplorerRecord) else ExplorerRecord(**record)
@@ -187,7 +189,7 @@ def write_explorer(
         "MAPS": "".join(blobs),
         "VIRIDIS": "".join(f"{r:02x}{g:02x}{b:02x}" for r, g, b in viridis),
     }
-    template = resources.files("app").joinpath("explorer.html").read_text(encoding="utf-8")
+    template = resources.files("app.report").joinpath("explorer.html").read_text(encoding="utf-8")
     # one pass over the template: a placeholder-like string inside the data is never replaced
     atomic_write_text(path, re.sub(r"__(TITLE|META|SENTENCES|MAPS|VIRIDIS)__", lambda m: parts[m.group(1)], template))
 

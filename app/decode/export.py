@@ -2,7 +2,7 @@
 
     convert(model, model_cfg, src_spm, tgt_spm, out_dir, quantization)   a CTranslate2 model directory
 
-(app/ct2_engine.py translates with it.)
+(app/decode/ct2_engine.py translates with it.)
 
 The spec is filled by hand from our weights (ctranslate2.specs.TransformerSpec built from a
 TransformerEncoderSpec and a TransformerDecoderSpec); what each of our settings becomes:
@@ -37,11 +37,11 @@ from typing import Optional
 import numpy as np
 import torch
 
-from app.ct2_engine import EXPORT_INFO, export_dir
 from app.data.tokenizer import BOS, EOS, PAD, UNK
+from app.decode.ct2_engine import EXPORT_INFO, export_dir
+from app.decode.trained import load_trained
 from app.errors import UserError
 from app.models.transformer import Transformer
-from app.trained import load_trained
 from app.utils import Stopwatch
 
 # export.quantization -> what ModelSpec.optimize stores (None: float32, as trained). At load time
@@ -279,7 +279,7 @@ def convert(
         "ctranslate2_version": ctranslate2.__version__,
         "exported_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "quantization": quantization,
-        "max_positions": int(_field(model_cfg, "max_len")),  # inputs and outputs stay below, as in app.decoding
+        "max_positions": int(_field(model_cfg, "max_len")),  # inputs and outputs stay below, as in app.decode.corpus
         "alignment_layer": alignment_layer,
         "spm": spm_files,
         "model": dict(model_cfg) if isinstance(model_cfg, dict) else dataclasses.asdict(model_cfg),
@@ -324,7 +324,7 @@ vocabularies list its pieces in id order). `</s>` is appended to the source by C
     out = tr.translate_batch([sp.encode("...", out_type=str)], beam_size=5, max_input_length=0,
                              min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]])
 
-`app.ct2_engine.CT2Translator` does this with the project's decoding settings (GNMT length penalty,
+`app.decode.ct2_engine.CT2Translator` does this with the project's decoding settings (GNMT length penalty,
 length limit ratio · source length + extra). Inputs longer than {info["max_positions"] - 1} tokens
 are out of this model's range. `export.json` holds the full model settings.
 """

@@ -16,17 +16,18 @@ import time
 import torch
 from tqdm import tqdm
 
-from app.alignment import align_scope, attention_shape, score_alignments
-from app.board import alignment_figures, sample_table, tensorboard_sentences, write_pngs
 from app.config import Config
 from app.data.batching import sorted_batches
 from app.data.corpus import ParallelData
 from app.data.tokenizer import PAD, Tokenizer
-from app.decoding import decode_corpus
+from app.decode.corpus import decode_corpus
 from app.host_worker import host_worker, submit
-from app.plots import draw_pngs
-from app.scoring import score, sentence_bleu
-from app.update import sequence_loss
+from app.report.aer import align_scope, score_alignments
+from app.report.attention_views import attention_shape
+from app.report.board import alignment_figures, sample_table, tensorboard_sentences, write_pngs
+from app.report.plots import draw_pngs
+from app.report.scores import score, sentence_bleu
+from app.train.update import sequence_loss
 from app.utils import Stopwatch, amp_dtype, autocast
 
 # the parts of a validation that run the model; the rest of its time is host work

@@ -4,17 +4,17 @@ train.amp=, device=):
     make bench ARGS="model=rnn_bahdanau bench.steps=50 train.batch_tokens=64000"
 
 Times ``bench.steps`` training steps after ``bench.warmup`` untimed ones through the Trainer itself, its
-update alone and its whole loop (app/bench_training.py: ``loop_vs_step`` is the share of its step's speed the
+update alone and its whole loop (app/bench/training.py: ``loop_vs_step`` is the share of its step's speed the
 loop keeps), then greedy and beam search
 (``decode.beam_size``) decoding of the test split, ours and, for a Transformer, CTranslate2's (float32
-and int8; app/bench_decode.py), BLEU beside each; prints one table and writes it as JSON
+and int8; app/bench/decoding.py), BLEU beside each; prints one table and writes it as JSON
 (``checkpoints/bench/<name>.json``).
 Decoding uses the weights of ``bench.checkpoint_path`` when given (an untrained model runs every sentence to
 the length limit, so its timings are an upper bound). ``bench.profile_steps=N`` profiles N more steps
-(app/profiling.py); ``bench.ablate=true`` times training again with each speed feature off in turn, from
+(app/bench/profiling.py); ``bench.ablate=true`` times training again with each speed feature off in turn, from
 the same starting weights: the before/after table of every speed change (``<name>_ablation.md``).
 
-MFU is computed with the one FLOP count of app/flops.py.
+MFU is computed with the one FLOP count of app/models/flops.py.
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from app.bench_decode import sync, time_decoding
-from app.bench_rows import attempt
-from app.bench_training import time_trainer
+from app.bench.decoding import sync, time_decoding
+from app.bench.profiling import count_ops, profile_steps
+from app.bench.rows import attempt
+from app.bench.training import time_trainer
 from app.checkpoint import check_compatible, load_checkpoint
 from app.config import Config
 from app.data.batching import Batcher, make_batches
@@ -42,11 +43,10 @@ from app.data.corpus import load_split, load_tokenized, prepare_data
 from app.data.schedule import training_schedule
 from app.data.shapes import SUGGESTED_SHAPES
 from app.data.tokenizer import PAD
-from app.flops import peak_flops, training_flops
-from app.master_weights import MasterWeights
 from app.models import build_model, count_parameters
-from app.profiling import count_ops, profile_steps
-from app.update import compiled_for_training, make_optimizer, train_step
+from app.models.flops import peak_flops, training_flops
+from app.train.master_weights import MasterWeights
+from app.train.update import compiled_for_training, make_optimizer, train_step
 from app.utils import amp_dtype, atomic_write_text, resolve_device, seed_everything
 
 
@@ -301,7 +301,7 @@ def bench(cfg: Config) -> dict:
     }
     if device.type == "cpu":
         result["threads"] = {"torch": torch.get_num_threads(), "ctranslate2": cfg.bench.ct2_threads}
-    failed: dict[str, str] = {}  # row -> its one-line error: the other rows still run (app/bench_rows.py)
+    failed: dict[str, str] = {}  # row -> its one-line error: the other rows still run (app/bench/rows.py)
     os.makedirs(os.path.join("checkpoints", "bench"), exist_ok=True)
     trained = attempt(failed, "training", lambda: time_trainer(cfg, steps, warmup))
     one_more_step = None

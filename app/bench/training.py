@@ -1,4 +1,4 @@
-"""``make bench``'s training rows, timed through the Trainer itself (app/training.py), so that the bench
+"""``make bench``'s training rows, timed through the Trainer itself (app/train/trainer.py), so that the bench
 figure is the figure a user's ``make train`` gets:
 
 - ``step``: the Trainer's own update with its data path (the batches padded from the Arrow cache and copied
@@ -7,7 +7,7 @@ figure is the figure a user's ``make train`` gets:
   window, the progress bar, logging, stop checks), with validation and checkpoints left out.
 
 ``loop_vs_step`` (loop steps/s over step steps/s) is how much of its step's speed the loop keeps;
-``ema_update_ms`` what the moving average of the weights (train.ema_decay, app/ema.py) adds to each step, timed
+``ema_update_ms`` what the moving average of the weights (train.ema_decay, app/train/ema.py) adds to each step, timed
 alone whether the run has it on or not (``ema_vs_step``: its share of the step).
 """
 
@@ -25,10 +25,10 @@ import torch
 from app.config import Config
 from app.data.batching import batch_shape, padded_tokens
 from app.data.schedule import BatchSchedule, Update
-from app.ema import ExponentialAverage
-from app.flops import peak_flops, training_flops
-from app.training import Trainer, build_trainer
-from app.training_report import LoopClock
+from app.models.flops import peak_flops, training_flops
+from app.train.ema import ExponentialAverage
+from app.train.summary import LoopClock
+from app.train.trainer import Trainer, build_trainer
 
 
 def bench_run_config(cfg: Config) -> Config:

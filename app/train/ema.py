@@ -8,7 +8,7 @@ so the first updates are not frozen into the average (TensorFlow's ``Exponential
 on the device, with a weight computed on the host from the step count: no host sync.
 
 The averaged copy is what a run with it on validates, keeps as best.pt and hands to eval, translate and
-export (app/train_state.py): the trained weights go on in the optimizer's hands, and a checkpoint holds both.
+export (app/train/state.py): the trained weights go on in the optimizer's hands, and a checkpoint holds both.
 Parameters alone are averaged: the models have no buffers that training changes.
 """
 

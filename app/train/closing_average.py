@@ -22,8 +22,8 @@ from typing import Optional
 from app import distributed
 from app.checkpoint import average_files, best_steps, save_checkpoint, snapshot_name, snapshot_steps
 from app.config import TrainConfig
-from app.train_state import Progress
-from app.validation import validate
+from app.train.state import Progress
+from app.train.validation import validate
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def reserve_seconds(t: TrainConfig, parameters: int, validation_seconds: float) 
 
 
 def average_at_end(trainer) -> Optional[dict]:
-    """Average the snapshots of an app.training.Trainer's run, validate the average and keep the better of it
+    """Average the snapshots of an app.train.trainer.Trainer's run, validate the average and keep the better of it
     and the best single weights as best.pt (on rank 0, after the final checkpoint). Returns what
     ``train_summary.json`` says of it, None where there is nothing to average."""
     t, p, run_dir = trainer.cfg.train, trainer.progress, trainer.run_dir

@@ -4,8 +4,8 @@ and checkpoints (last, best, rotated snapshots), early stopping and a wall-clock
 closing validation, a graceful stop on SIGINT/SIGTERM, out-of-memory handling, DDP under torchrun, and a
 progress bar with what is left.
 
-The math of one update is in app/update.py, the batch order in app/data/schedule.py, what a checkpoint
-holds in app/train_state.py, validation in app/validation.py. The loop's own host work is kept off the
+The math of one update is in app/train/update.py, the batch order in app/data/schedule.py, what a checkpoint
+holds in app/train/state.py, validation in app/train/validation.py. The loop's own host work is kept off the
 device's way: the next update's batches are padded and copied in a background thread (app/data/prefetch.py),
 its counts come from the host's lengths, and the figures stay on the device between log lines."""
 
@@ -27,26 +27,26 @@ from torch import nn
 from tqdm import tqdm
 
 from app import distributed
-from app.alignment import read_pharaoh
-from app.board import training_figures, write_hparams
 from app.checkpoint import CheckpointWriter, host_copy, save_checkpoint, write_snapshot
-from app.closing_average import average_at_end, kept_snapshots, reserve_seconds
 from app.config import Config
 from app.data.batching import Batch, Batcher
 from app.data.corpus import ParallelData, TokenizedSplit, load_split, load_tokenized, load_tokenizer, prepare_data
+from app.data.links import read_pharaoh
 from app.data.prefetch import Prefetcher
 from app.data.schedule import BatchSchedule, Update, accumulation_steps, training_schedule
 from app.data.tokenizer import Tokenizer
-from app.ema import ExponentialAverage
 from app.errors import UserError
-from app.flops import FlopCounter, peak_flops
-from app.guided_alignment import AlignmentTargets, alignment_targets
-from app.interrupt import StopRequest, StopRules, TrainingInterrupted
-from app.master_weights import MasterWeights
-from app.metrics_window import MetricsWindow, progress_postfix, report_skips
 from app.models import build_model, count_parameters
-from app.train_state import Progress, TrainingState, check_settings, resuming
-from app.training_report import (
+from app.models.flops import FlopCounter, peak_flops
+from app.report.board import training_figures, write_hparams
+from app.train.closing_average import average_at_end, kept_snapshots, reserve_seconds
+from app.train.ema import ExponentialAverage
+from app.train.guided_alignment import AlignmentTargets, alignment_targets
+from app.train.master_weights import MasterWeights
+from app.train.metrics_window import MetricsWindow, progress_postfix, report_skips
+from app.train.state import Progress, TrainingState, check_settings, resuming
+from app.train.stop_rules import StopRequest, StopRules, TrainingInterrupted
+from app.train.summary import (
     CompileWatch,
     LoopClock,
     RunEstimate,
@@ -55,9 +55,9 @@ from app.training_report import (
     record_start,
     run_summary,
 )
-from app.update import compiled_for_training, make_optimizer, train_step
+from app.train.update import compiled_for_training, make_optimizer, train_step
+from app.train.validation import validate
 from app.utils import amp_dtype, atomic_write_text, resolve_device, rng_state, seed_everything
-from app.validation import validate
 
 log = logging.getLogger(__name__)
 

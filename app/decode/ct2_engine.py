@@ -1,6 +1,6 @@
-"""Translate with a CTranslate2 export (app/export.py) under the project's decoding settings.
+"""Translate with a CTranslate2 export (app/decode/export.py) under the project's decoding settings.
 
-    CT2Translator(out_dir).translate(src_ids, decode_cfg)   app.search.Hypotheses
+    CT2Translator(out_dir).translate(src_ids, decode_cfg)   app.decode.search.Hypotheses
 
 docs/ctranslate2_export.md says how CTranslate2's decoding differs from ours and what is done about it.
 """
@@ -16,11 +16,11 @@ import torch
 
 from app.config import Config, DecodeConfig
 from app.data.tokenizer import Tokenizer
+from app.decode.search import Hypotheses, check_source_lengths, length_limits, length_penalty
 from app.errors import UserError
-from app.search import Hypotheses, check_source_lengths, length_limits, length_penalty
 
 # An export's directory holds the CTranslate2 model, its vocabularies, the SentencePiece model(s) and this
-# file: what was exported (model settings, run and step, quantization), written by app.export.convert
+# file: what was exported (model settings, run and step, quantization), written by app.decode.export.convert
 EXPORT_INFO = "export.json"
 
 
@@ -30,7 +30,7 @@ def export_dir(cfg: Config) -> str:
 
 
 class CT2Translator:
-    """A CTranslate2 export behind the project's decoding settings; results as app.search.Hypotheses.
+    """A CTranslate2 export behind the project's decoding settings; results as app.decode.search.Hypotheses.
 
     ``nbest`` is scored as ours, log p(Y|X) / ((5 + |Y|) / 6)^α with |Y| counting EOS, except that
     CTranslate2 removes <pad> and <s> before its softmax (suppress_sequences) where ours removes them
@@ -52,7 +52,7 @@ class CT2Translator:
 
         info_path = os.path.join(model_dir, EXPORT_INFO)
         if not os.path.exists(info_path):
-            raise UserError(f"{model_dir}: no {EXPORT_INFO}; not a directory written by app.export.convert")
+            raise UserError(f"{model_dir}: no {EXPORT_INFO}; not a directory written by app.decode.export.convert")
         with open(info_path, encoding="utf-8") as f:
             self.info = json.load(f)
         self.model_dir, self.max_positions = model_dir, self.info["max_positions"]
@@ -77,8 +77,8 @@ class CT2Translator:
     def translate(
         self, src: list[list[int]], decode: DecodeConfig, need_attention: bool = False, patience: float = 2.0
     ) -> Hypotheses:
-        """Source token ids without EOS (as app.decoding.decode_corpus takes them) -> target ids, under the
-        settings of ``decode`` (as app.trained.TrainedModel.translate takes them)."""
+        """Source token ids without EOS (as app.decode.corpus.decode_corpus takes them) -> target ids, under the
+        settings of ``decode`` (as app.decode.trained.TrainedModel.translate takes them)."""
         hyps = self._translate_pieces([[self.src_vocab[i] for i in s] for s in src], decode, need_attention, patience)
         ids = lambda pieces: [self.tgt_index[p] for p in pieces]  # noqa: E731
         return Hypotheses(

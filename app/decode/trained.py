@@ -18,13 +18,13 @@ from app.checkpoint import (
     load_checkpoint,
 )
 from app.config import Config, DecodeConfig, config_from_dict
-from app.ct2_engine import EXPORT_INFO, CT2Translator, export_dir
 from app.data.corpus import load_tokenizer
 from app.data.tokenizer import Tokenizer
-from app.decoding import decode_corpus
+from app.decode.corpus import decode_corpus
+from app.decode.ct2_engine import EXPORT_INFO, CT2Translator, export_dir
+from app.decode.search import Hypotheses
 from app.errors import UserError
 from app.models import build_model
-from app.search import Hypotheses
 from app.utils import amp_dtype, resolve_device
 
 ENGINES = ("torch", "ct2")

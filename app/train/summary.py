@@ -25,7 +25,7 @@ LONG_CPU_RUN_HOURS = 2.0
 
 
 def run_summary(trainer, stop_reason: str) -> dict:
-    """``train_summary.json`` of an app.training.Trainer: how far training went, how fast, and on what."""
+    """``train_summary.json`` of an app.train.trainer.Trainer: how far training went, how fast, and on what."""
     p, device, s = trainer.progress, trainer.device, trainer.schedule
     training_seconds = max(p.elapsed_seconds - p.eval_seconds, 1e-9)
     summary = {
@@ -48,7 +48,7 @@ def run_summary(trainer, stop_reason: str) -> dict:
         summary["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     summary.update(parameters=count_parameters(trainer.model), amp=str(trainer.dtype or "fp32"))
     summary.update(ranks=s.world, accum_steps=s.accum)
-    if trainer.average:  # the closing average (app/closing_average.py): best_dev_bleu is best.pt's
+    if trainer.average:  # the closing average (app/train/closing_average.py): best_dev_bleu is best.pt's
         summary.update(average=trainer.average, best_dev_bleu=max(p.best_bleu, trainer.average["dev_bleu"]))
     if trainer.compiles.enabled:
         summary.update(compile_graphs=trainer.compiles.graphs, compile_seconds=round(trainer.compiles.seconds, 1))
@@ -160,7 +160,7 @@ class LoopClock:
 
 
 def record_start(trainer) -> None:
-    """``config.yaml`` in an app.training.Trainer's run folder, and what trains on what in the log."""
+    """``config.yaml`` in an app.train.trainer.Trainer's run folder, and what trains on what in the log."""
     cfg = trainer.cfg
     atomic_write_text(os.path.join(trainer.run_dir, "config.yaml"), OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     size = f"{count_parameters(trainer.model) / 1e6:.1f} M parameters"

@@ -7,8 +7,8 @@ import os
 import sys
 
 from app.config import Config
+from app.decode.trained import check_engine, load_ct2, load_trained
 from app.errors import UserError
-from app.trained import check_engine, load_ct2, load_trained
 from app.utils import atomic_write_text, resolve_device
 
 

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from app.data.tokenizer import BOS, EOS, PAD
-from app.search import Hypotheses, Search, attention_to_host, by_step, length_penalty, sentence_attention
+from app.decode.search import Hypotheses, Search, attention_to_host, by_step, length_penalty, sentence_attention
 
 
 class BeamSearch(Search):

@@ -18,8 +18,8 @@ import os
 import numpy as np
 import torch
 
-from app.alignment import WORD_START, read_pharaoh
 from app.config import Config
+from app.data.links import WORD_START, read_pharaoh
 from app.data.tokenizer import Tokenizer
 from app.errors import UserError
 
@@ -32,7 +32,7 @@ def piece_words(pieces: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
 def word_numbers(ids: np.ndarray, starts: np.ndarray, special: np.ndarray) -> np.ndarray:
     """The word number of each piece of a sentence (-1 for special tokens and padding), as
-    app.alignment.word_index gives for its pieces: a word starts at a ▁ piece or at the first piece."""
+    app.data.links.word_index gives for its pieces: a word starts at a ▁ piece or at the first piece."""
     real = ~special[ids]
     start = starts[ids].copy()
     if real.any():

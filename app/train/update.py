@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from app.config import CUDA_GRAPH_MODES, Config
 from app.data.tokenizer import PAD
 from app.errors import UserError
-from app.guided_alignment import guided_alignment_loss
-from app.master_weights import MasterWeights
 from app.models.transformer import DecoderLayer, EncoderLayer
+from app.train.guided_alignment import guided_alignment_loss
+from app.train.master_weights import MasterWeights
 from app.utils import autocast
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,7 @@ def train_step(
 ) -> StepResult:
     """One update over ``batches`` (gradient accumulation), the loss normalized by ``n_tokens``, the
     target tokens of the whole update over all ``ranks``; batches that carry guided alignment targets
-    add ``train.align_weight`` times their L_a (app/guided_alignment.py), averaged over the update's
+    add ``train.align_weight`` times their L_a (app/train/guided_alignment.py), averaged over the update's
     micro-batches. No host sync. A non-finite update is skipped inside the fused optimizer kernel (with
     ``train.fused_optimizer=false``, by a host-side check). ``model`` runs the step; with ``master``, it is
     (a wrapper of) ``master.compute``, whose gradients go to the fp32 master weights the optimizer holds."""

@@ -16,34 +16,24 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-from app.alignment import (
-    ATTENTION_KEEP,
-    StoredAttention,
-    align_scope,
-    alignment_view,
-    attention_shape,
-    attention_views,
-    figure_views,
-    piece_links,
-    read_pharaoh,
-    score_alignments,
-    store_attention,
-    write_attention_files,
-)
-from app.board import log_eval
 from app.checkpoint import checkpoint_path
 from app.config import Config, VizConfig
 from app.data.corpus import ParallelData, load_split
+from app.data.links import piece_links, read_pharaoh
 from app.data.sources import SPLITS
 from app.data.tokenizer import EOS, Tokenizer
+from app.decode.search import Hypotheses
+from app.decode.trained import TrainedModel, check_engine, load_ct2, load_trained
 from app.errors import UserError
-from app.explorer import evaluation_records, write_explorer
 from app.host_worker import host_worker, submit
 from app.models import count_parameters
-from app.plots import alignment_figure, figures, png_bytes
-from app.scoring import split_scores, timed_ter_score
-from app.search import Hypotheses
-from app.trained import TrainedModel, check_engine, load_ct2, load_trained
+from app.report.aer import align_scope, alignment_view, score_alignments
+from app.report.attention_files import ATTENTION_KEEP, StoredAttention, store_attention, write_attention_files
+from app.report.attention_views import attention_shape, attention_views, figure_views
+from app.report.board import log_eval
+from app.report.explorer import evaluation_records, write_explorer
+from app.report.plots import alignment_figure, figures, png_bytes
+from app.report.scores import split_scores, timed_ter_score
 from app.utils import Stopwatch, atomic_write, atomic_write_text, resolve_device
 
 
@@ -76,7 +66,7 @@ def evaluate_run(cfg: Config) -> dict:
             hyps = trained.translate(data.src, cfg.decode, progress=True, need_attention=True)
     texts = trained.tokenizer.decode_tgt(hyps.tokens)
     with clock("score"):  # TER in the host worker, on the other core, while the rest is written
-        worker = host_worker(preload=("app.scoring",)) if cfg.viz.worker else None
+        worker = host_worker(preload=("app.report.scores",)) if cfg.viz.worker else None
         ter = submit(worker, timed_ter_score, list(texts), list(data.tgt_texts))
     out_dir = os.path.join(cfg.run_dir, "eval", cfg.eval.split)
     gold_path = cfg.eval.gold_align or reference_links(trained.config.data.dir, cfg.eval.split)
@@ -241,7 +231,7 @@ def explorer_meta(cfg: Config, trained: TrainedModel, metrics: dict) -> dict:
 def write_alignments(
     out_dir: str, data: ParallelData, hyps: Hypotheses, tokenizer: Tokenizer, cfg: Config, alignment: Optional[dict]
 ) -> list[StoredAttention]:
-    """The attention files (``alignments.npz`` and its index ``alignments.jsonl``; app.alignment): per
+    """The attention files (``alignments.npz`` and its index ``alignments.jsonl``; app.report.attention_files): per
     sentence its tokens and the views ``eval.attention`` keeps of the attention of the decoding that produced
     the hypothesis; with reference links, the view of the attention AER was scored on. Returns the views."""
     stored = []

@@ -8,10 +8,10 @@ import dataclasses
 import os
 import random
 
-from app.alignment import figure_views
 from app.config import Config
 from app.data.tokenizer import EOS
-from app.plots import TENSORBOARD_WIDTH, draw_pngs, tensorboard_tokens
+from app.report.attention_views import figure_views
+from app.report.plots import TENSORBOARD_WIDTH, draw_pngs, tensorboard_tokens
 
 # declared in every run's HPARAMS record, so that runs trained and evaluated at different times share columns
 HPARAM_METRICS = (
@@ -48,7 +48,7 @@ def write_hparams(writer, cfg: Config, metrics: dict, step: int) -> None:
 
 
 def alignment_figures(tag: str, pairs: list[tuple], tokenizer, layer: int, every_layer: bool = False) -> dict:
-    """``<tag>/<n>/<figure>`` -> what app.plots.draw_pngs draws, sized for the IMAGES tab, for each
+    """``<tag>/<n>/<figure>`` -> what app.report.plots.draw_pngs draws, sized for the IMAGES tab, for each
     (source ids, hypothesis ids, attention) of ``pairs``: numbers and strings, drawable in a worker process."""
     specs = {}
     for n, (src, hyp, attention) in enumerate(pairs):

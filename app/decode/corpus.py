@@ -1,5 +1,6 @@
-"""Decoding a corpus: greedy or beam search (app/search.py, app/beam.py) in length-sorted batches sized for the
-device, results in input order; and the attention of a model fed the reference (teacher forcing)."""
+"""Decoding a corpus: greedy or beam search (app/decode/search.py, app/decode/beam.py) in length-sorted
+batches sized for the device, results in input order; and the attention of a model fed the reference
+(teacher forcing)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-from app.beam import BeamSearch
 from app.config import DecodeConfig
 from app.data.batching import Batcher, make_batches, sorted_batches
-from app.search import GreedySearch, Hypotheses, check_source_lengths
+from app.decode.beam import BeamSearch
+from app.decode.search import GreedySearch, Hypotheses, check_source_lengths
 from app.utils import autocast
 
 log = logging.getLogger(__name__)

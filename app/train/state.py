@@ -3,7 +3,7 @@ progress, random generators, settings, vocabulary), how a run resumes from it ex
 folder is new, to be resumed or finished.
 
 A checkpoint's ``model`` is always the model users get, what eval, translate, export and make average read:
-with ``train.ema_decay`` on, the moving average of the weights (app/ema.py); the trained weights it follows
+with ``train.ema_decay`` on, the moving average of the weights (app/train/ema.py); the trained weights it follows
 are then ``trained_model``, what a resume continues from.
 
 A checkpoint is read on the CPU whatever the device training runs on: the model and optimizer states go
@@ -22,8 +22,8 @@ import torch
 from app.checkpoint import UnloadableCheckpoint, check_compatible, load_checkpoint, snapshot_name, snapshot_steps
 from app.config import Config, TrainConfig
 from app.data.schedule import BatchSchedule
-from app.ema import ExponentialAverage
 from app.errors import UserError
+from app.train.ema import ExponentialAverage
 from app.utils import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """Alignment heatmaps for every attention type, one drawing path: attention -> its views -> a ``Picture``
-(the figure's pixels) -> PNG bytes, for files and for TensorBoard (app/board.py).
+(the figure's pixels) -> PNG bytes, for files and for TensorBoard (app/report/board.py).
 
 Accepted shapes, from the model API: (tgt, src) for RNN attention, (layers, heads, tgt, src) for
 Transformer cross-attention. Rows are target tokens (y axis), columns source tokens (x axis).
@@ -8,7 +8,7 @@ Sizes. A file is drawn at a fixed size per token. TensorBoard's IMAGES tab shows
 ``TENSORBOARD_WIDTH`` pixels wide, scaling it to fit: a figure for it is drawn that wide, so that it is
 shown pixel for pixel, and several maps (the heads of a layer, the layers) are stacked in one column,
 each as large as a single map. Token labels stay readable when the source has at most
-``tensorboard_tokens()`` pieces (validation picks such sentences; app/validation.py).
+``tensorboard_tokens()`` pieces (validation picks such sentences; app/train/validation.py).
 
 How. A figure is composed in numpy rather than by matplotlib's Axes, whose tick machinery cost most of a
 second per figure: a panel's token labels, ticks, frame and colour bar are drawn once per figure and
@@ -236,7 +236,7 @@ def alignment_figure(
     weights, src_tokens: list[str], tgt_tokens: list[str], title: str = "", links=None, width_px: int | None = None
 ) -> Picture:
     """One (tgt, src) map with token labels and a colour bar; ``links``: (sure, possible) lists of
-    (target, source) cells outlined over it (reference word links, app.alignment.piece_links)."""
+    (target, source) cells outlined over it (reference word links, app.data.links.piece_links)."""
     note = "reference links: solid sure, dotted possible" if links else ""
     picture = stacked_figure(np.asarray(weights)[None], src_tokens, tgt_tokens, [title], width_px, note)
     panel = picture.panels[0]
@@ -254,8 +254,8 @@ def figures(
     tgt_tokens: list[str],
     width_px: int | None = None,
 ) -> dict[str, Picture]:
-    """name -> picture for one sentence: the figures of ``views`` (app.alignment.figure_views), labelled with
-    its tokens."""
+    """name -> picture for one sentence: the figures of ``views`` (app.report.attention_views.figure_views),
+    labelled with its tokens."""
     return {
         name: stacked_figure(maps, src_tokens, tgt_tokens, titles, width_px) for name, (maps, titles) in views.items()
     }

@@ -1,0 +1,63 @@
+"""Reference word links and the words a sentence's pieces make up.
+
+Link files use the Pharaoh format: one line per sentence pair, ``i-j`` for a sure link between source word
+i and target word j (0-based, whitespace words), ``i?j`` for a possible one. SentencePiece marks the first
+piece of each whitespace word with ``▁``, which is how pieces map back to words.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.errors import UserError
+
+WORD_START = "▁"  # SentencePiece marks the first piece of each whitespace word
+
+
+def read_pharaoh(path: str) -> list[tuple[set, set]]:
+    """Per line: (sure links, possible links); possible includes sure, as AER requires."""
+    gold = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            sure, possible = set(), set()
+            for link in line.split():
+                sep = "-" if "-" in link else "?"
+                try:
+                    i, j = (int(x) for x in link.split(sep))
+                except ValueError:
+                    raise UserError(f"{path}:{line_no}: {link!r} is not an i-j or i?j alignment link") from None
+                possible.add((i, j))
+                if sep == "-":
+                    sure.add((i, j))
+            gold.append((sure, possible))
+    return gold
+
+
+def word_index(pieces: list[str]) -> list[int]:
+    """Word number of every subword piece; -1 for special tokens such as </s>."""
+    out, word = [], -1
+    for piece in pieces:
+        if piece.startswith("<") and piece.endswith(">"):
+            out.append(-1)
+            continue
+        if piece.startswith(WORD_START) or word < 0:
+            word += 1
+        out.append(word)
+    return out
+
+
+def pieces_to_words(pieces: list[str]) -> np.ndarray:
+    """(words, pieces) 0/1 matrix: which pieces make up each whitespace word (special tokens: none)."""
+    words = np.asarray(word_index(pieces))
+    return (np.arange(max(words.max(initial=-1) + 1, 0))[:, None] == words[None, :]).astype(np.float64)
+
+
+def piece_links(links: set[tuple[int, int]], src_pieces: list[str], tgt_pieces: list[str]) -> list[tuple[int, int]]:
+    """(source word, target word) links -> the (target piece, source piece) cells of those words."""
+    src_words, tgt_words = (np.asarray(word_index(pieces), dtype=np.intp) for pieces in (src_pieces, tgt_pieces))
+    linked = np.zeros((tgt_words.max(initial=-1) + 2, src_words.max(initial=-1) + 2), dtype=bool)  # row/col -1: none
+    for s, t in links:
+        if 0 <= s < linked.shape[1] - 1 and 0 <= t < linked.shape[0] - 1:
+            linked[t, s] = True
+    cells = np.nonzero(linked[tgt_words[:, None], src_words[None, :]])  # row-major: by target piece, then source
+    return list(zip(cells[0].tolist(), cells[1].tolist()))

@@ -1,0 +1,109 @@
+"""The views of one sentence's attention, named once for every reader (plots, TensorBoard, AER, the
+attention files, the explorer), and two numbers read from a view: entropy and monotonicity.
+
+An RNN's attention (tgt, src) has one view, ``attention``. A Transformer's cross-attention (layers, heads,
+tgt, src) has ``layer L head H`` for each head and ``layer L mean`` for each layer's mean of heads; the
+view plots show is ``layer viz.layer mean``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Union
+
+import numpy as np
+import torch
+
+RNN_VIEW = "attention"
+
+
+def as_array(weights) -> np.ndarray:
+    """Attention (a torch tensor on any device, or an array) as float32 numpy, without a copy where it can.
+    Per-sentence arithmetic is done in numpy: torch's small ops wait on its second thread when the
+    cores are busy (10 times slower on the 2-core CPU while the TER worker runs)."""
+    if isinstance(weights, torch.Tensor):
+        return weights.detach().float().cpu().numpy()
+    return np.asarray(weights, dtype=np.float32)
+
+
+def check_shape(attention: np.ndarray) -> np.ndarray:
+    if attention.ndim not in (2, 4):
+        raise ValueError(f"attention of shape {attention.shape}: expected (tgt, src) or (layers, heads, tgt, src)")
+    return attention
+
+
+def head_name(layer: int, head: int) -> str:
+    return f"layer {layer} head {head}"
+
+
+def mean_name(layer: int) -> str:
+    return f"layer {layer} mean"
+
+
+def attention_views(attention, heads_of: Union[str, Sequence[int]] = "all") -> tuple[list[str], np.ndarray]:
+    """(names, maps (views, tgt, src)) of one sentence's attention: an RNN's one map; of a Transformer, the
+    heads of the layers ``heads_of`` (a list of layers, or "all"), then every layer's mean of heads."""
+    attention = check_shape(as_array(attention))
+    if attention.ndim == 2:
+        return [RNN_VIEW], attention[None]
+    layers, heads = attention.shape[:2]
+    kept = list(range(layers)) if heads_of == "all" else [layer % layers for layer in heads_of]
+    names = [head_name(n, h) for n in kept for h in range(heads)] + [mean_name(n) for n in range(layers)]
+    return names, np.concatenate([attention[kept].reshape(-1, *attention.shape[2:]), attention.mean(1)])
+
+
+def plotted_view(attention, layer: int = -1) -> tuple[str, np.ndarray]:
+    """The view plots show and entropy and monotonicity read: an RNN's map, a Transformer's ``layer`` mean of
+    heads (computed alone: the other views are not needed)."""
+    attention = check_shape(as_array(attention))
+    if attention.ndim == 2:
+        return RNN_VIEW, attention
+    layer %= attention.shape[0]
+    return mean_name(layer), attention[layer].mean(0)
+
+
+def figure_views(attention, layer: int = -1, every_layer: bool = False) -> dict[str, tuple[np.ndarray, list[str]]]:
+    """figure name -> (maps, their titles) for the pictures of one sentence's attention: ``alignment`` (the
+    plotted view); for Transformers also ``layers`` (every layer's mean of heads, one column) and
+    ``heads_layerN`` (the heads of layer ``layer``, of every layer with ``every_layer``)."""
+    attention = check_shape(as_array(attention))
+    if attention.ndim == 2:
+        return {"alignment": (attention[None], [RNN_VIEW])}
+    layers, heads = attention.shape[:2]
+    layer %= layers
+    shown = list(range(layers)) if every_layer else [layer]
+    names, maps = attention_views(attention, shown)
+    means = len(shown) * heads
+    out = {
+        "alignment": (maps[means + layer][None], [names[means + layer]]),
+        "layers": (maps[means:], names[means:]),
+    }
+    for n, kept in enumerate(shown):
+        out[f"heads_layer{kept}"] = (maps[n * heads : (n + 1) * heads], names[n * heads : (n + 1) * heads])
+    return out
+
+
+def attention_entropy(weights) -> float:
+    """Mean entropy (nats) of the attention rows: low when each target token looks at few source tokens."""
+    w = np.maximum(as_array(weights), np.float32(1e-12))
+    return float(-(w * np.log(w)).sum(-1).mean())
+
+
+def monotonicity(weights) -> float:
+    """Share of target tokens whose most-attended source position does not move backwards: a
+    diagonality score of an alignment (1.0 for a monotone one)."""
+    argmax = as_array(weights).argmax(-1)
+    if argmax.size < 2:
+        return 1.0
+    return float((argmax[1:] >= argmax[:-1]).mean())
+
+
+def attention_shape(attentions: list, layer: int = -1) -> dict:
+    """Mean entropy and monotonicity over sentences of the plotted view: how sharp and how diagonal
+    attention is, one number each."""
+    views = [plotted_view(a, layer) for a in attentions]
+    return {
+        "view": views[0][0],
+        "entropy": round(sum(attention_entropy(m) for _, m in views) / len(views), 6),
+        "monotonicity": round(sum(monotonicity(m) for _, m in views) / len(views), 6),
+    }
