@@ -17,6 +17,7 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from app.choices import Checked, check_choices, choice
 from app.errors import UserError
 
 
@@ -29,8 +30,8 @@ class FilterConfig:
 
 
 @dataclass
-class DataConfig:
-    source: str = "bible"  # bible | files | hf
+class DataConfig(Checked, section="data"):
+    source: str = choice("bible", "files", "hf")
     name: Optional[str] = None  # folder under data/; unset: derived from the source (corpus_name)
     dir: Optional[str] = None  # unset: data/<name>
     src_lang: str = "es"
@@ -69,6 +70,7 @@ class DataConfig:
     filters: FilterConfig = field(default_factory=FilterConfig)
 
     def __post_init__(self) -> None:
+        check_choices(self)
         self.src_field = self.src_field or f"translation.{self.src_lang}"
         self.tgt_field = self.tgt_field or f"translation.{self.tgt_lang}"
         self.name = self.name or corpus_name(self)
@@ -90,8 +92,8 @@ def corpus_name(cfg: DataConfig) -> str:
 
 
 @dataclass
-class TokenizerConfig:
-    model_type: str = "unigram"  # unigram | bpe
+class TokenizerConfig(Checked, section="tokenizer"):
+    model_type: str = choice("unigram", "bpe")
     vocab_size: int = 8000
     joint: bool = True  # one vocabulary for both languages (needed to tie all embeddings)
     character_coverage: float = 1.0
@@ -100,7 +102,7 @@ class TokenizerConfig:
 
 
 @dataclass
-class TransformerConfig:
+class TransformerConfig(Checked, section="model"):
     """Transformer base (Vaswani et al. 2017) with the variants of docs/transformer_variants.md."""
 
     arch: str = "transformer"
@@ -112,10 +114,10 @@ class TransformerConfig:
     dropout: float = 0.3  # as for low-resource pairs (the Bible has ~29 k training verses)
     attention_dropout: float = 0.1  # on the attention weights
     activation_dropout: float = 0.3  # on the feed-forward's hidden activations (model.dropout: on each residual branch)
-    activation: str = "relu"  # relu | gelu
-    norm: str = "pre"  # pre | post: where the norm sits in each residual block
-    norm_type: str = "layernorm"  # layernorm | rmsnorm
-    pos: str = "sinusoidal"  # sinusoidal | learned | rope | alibi
+    activation: str = choice("relu", "gelu")
+    norm: str = choice("pre", "post")  # where the norm sits in each residual block
+    norm_type: str = choice("layernorm", "rmsnorm")
+    pos: str = choice("sinusoidal", "learned", "rope", "alibi")
     kv_heads: int = 0  # key/value heads: 0 = heads (multi-head), a divisor of heads (grouped-query), 1 (multi-query)
     window: int = 0  # encoder self-attention sees only tokens within this distance; 0 = the whole sentence
     max_len: int = 1024
@@ -124,14 +126,14 @@ class TransformerConfig:
 
 
 @dataclass
-class RNNConfig:
+class RNNConfig(Checked, section="model"):
     """The settings every RNN preset shares (conf/model/rnn_*.yaml change what differs)."""
 
     arch: str = "rnn"
-    attention: str = "bahdanau"  # none | bahdanau | luong
-    score: str = "general"  # Luong score: dot | general | concat
+    attention: str = choice("bahdanau", "none", "luong")
+    score: str = choice("general", "dot", "concat")  # Luong's score
     input_feeding: bool = True  # Luong: feed h̃_{t-1} into the next step
-    cell: str = "gru"  # gru | lstm
+    cell: str = choice("gru", "lstm")
     emb_dim: int = 512
     hidden: int = 1024  # encoder output size (split over both directions) and decoder state size
     bidirectional: bool = True
@@ -149,7 +151,7 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Checked, section="train"):
     seed: int = 1234
     max_steps: int = 100_000
     max_minutes: float = 0.0  # wall-clock budget for the training loop; 0 = none
@@ -170,7 +172,7 @@ class TrainConfig:
     # resume where last.pt exists, else start; a finished run (train_summary.json newer than last.pt) is
     # left as it is: what lets make compare continue a cut sweep or add runs to an existing one
     auto_resume: bool = False
-    amp: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+    amp: str = choice("auto", "bf16", "fp32")  # auto: bf16 on CUDA, fp32 on a CPU
     max_dev_sentences: int = 0  # validate on the first N dev pairs only; 0 = all
     evaluate: bool = False  # after training, evaluate best.pt on eval.split (what make compare uses)
     keep_last: int = 5  # model snapshots step_NNNNNNN.pt kept (newest); make average reads them; 0 = none
@@ -178,7 +180,7 @@ class TrainConfig:
     max_bad_steps: int = 20  # abort after this many updates in a row with a non-finite loss (each is skipped)
     oom_retry: bool = False  # out of memory on a batch: halve train.batch_tokens and go on instead of stopping
     compile: bool = False  # torch.compile the Transformer's training step, or an RNN decoder's loop step
-    compile_mode: str = "default"  # default | reduce-overhead (CUDA graphs) | max-autotune | max-autotune-no-cudagraphs
+    compile_mode: str = choice("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
     align_weight: float = 0.0  # guided alignment (app/train/guided_alignment.py): weight of the loss on reference links
     fused_optimizer: bool = True  # AdamW in one kernel that skips non-finite updates on the device
     master_weights: bool = True  # bf16: steps on bf16 weights kept from fp32 masters (false: autocast casts each use)
@@ -192,18 +194,16 @@ class TrainConfig:
     # at the end, average this many snapshots (app/train/closing_average.py), the newest (last) or those of the best
     # validations (best): best.pt is whichever of the average and the best single weights scores higher on dev
     average_snapshots: int = 5  # 0 = off
-    average_from: str = "last"  # last | best
+    average_from: str = choice("last", "best")
 
     def __post_init__(self) -> None:
+        check_choices(self)
         if self.batch_shapes < 0:
             raise UserError(f"train.batch_shapes={self.batch_shapes} must be 0 (off) or a number of shapes")
         if not 0.0 <= self.ema_decay < 1.0:
             raise UserError(f"train.ema_decay={self.ema_decay} must be in [0, 1): 0 is off, 0.999 a typical decay")
-        if self.average_snapshots < 0 or self.average_from not in ("last", "best"):
-            raise UserError(
-                f"train.average_snapshots={self.average_snapshots} train.average_from={self.average_from}: "
-                "give a number of snapshots (0 = off) and last or best"
-            )
+        if self.average_snapshots < 0:
+            raise UserError(f"train.average_snapshots={self.average_snapshots}: a number of snapshots, 0 for none")
 
 
 @dataclass
@@ -233,33 +233,33 @@ class DecodeConfig:
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(Checked, section="eval"):
     split: str = "test"
     checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
     length_buckets: list[int] = field(default_factory=lambda: [10, 20, 30, 40, 50])  # source-word bucket edges
     gold_align: Optional[str] = None  # Pharaoh gold alignments for the split: AER/precision/recall in metrics.json
-    engine: str = "torch"  # torch | ct2 (the run's CTranslate2 export, make export)
+    engine: str = choice("torch", "ct2")  # ct2: the run's CTranslate2 export (make export)
     # AER counts the link of every target word (all) or of the words the reference links (linked); unset:
     # linked for the corpus's own reference links (Strong's numbers leave function words untagged), all for gold_align
-    align_scope: Optional[str] = None
+    align_scope: Optional[str] = choice(None, "all", "linked")
     max_sentences: int = 0  # score only the first N sentences of the split (a quick look, said so everywhere); 0 = all
     # what the attention files and the explorer keep of a Transformer's attention: every layer's mean of heads and the
     # heads of viz.layer (layer), or of every layer (all: files 3 to 5 times the size)
-    attention: str = "layer"
+    attention: str = choice("layer", "all")
 
 
 @dataclass
-class TranslateConfig:
+class TranslateConfig(Checked, section="translate"):
     input: Optional[str] = None  # file; default stdin
     output: Optional[str] = None  # file; default stdout
     checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
-    engine: str = "torch"  # torch | ct2 (the run's CTranslate2 export, make export; translate.checkpoint unused)
+    engine: str = choice("torch", "ct2")  # ct2: the run's CTranslate2 export (translate.checkpoint unused)
 
 
 @dataclass
-class ExportConfig:
+class ExportConfig(Checked, section="export"):
     checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
-    quantization: str = "int8"  # int8 | int8_float16 | float16 | none (float32)
+    quantization: str = choice("int8", "int8_float16", "float16", "none")  # none: float32
     dir: Optional[str] = None  # default <run_dir>/ct2
 
 
@@ -269,8 +269,8 @@ class BenchConfig:
     warmup: int = 10  # untimed steps first (allocator, cuDNN/compile warm-up)
     decode_sentences: int = 0  # decode the first N test sentences (greedy and with decode.beam_size); 0 = all
     decode_rounds: int = 1  # decode that many times, the engines taking turns; the best time of each is kept
-    # CTranslate2's threads on a CPU (0: its default). It decodes one call per group of sentences with the same
-    # length limit: on the 2-core CPU a second OpenMP thread made that 3x slower (int8 beam 5: 48 s, 15 s on one)
+    # CTranslate2's threads on a CPU (0: its default); one, as it decodes one call per group of sentences with the
+    # same length limit (docs/benchmarking.md#measurements-behind-the-code)
     ct2_threads: int = 1
     checkpoint_path: Optional[str] = None  # a trained run's .pt (same model= settings): decode timings of real output
     profile_steps: int = 0  # then profile this many more steps: time per kind of work, top ops, a Chrome trace

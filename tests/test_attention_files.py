@@ -10,6 +10,7 @@ import pytest
 import torch
 from test_explorer import kept_views, peaked_attention
 
+from app.config import EvalConfig
 from app.data.links import piece_links, word_index
 from app.errors import UserError
 from app.report.attention_files import read_attention, store_attention, write_attention_files
@@ -60,8 +61,8 @@ def test_an_rnn_map_is_one_view():
 def test_bad_shapes_and_settings_are_refused():
     with pytest.raises(ValueError, match=r"expected \(tgt, src\)"):
         store_attention(np.ones((2, 3, 4)) / 4)
-    with pytest.raises(UserError, match="eval.attention='heads': choose layer"):
-        store_attention(np.ones((2, 3)) / 3, keep="heads")
+    with pytest.raises(UserError, match="eval.attention='heads' is not a choice: choose layer or all"):
+        EvalConfig(attention="heads")  # the schema checks the choice where the setting is made
 
 
 def test_files_round_trip_through_numpy_alone_and_read_attention(tmp_path):

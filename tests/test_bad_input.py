@@ -56,6 +56,7 @@ ERRORS = [
         ["decode.beam_size=2", "decode.n_best=3"],
         ["decode.beam_size=2 must be >= 1 and >= decode.n_best=3"],
     ),
+    ("a setting outside its choices", files(), ["train.amp=fp16"], ["train.amp='fp16' is not a choice: choose auto"]),
 ]
 
 
@@ -122,3 +123,4 @@ def test_translate_input_that_is_empty_or_missing(tmp_path, args, error):
     (tmp_path / "empty.txt").write_text("")
     result = run_cli(tmp_path, "command=translate", "name=none", *args, stdin="")
     assert result.returncode == 2 and result.stderr == f"error: {error}\n"
+

@@ -237,8 +237,6 @@ def test_every_head_of_every_layer_on_request_and_another_layers_heads(tmp_path)
             expected = kept_views(record.attention, layer, keep)
             assert np.abs(sent["maps"] / 255 - expected).max() <= 1 / 510 + 1e-6
     assert sizes["all", -1] > sizes["layer", -1]
-    with pytest.raises(Exception, match="eval.attention='every': choose layer"):
-        write_explorer(str(tmp_path / "x.html"), records, "test", {}, keep="every")
 
 
 def test_a_sentence_without_forced_attention_has_no_reference_rows(tmp_path):

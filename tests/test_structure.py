@@ -107,3 +107,41 @@ def test_app_modules_are_imported_inside_functions_only_to_defer_on_purpose():
 def test_no_module_over_400_lines(module):
     with open(modules()[module], encoding="utf-8") as f:
         assert sum(1 for _ in f) <= MAX_LINES
+
+
+# The wings, lowest first: a module imports from its own wing or a lower one, never upward. The shared modules
+# at the top of app/ (settings, errors, files, checkpoints, processes) serve every wing; the command line
+# dispatches to all of them.
+WINGS = [
+    "shared",
+    *("app.data", "app.models", "app.decode", "app.report", "app.train", "app.bench", "app.serve"),
+    "app.cli",
+]
+MAX_TOP_LEVEL = 12
+
+
+def wing(module: str) -> str:
+    if module in ("app.cli", "app.__main__"):
+        return "app.cli"
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or module in WINGS else "shared"
+
+
+def upward(edges: list[tuple[str, str, bool]]) -> list[tuple[str, str]]:
+    return sorted({(a, b) for a, b, _ in edges if WINGS.index(wing(b)) > WINGS.index(wing(a))})
+
+
+def test_no_module_imports_from_a_wing_above_its_own():
+    assert upward(imports(modules())) == []
+
+
+def test_the_wing_check_finds_an_upward_import():
+    edges = [("app.decode.search", "app.train.update", False), ("app.train.update", "app.decode.search", False)]
+    assert upward(edges) == [("app.decode.search", "app.train.update")]
+    assert upward([("app.config", "app.data.corpus", True)]) == [("app.config", "app.data.corpus")]
+
+
+def test_the_top_of_app_keeps_only_what_every_wing_uses():
+    top = [m for m in modules() if m.count(".") == 1 and wing(m) in ("shared", "app.cli")]
+    assert len(top) <= MAX_TOP_LEVEL, top
+    assert {wing(m) for m in modules()} <= set(WINGS)  # every other module sits in a wing

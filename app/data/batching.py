@@ -61,9 +61,8 @@ def make_batches(
     rng = random.Random(seed * 100_003 + epoch)
     if shuffle:
         rng.shuffle(order)  # random tie-breaking among equal lengths
-    # Sorting by the longer side first bounds both sides of a batch: sorted by target length alone,
-    # a large batch spans every source length that goes with its targets (Bible, 64 k-token
-    # batches: 27 % padding, against 8.5 % this way).
+    # Sorting by the longer side first bounds both sides of a batch: sorted by target length alone, a large
+    # batch spans every source length that goes with its targets (docs/benchmarking.md#measurements-behind-the-code).
     if by_length:
         order.sort(key=lambda i: (max(src_lens[i], tgt_lens[i]), src_lens[i] + tgt_lens[i]) if has_tgt else src_lens[i])
 

@@ -12,10 +12,9 @@ but nearly every batch a new (sentences, source length, target length) shape, an
    rows; the last batch of a shape fills its missing rows (fewer than the shape's batches) with empty
    sentences, which the loss ignores.
 
-Shapes chosen from the data beat lengths rounded up to multiples of 8: on the Bible (median verse 29
-pieces a side) rounding alone pads 15 % with 11 shapes, where 16 chosen shapes pad 9.7 % in all
-(docs/benchmarking.md). Which shape a pair takes depends on the data alone, so an epoch's batches follow
-from (seed, epoch, budget), as unshaped ones do, and resume replays them.
+Shapes chosen from the data pad less than lengths rounded up to multiples of 8 (docs/benchmarking.md).
+Which shape a pair takes depends on the data alone, so an epoch's batches follow from (seed, epoch,
+budget), as unshaped ones do, and resume replays them.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-SUGGESTED_SHAPES = 16  # Bible es-en at 32 k-token batches: 9.7 % padding (7.1 % unshaped)
+SUGGESTED_SHAPES = 16  # what make bench suggests (docs/benchmarking.md)
 MAX_CANDIDATES = 2048  # shapes considered per greedy choice; more distinct length pairs are coarsened
 
 

@@ -27,8 +27,6 @@ from app.errors import UserError
 from app.models import build_model
 from app.utils import amp_dtype, resolve_device
 
-ENGINES = ("torch", "ct2")
-
 
 @dataclass
 class TrainedModel:
@@ -64,11 +62,6 @@ def load_trained(run_dir: str, which: str, device: torch.device, setting: str = 
     model.load_state_dict(state["model"])
     model.to(device).eval()
     return TrainedModel(model, tokenizer, trained, device, amp_dtype(trained.train.amp, device), checkpoint_step(state))
-
-
-def check_engine(setting: str, engine: str) -> None:
-    if engine not in ENGINES:
-        raise UserError(f"{setting}={engine!r}: choose torch (this package) or ct2 (the run's CTranslate2 export)")
 
 
 def load_ct2(cfg: Config, trained: Optional[TrainedModel], setting: str) -> CT2Translator:

@@ -7,7 +7,7 @@ import os
 import sys
 
 from app.config import Config
-from app.decode.trained import check_engine, load_ct2, load_trained
+from app.decode.trained import load_ct2, load_trained
 from app.errors import UserError
 from app.utils import atomic_write_text, resolve_device
 
@@ -15,7 +15,6 @@ from app.utils import atomic_write_text, resolve_device
 def translate_lines(cfg: Config) -> None:
     """translate.input (or stdin) to translate.output (or stdout); with decode.n_best > 1 the lines are
     ``index ||| hypothesis ||| score``."""
-    check_engine("translate.engine", cfg.translate.engine)
     lines = read_translate_input(cfg.translate.input)  # bad input fails before the model loads
     if cfg.translate.engine == "ct2":  # the export alone: no checkpoint, no training code
         engine = load_ct2(cfg, None, "translate.engine")

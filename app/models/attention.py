@@ -15,9 +15,9 @@ from torch import nn
 
 from app.models.positions import Rotation
 
-# cuDNN's SDPA backend builds an execution plan for every new shape (~4 ms of CPU per call, ~0.4 s per
-# training step when batch shapes vary, as length-bucketed batches do). Flash / memory-efficient
-# kernels need no plans, so leave those to the dispatcher.
+# cuDNN's SDPA backend builds an execution plan for every new shape, which length-bucketed batches keep
+# asking for (docs/benchmarking.md#measurements-behind-the-code). Flash / memory-efficient kernels need no
+# plans, so leave those to the dispatcher.
 torch.backends.cuda.enable_cudnn_sdp(False)
 
 

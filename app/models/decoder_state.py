@@ -16,9 +16,9 @@ class Projection:
     """act(x Wᵀ + b) (+ a residual) for decoding steps, act relu, gelu or none.
 
     With ``onednn`` on a CPU it runs through oneDNN, W packed once for the whole decoding (the layout its kernels
-    read) and the activation or the residual addition done by the same kernel: about twice the speed of
-    PyTorch's MKL path on the 2-core AMD CPU measured (MKL takes a generic code path on AMD processors; oneDNN
-    picks its instruction set from the CPU's flags). Its sums run in another order, so results agree with
+    read) and the activation or the residual addition done by the same kernel: faster than PyTorch's MKL path
+    on AMD processors, where MKL takes a generic code path and oneDNN picks its instruction set from the CPU's
+    flags (docs/benchmarking.md#measurements-behind-the-code). Its sums run in another order, so results agree with
     ``F.linear`` to float rounding (the activation and the addition are exactly those done apart). Otherwise,
     and wherever oneDNN is not available, ``F.linear`` and separate operations."""
 

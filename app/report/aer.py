@@ -30,9 +30,6 @@ def hard_alignment(weights, src_pieces: list[str], tgt_pieces: list[str]) -> set
     return hard_alignments(np.asarray(weights, dtype=np.float64)[None], src_pieces, tgt_pieces)[0]
 
 
-ALIGN_SCOPES = ("all", "linked")
-
-
 def align_scope(setting: Optional[str], gold_file: bool) -> str:
     """eval.align_scope, or where unset: "all" for a gold file (it annotates every word), "linked" for the
     corpus's own reference links (Strong's numbers leave function words untagged)."""
@@ -54,8 +51,6 @@ class AlignmentScore:
     "the" is then unknown, not wrong)."""
 
     def __init__(self, views: list[str], scope: str = "all"):
-        if scope not in ALIGN_SCOPES:
-            raise UserError(f"alignment scope {scope!r}: choose {' or '.join(ALIGN_SCOPES)}")
         self.views, self.scope = views, scope
         self.counts = np.zeros((len(views), 4), dtype=np.int64)  # |A|, |S|, |A∩S|, |A∩P| per view
 

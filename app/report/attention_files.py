@@ -16,7 +16,6 @@ from app.errors import UserError
 from app.report.attention_views import as_array, attention_entropy, attention_views, check_shape
 from app.utils import atomic_open, atomic_write_text
 
-ATTENTION_KEEP = ("layer", "all")  # eval.attention: the heads of viz.layer, or of every layer
 SCALE = 255  # stored value v means weight v / 255 (within 1/510 of the weight)
 INDEX, ARCHIVE = "alignments.jsonl", "alignments.npz"
 
@@ -38,8 +37,6 @@ def store_attention(attention, layer: int = -1, keep: str = "layer") -> StoredAt
     """The views of ``attention`` (tgt, src) or (layers, heads, tgt, src) that ``keep`` keeps: an RNN's one
     map; of a Transformer, the heads of layer ``layer`` ("layer") or of every layer ("all"), then every
     layer's mean of heads. Quantized to uint8 (rounded, so within 1/510 of the weight)."""
-    if keep not in ATTENTION_KEEP:
-        raise UserError(f"eval.attention={keep!r}: choose layer (the heads of viz.layer) or all (every head)")
     attention = check_shape(as_array(attention))
     layers, heads = attention.shape[:2] if attention.ndim == 4 else (0, 0)
     kept = (list(range(layers)) if keep == "all" else [layer % layers]) if layers else []

@@ -20,7 +20,7 @@ RNN_VIEW = "attention"
 def as_array(weights) -> np.ndarray:
     """Attention (a torch tensor on any device, or an array) as float32 numpy, without a copy where it can.
     Per-sentence arithmetic is done in numpy: torch's small ops wait on its second thread when the
-    cores are busy (10 times slower on the 2-core CPU while the TER worker runs)."""
+    cores are busy (docs/benchmarking.md#measurements-behind-the-code)."""
     if isinstance(weights, torch.Tensor):
         return weights.detach().float().cpu().numpy()
     return np.asarray(weights, dtype=np.float32)

@@ -23,12 +23,12 @@ from app.data.links import piece_links, read_pharaoh
 from app.data.sources import SPLITS
 from app.data.tokenizer import EOS, Tokenizer
 from app.decode.search import Hypotheses
-from app.decode.trained import TrainedModel, check_engine, load_ct2, load_trained
+from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.errors import UserError
 from app.host_worker import host_worker, submit
 from app.models import count_parameters
 from app.report.aer import align_scope, alignment_view, score_alignments
-from app.report.attention_files import ATTENTION_KEEP, StoredAttention, store_attention, write_attention_files
+from app.report.attention_files import StoredAttention, store_attention, write_attention_files
 from app.report.attention_views import attention_shape, attention_views, figure_views
 from app.report.board import log_eval
 from app.report.explorer import evaluation_records, write_explorer
@@ -51,7 +51,6 @@ def evaluated(cfg: Config) -> bool:
 def evaluate_run(cfg: Config) -> dict:
     """Decode ``eval.split`` (its first ``eval.max_sentences``) with the run's ``eval.checkpoint``, score it,
     write ``eval/<split>/``."""
-    check_engine("eval.engine", cfg.eval.engine)
     check_settings(cfg)
     clock = Stopwatch()
     with clock("load"):
@@ -114,10 +113,6 @@ def check_settings(cfg: Config) -> None:
         raise UserError(f"eval.split={cfg.eval.split!r} is not a split; the splits are {', '.join(SPLITS)}")
     if cfg.eval.max_sentences < 0:
         raise UserError(f"eval.max_sentences={cfg.eval.max_sentences}: the first N sentences of the split, 0 for all")
-    if cfg.eval.attention not in ATTENTION_KEEP:
-        raise UserError(
-            f"eval.attention={cfg.eval.attention!r}: choose layer (the heads of viz.layer) or all (every head)"
-        )
 
 
 def subset_figures(sentences: int, split_size: int) -> dict:

@@ -33,7 +33,7 @@ from app.data.tokenizer import EOS
 from app.report.attention_files import StoredAttention, store_attention
 from app.utils import atomic_write_text
 
-LEVEL = 1  # zlib level of the maps: level 6 made them 5-8 % smaller in 2-8 times as long (synthetic maps)
+LEVEL = 1  # zlib level of the maps: higher levels save little for much longer (docs/benchmarking.md)
 
 
 @dataclass

@@ -28,8 +28,8 @@ from app.train.validation import validate
 log = logging.getLogger(__name__)
 
 # Seconds per GB of float32 weights to wait for the last checkpoint's write, then read and average the
-# snapshots (torch.save with fsync, torch.load, the mean in float64): 1.79 s/GB measured on the loaded 2-core
-# CPU machine with the default 48 M-parameter Transformer (docs/training.md, "The closing average")
+# snapshots (torch.save with fsync, torch.load, the mean in float64), with a margin over what was measured
+# (docs/benchmarking.md#measurements-behind-the-code)
 SECONDS_PER_GB = 2.0
 
 

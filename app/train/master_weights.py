@@ -2,8 +2,8 @@
 Training", §3.1).
 
 Under autocast alone every matrix multiply casts its fp32 weight to bf16 at each use, and the backward pass
-casts that weight's gradient back to fp32: two copies per weight and use, about 570 of the default
-Transformer's operators per step on an H100. Here a step runs on a compute copy of the model whose linear
+casts that weight's gradient back to fp32: two copies per weight and use (docs/benchmarking.md, "A training
+step's host work"). Here a step runs on a compute copy of the model whose linear
 and embedding parameters are bf16 already, so autocast casts none of them (it still runs norms, softmax
 and the loss in fp32, and the norms' parameters are the model's own fp32 ones, shared). After a
 micro-batch, ``accumulate`` adds the copy's bf16 gradients into the fp32 gradients of the model's
