@@ -77,7 +77,8 @@ def test_snapshot_choice_and_what_the_rotation_keeps():
 def test_bad_averaging_settings_are_one_line():
     for settings, words in (
         (dict(ema_decay=1.0), "train.ema_decay=1.0 must be in [0, 1)"),
-        (dict(average_from="worst"), "train.average_from=worst"),
+        (dict(average_from="worst"), "train.average_from='worst' is not a choice: choose last or best"),
+        (dict(average_snapshots=-1), "train.average_snapshots=-1: a number of snapshots, 0 for none"),
     ):
         with pytest.raises(Exception, match=words.replace("[", r"\[").replace(")", r"\)")):
             TrainConfig(**settings)
