@@ -123,4 +123,3 @@ def test_translate_input_that_is_empty_or_missing(tmp_path, args, error):
     (tmp_path / "empty.txt").write_text("")
     result = run_cli(tmp_path, "command=translate", "name=none", *args, stdin="")
     assert result.returncode == 2 and result.stderr == f"error: {error}\n"
-

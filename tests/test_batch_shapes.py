@@ -138,7 +138,7 @@ def test_schedule_cuts_shaped_epochs_and_resume_keeps_the_shapes():
     again = next(iter(resumed))
     assert list(again.parts[0]) == list(first[2].parts[0]) and again.parts[0].shape == first[2].parts[0].shape
     unshaped = BatchSchedule(src_lens, tgt_lens, 1500, seed=3)
-    shaped_figures, unshaped_figures = schedule.epoch_figures(), unshaped.epoch_figures()
+    shaped_figures, unshaped_figures = schedule.epoch_stats(), unshaped.epoch_stats()
     assert shaped_figures["epoch_batch_shapes"] <= 5 < unshaped_figures["epoch_batch_shapes"]
     assert unshaped_figures["epoch_padding_ratio"] < shaped_figures["epoch_padding_ratio"] < 0.5
     with pytest.raises(UserError, match="train.batch_shapes"):

@@ -74,7 +74,7 @@ def step_operators(model, cfg: Config, test, device: torch.device, dtype) -> dic
     ``decode_corpus`` runs them on this device."""
     longest = sorted(range(len(test.src)), key=lambda i: -len(test.src[i]))[:16]
     src = Batcher(test.src)(longest).src.to(device)
-    figures = {}
+    measured = {}
     was_training = model.training
     model.eval()
     for decode in [cfg.decode.greedy()] + ([cfg.decode] if cfg.decode.beam_size > 1 else []):
@@ -89,9 +89,9 @@ def step_operators(model, cfg: Config, test, device: torch.device, dtype) -> dic
                 for _ in range(2):
                     step()
                 key = f"beam{decode.beam_size}" + ("_attention" if attention else "")
-                figures[key] = count_ops(step, steps, device)
+                measured[key] = count_ops(step, steps, device)
     model.train(was_training)
-    return figures
+    return measured
 
 
 def time_decoding(model, cfg: Config, tokenizer, test, device, dtype, failed: dict[str, str]) -> dict:

@@ -1,5 +1,5 @@
 """``make bench``'s rows run each on its own: a row that raises (a compile, a decoding engine, an export, out of
-memory) is recorded with its one-line error, and the other rows still run, print and write their figures;
+memory) is recorded with its one-line error, and the other rows still run, print and write their measurements;
 the command then exits non-zero (app/cli.py)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def one_line(error: BaseException) -> str:
 
 
 def attempt(failed: dict[str, str], row: str, run: Callable[[], T]) -> Optional[T]:
-    """``run()``, the figures of one row; if it raises, its one-line error goes into ``failed`` under ``row`` and
+    """``run()``, the measurements of one row; if it raises, its one-line error goes into ``failed`` under ``row`` and
     None comes back. Bad settings (a UserError) still stop the whole bench with one line."""
     try:
         return run()

@@ -61,7 +61,7 @@ def time_training(
     naive: frozenset = frozenset(),
 ) -> tuple[dict, Callable[[], None]]:
     """Trains ``model`` for ``warmup`` untimed and ``steps`` timed steps on length-bucketed batches of
-    ``data``; returns the throughput figures and a function that runs one more step (for the profiler).
+    ``data``; returns the throughput measurements and a function that runs one more step (for the profiler).
     ``naive`` turns loop-level speed features off, for comparison: "sync" reads the loss back after
     every step, "unbucketed" cuts batches from a random order, "pageable" copies without pinned memory."""
     optimizer, scheduler = make_optimizer(model, cfg)
@@ -109,7 +109,7 @@ def time_training(
     src_tokens = sum(map(sum, src_lens))
     flops = training_flops(model, [n for lens in src_lens for n in lens], [n for lens in tgt_lens for n in lens])
     peak = peak_flops(device)
-    figures = {
+    measured = {
         "steps_per_s": round(steps / seconds, 2),
         "train_tgt_tokens_per_s": round(tgt_tokens / seconds),
         "train_src_tgt_tokens_per_s": round((src_tokens + tgt_tokens) / seconds),
@@ -119,12 +119,12 @@ def time_training(
         "mfu": round(flops / seconds / peak, 4) if peak else None,
     }
     if device.type == "cuda":
-        figures["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+        measured["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
 
     def one_more_step() -> None:
         step(next(batches))
 
-    return figures, one_more_step
+    return measured, one_more_step
 
 
 def speed_features(cfg: Config, dtype) -> list[tuple[str, Config, contextlib.AbstractContextManager, frozenset]]:
@@ -196,13 +196,13 @@ def ablation(
                 dtype = amp_dtype(variant.train.amp, device)
                 return time_training(build(), variant, data, device, dtype, steps, warmup, naive)[0]
 
-        figures = attempt(failed, f"ablation: {label}", timed)
-        if figures is None:
+        measured = attempt(failed, f"ablation: {label}", timed)
+        if measured is None:
             rows.append({"setting": label, "error": failed[f"ablation: {label}"]})
             continue
-        ratio = figures["train_tgt_tokens_per_s"] / max(baseline["train_tgt_tokens_per_s"], 1)
-        rows.append({"setting": label, **figures, "vs_defaults": round(ratio, 2)})
-        print(f"{label}: {figures['train_tgt_tokens_per_s']:,} target tokens/s ({ratio:.2f}x the defaults)")
+        ratio = measured["train_tgt_tokens_per_s"] / max(baseline["train_tgt_tokens_per_s"], 1)
+        rows.append({"setting": label, **measured, "vs_defaults": round(ratio, 2)})
+        print(f"{label}: {measured['train_tgt_tokens_per_s']:,} target tokens/s ({ratio:.2f}x the defaults)")
     return rows
 
 
@@ -308,8 +308,8 @@ def bench(cfg: Config) -> dict:
     if trained is None:
         result["training"] = {"error": failed["training"]}
     else:
-        figures, one_more_step = trained
-        result.update(figures)
+        measured, one_more_step = trained
+        result.update(measured)
         # the launches a training step costs: what steers its host time without a GPU (docs/benchmarking.md)
         ops = attempt(
             failed, "train_step_operators", lambda: count_ops(one_more_step, 2, device, dispatch=not cfg.train.compile)

@@ -113,13 +113,12 @@ def host_step(trainer: Trainer, tokens: int, steps: int = 20) -> dict:
 
 
 def time_trainer(cfg: Config, steps: int, warmup: int, rounds: int = 2) -> tuple[dict, Callable[[], None]]:
-    """The ``step`` and ``loop`` figures of ``steps`` timed updates each, the two taking turns in ``rounds``
+    """The ``step`` and ``loop`` measurements of ``steps`` timed updates each, the two taking turns in ``rounds``
     rounds (a load change on a shared machine hits both alike), each turn after ``warmup`` untimed updates;
     and a function that runs one more of the Trainer's updates (what the profiler records)."""
     run_cfg = bench_run_config(cfg)
     shutil.rmtree(run_cfg.run_dir, ignore_errors=True)
-    trainer = build_trainer(run_cfg)
-    trainer.bar.disable = True  # the bench prints its own table
+    trainer = build_trainer(run_cfg, quiet=True)
     device, schedule = trainer.device, trainer.schedule
     updates = iter(schedule)
     timed: dict[str, list[Update]] = {"step": [], "loop": []}
@@ -146,17 +145,16 @@ def time_trainer(cfg: Config, steps: int, warmup: int, rounds: int = 2) -> tuple
         # the loop's clock starts at the end of a step: at least one untimed step of it comes first
         first, loop_warmup = trainer.progress.step, max(warmup, 1)
         timed["loop"] += next_updates(schedule, loop_warmup, n)
-        trainer.limits.max_steps = first + loop_warmup + n
-        trainer.clock = LoopClock(first + loop_warmup, first + loop_warmup + n, device)
-        trainer.run()
-        seconds["loop"] += trainer.clock.seconds
+        clock = LoopClock(first + loop_warmup, first + loop_warmup + n, device)
+        trainer.run(max_steps=first + loop_warmup + n, clock=clock)
+        seconds["loop"] += clock.seconds
     step, loop = (throughput(trainer, timed[kind], seconds[kind]) for kind in ("step", "loop"))
-    figures = {**loop, "step_steps_per_s": step["steps_per_s"], "loop_rounds": rounds}
-    figures["loop_vs_step"] = round(loop["steps_per_s"] / step["steps_per_s"], 3)
-    figures.update(time_ema(trainer, 1 / step["steps_per_s"]))
-    figures.update(trainer.schedule.epoch_figures())
+    measured = {**loop, "step_steps_per_s": step["steps_per_s"], "loop_rounds": rounds}
+    measured["loop_vs_step"] = round(loop["steps_per_s"] / step["steps_per_s"], 3)
+    measured.update(time_ema(trainer, 1 / step["steps_per_s"]))
+    measured.update(trainer.schedule.epoch_stats())
     if device.type == "cuda":
-        figures["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
-    figures.update(host_step(trainer, cfg.bench.host_tokens))
+        measured["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+    measured.update(host_step(trainer, cfg.bench.host_tokens))
     updates = iter(schedule)  # the profiler's updates follow the loop's
-    return figures, one_update
+    return measured, one_update

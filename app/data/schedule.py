@@ -114,7 +114,7 @@ class BatchSchedule:
         self.batch_tokens = max(self.batch_tokens // 2, 1)
         return self.batch_tokens
 
-    def epoch_figures(self) -> dict:
+    def epoch_stats(self) -> dict:
         """Padding and distinct batch shapes (what CUDA graphs record one graph each for) over the first epoch."""
         src_len = np.asarray(self.src_lens, dtype=np.int64) + 1  # + EOS
         tgt_len = self.tgt_plus_eos  # + BOS / EOS
@@ -197,7 +197,7 @@ def training_schedule(
             "train.compile_mode=%s records a CUDA graph for every batch shape, and an epoch has %d of them: "
             "train.batch_shapes=%d pads every batch to that many",
             t.compile_mode,
-            schedule.epoch_figures()["epoch_batch_shapes"],
+            schedule.epoch_stats()["epoch_batch_shapes"],
             SUGGESTED_SHAPES,
         )
     if shapes is not None:
@@ -207,6 +207,6 @@ def training_schedule(
             t.batch_shapes,
             len(shapes.shapes),
             " ".join(f"{src}x{tgt}" for src, tgt in shapes.shapes),
-            100 * schedule.epoch_figures()["epoch_padding_ratio"],
+            100 * schedule.epoch_stats()["epoch_padding_ratio"],
         )
     return schedule

@@ -9,7 +9,6 @@ import os
 import random
 
 from app.config import Config
-from app.data.tokenizer import EOS
 from app.report.attention_views import figure_views
 from app.report.plots import TENSORBOARD_WIDTH, draw_pngs, tensorboard_tokens
 
@@ -47,14 +46,14 @@ def write_hparams(writer, cfg: Config, metrics: dict, step: int) -> None:
             writer.add_scalar(f"hparams/{name}", value, step)
 
 
-def alignment_figures(tag: str, pairs: list[tuple], tokenizer, layer: int, every_layer: bool = False) -> dict:
+def alignment_figures(tag: str, records: list, layer: int, every_layer: bool = False) -> dict:
     """``<tag>/<n>/<figure>`` -> what app.report.plots.draw_pngs draws, sized for the IMAGES tab, for each
-    (source ids, hypothesis ids, attention) of ``pairs``: numbers and strings, drawable in a worker process."""
+    sentence record of ``records`` (app.report.split_pass.SentenceRecord): numbers and strings, drawable in a
+    worker process."""
     specs = {}
-    for n, (src, hyp, attention) in enumerate(pairs):
-        src_tokens, hyp_tokens = tokenizer.src_pieces(src + [EOS]), tokenizer.tgt_pieces(hyp + [EOS])
-        for name, (maps, titles) in figure_views(attention, layer, every_layer).items():
-            specs[f"{tag}/{n}/{name}"] = (maps, src_tokens, hyp_tokens, titles, TENSORBOARD_WIDTH)
+    for n, r in enumerate(records):
+        for name, (maps, titles) in figure_views(r.attention, layer, every_layer).items():
+            specs[f"{tag}/{n}/{name}"] = (maps, r.src_pieces, r.hyp_pieces, titles, TENSORBOARD_WIDTH)
     return specs
 
 
@@ -67,16 +66,14 @@ def write_pngs(writer, pngs: dict[str, tuple[bytes, tuple[int, int]]], step: int
         event_file(writer).add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
 
 
-def add_alignment_figures(
-    writer, tag: str, pairs: list[tuple], tokenizer, layer: int, step: int, every_layer: bool = False
-) -> None:
-    """The heatmaps of each (source ids, hypothesis ids, attention) of ``pairs`` as ``<tag>/<n>/<figure>``,
+def add_alignment_figures(writer, tag: str, records: list, layer: int, step: int, every_layer: bool = False) -> None:
+    """The heatmaps of each sentence record of ``records`` as ``<tag>/<n>/<figure>``,
     sized for the IMAGES tab: the one way to put attention in TensorBoard (validation takes the same three
     steps, drawing in its worker process)."""
-    write_pngs(writer, draw_pngs(alignment_figures(tag, pairs, tokenizer, layer, every_layer)), step)
+    write_pngs(writer, draw_pngs(alignment_figures(tag, records, layer, every_layer)), step)
 
 
-def training_figures(summary: dict) -> dict:
+def training_results(summary: dict) -> dict:
     """The HPARAMS values of a finished training run, from its train_summary.json."""
     return {
         "dev_bleu": summary["best_dev_bleu"],
@@ -131,12 +128,13 @@ def eval_samples(data, texts: list[str], bleu: list[float], per_group: int = 5) 
 
 
 def log_eval(
-    cfg: Config, trained: Config, step: int, data, texts: list[str], bleu: list[float], hyps, metrics: dict, tokenizer
+    cfg: Config, trained: Config, step: int, data, texts: list[str], bleu: list[float], records, metrics
 ) -> str:
     """``make eval`` (settings ``cfg``) of a run trained with ``trained`` into the run's TensorBoard:
     scores as ``eval/<split>/...`` scalars, the alignment figures of ``viz.sentences`` readable sentences
     (every layer's heads), a table of sample translations, and, for the test split, the scores in
-    HPARAMS. ``bleu``: each hypothesis's sentence BLEU. Returns the event folder."""
+    HPARAMS. ``bleu``: each hypothesis's sentence BLEU; ``records``: the split's sentence records (none for a
+    model without attention). Returns the event folder."""
     from torch.utils.tensorboard import SummaryWriter
 
     tb, split = os.path.join(cfg.run_dir, "tb"), cfg.eval.split
@@ -146,10 +144,9 @@ def log_eval(
         if "alignment" in metrics:
             writer.add_scalar(f"eval/{split}/aer", metrics["alignment"]["aer"], step)
         writer.add_text(f"eval/{split}/samples", eval_samples(data, texts, bleu), step)
-        if hyps.attention is not None:
-            chosen = tensorboard_sentences(data.src, cfg.viz.sentences)
-            pairs = [(data.src[i], hyps.tokens[i], hyps.attention[i]) for i in chosen]
-            add_alignment_figures(writer, f"eval/{split}/alignment", pairs, tokenizer, cfg.viz.layer, step, True)
+        if records:
+            chosen = [records[i] for i in tensorboard_sentences(data.src, cfg.viz.sentences)]
+            add_alignment_figures(writer, f"eval/{split}/alignment", chosen, cfg.viz.layer, step, True)
         if split == "test":
             scores = {f"test_{k}": metrics[k] for k in ("bleu", "chrf", "ter")}
             scores["test_aer"] = metrics.get("alignment", {}).get("aer")

@@ -28,12 +28,13 @@ from app.errors import UserError
 from app.host_worker import host_worker, submit
 from app.models import count_parameters
 from app.report.aer import align_scope, alignment_view, score_alignments
-from app.report.attention_files import StoredAttention, store_attention, write_attention_files
+from app.report.attention_files import write_attention_files
 from app.report.attention_views import attention_shape, attention_views, figure_views
 from app.report.board import log_eval
 from app.report.explorer import evaluation_records, write_explorer
 from app.report.plots import alignment_figure, figures, png_bytes
 from app.report.scores import split_scores, timed_ter_score
+from app.report.split_pass import SentenceRecord, sentence_records
 from app.utils import Stopwatch, atomic_write, atomic_write_text, resolve_device
 
 
@@ -72,35 +73,38 @@ def evaluate_run(cfg: Config) -> dict:
     print_plan(cfg, data, split_size, hyps.attention is not None, gold_path, clock)
     with clock("score"):
         metrics, bleu = split_scores(texts, data.tgt_texts, data.src_texts, list(cfg.eval.length_buckets), ter=False)
-    metrics.update(subset_figures(len(data), split_size))
-    metrics.update(decoding_figures(cfg, trained, ct2, hyps, clock.seconds["decode"]))
+    metrics.update(subset_stats(len(data), split_size))
+    metrics.update(decoding_stats(cfg, trained, ct2, hyps, clock.seconds["decode"]))
     forced = None
     if gold_path:
         with clock("alignment"):
             forced = evaluate_alignment(trained, data, gold_path, cfg, split_size)
         if forced:
             metrics["alignment"] = forced.result
+    records = []  # each sentence's record, built once: every output below reads them (app/report/split_pass.py)
     with clock("files"):
         atomic_write_text(os.path.join(out_dir, "hyp.txt"), "".join(t + "\n" for t in texts))
         if hyps.attention is not None:  # of the hypotheses' attention, the map plots show (viz.layer)
             metrics["attention"] = attention_shape(hyps.attention, cfg.viz.layer)
-            stored = write_alignments(out_dir, data, hyps, trained.tokenizer, cfg, metrics.get("alignment"))
+            keep = cfg.eval.attention
+            records = sentence_records(data, hyps, trained.tokenizer, None, keep, cfg.viz.layer, "attention views")
+            write_alignments(out_dir, records, cfg, metrics.get("alignment"))
     if hyps.attention is not None:
-        with clock("figures"):
-            write_heatmaps(out_dir, data, hyps, trained.tokenizer, cfg.viz, forced)
+        with clock("heatmaps"):
+            write_heatmaps(out_dir, records[: cfg.viz.eval_plots], data, trained.tokenizer, cfg.viz, forced)
         with clock("explorer"):
-            records = evaluation_records(data, hyps, texts, bleu, trained.tokenizer, forced, stored)
-            records = tqdm(records, "explorer", len(data), leave=False, unit="sentence")
+            explored = evaluation_records(data, records, texts, bleu, trained.tokenizer, forced)
+            explored = tqdm(explored, "explorer", len(data), leave=False, unit="sentence")
             meta = explorer_meta(cfg, trained, metrics)
             title = f"{cfg.name}: {cfg.eval.split}" + (f" ({metrics['subset']})" if metrics["subset"] else "")
             path = os.path.join(out_dir, "alignments.html")
-            write_explorer(path, records, title, meta, cfg.viz.layer, cfg.eval.attention)
+            write_explorer(path, explored, title, meta, cfg.viz.layer, cfg.eval.attention)
     with clock("score"):  # what is left of TER, if it has not finished yet
         ter_metrics, ter_seconds = ter.result()
         metrics = with_ter(metrics, ter_metrics)
     cfg = tensorboard_config(cfg, metrics)
     with clock("tensorboard"):
-        tb = log_eval(cfg, trained.config, trained.step, data, texts, bleu, hyps, metrics, trained.tokenizer)
+        tb = log_eval(cfg, trained.config, trained.step, data, texts, bleu, records, metrics)
     metrics["seconds"] = clock.rounded()
     metrics["ter_worker_seconds"] = round(ter_seconds, 2)  # alongside the stages above, on another core
     atomic_write_text(os.path.join(out_dir, "metrics.json"), json.dumps(metrics, indent=2))
@@ -115,7 +119,7 @@ def check_settings(cfg: Config) -> None:
         raise UserError(f"eval.max_sentences={cfg.eval.max_sentences}: the first N sentences of the split, 0 for all")
 
 
-def subset_figures(sentences: int, split_size: int) -> dict:
+def subset_stats(sentences: int, split_size: int) -> dict:
     """How much of the split was scored: a subset is said so, so that nobody takes it for the split's score."""
     subset = f"first {sentences} of {split_size} sentences" if sentences < split_size else None
     return {"split_sentences": split_size, "subset": subset}
@@ -153,7 +157,7 @@ def print_plan(
     )
 
 
-def decoding_figures(cfg: Config, trained: TrainedModel, ct2, hyps: Hypotheses, seconds: float) -> dict:
+def decoding_stats(cfg: Config, trained: TrainedModel, ct2, hyps: Hypotheses, seconds: float) -> dict:
     """How the split was decoded, on what, and how fast."""
     return {
         "split": cfg.eval.split,
@@ -223,44 +227,34 @@ def explorer_meta(cfg: Config, trained: TrainedModel, metrics: dict) -> dict:
     return meta
 
 
-def write_alignments(
-    out_dir: str, data: ParallelData, hyps: Hypotheses, tokenizer: Tokenizer, cfg: Config, alignment: Optional[dict]
-) -> list[StoredAttention]:
-    """The attention files (``alignments.npz`` and its index ``alignments.jsonl``; app.report.attention_files): per
-    sentence its tokens and the views ``eval.attention`` keeps of the attention of the decoding that produced
-    the hypothesis; with reference links, the view of the attention AER was scored on. Returns the views."""
-    stored = []
+def write_alignments(out_dir: str, records: list[SentenceRecord], cfg: Config, alignment: Optional[dict]) -> None:
+    """The attention files (``alignments.npz`` and its index ``alignments.jsonl``; app.report.attention_files):
+    per sentence its tokens and the views ``eval.attention`` keeps of the attention of the decoding that produced
+    the hypothesis; with reference links, the view of the attention AER was scored on."""
 
     def sentences():
-        for i in tqdm(range(len(hyps.attention)), "attention files", leave=False, unit="sentence"):
-            kept = store_attention(hyps.attention[i], cfg.viz.layer, cfg.eval.attention)
-            stored.append(kept)
-            entry = {
-                "index": i,
-                "id": data.ids[i],
-                "src_tokens": tokenizer.src_pieces(data.src[i] + [EOS]),
-                "hyp_tokens": tokenizer.tgt_pieces(hyps.tokens[i] + [EOS]),
-            }
-            if kept.layers:
-                entry["layer"] = cfg.viz.layer % kept.layers  # the layer the plots show
+        for r in records:
+            entry = {"index": r.index, "id": r.id, "src_tokens": r.src_pieces, "hyp_tokens": r.hyp_pieces}
+            if r.stored.layers:
+                entry["layer"] = cfg.viz.layer % r.stored.layers  # the layer the plots show
             if alignment:
                 entry["alignment_view"] = {"view": alignment["view"], "chosen_on": alignment["chosen_on"]}
-            yield entry, kept
+            yield entry, r.stored
 
     write_attention_files(out_dir, sentences())
-    return stored
 
 
 def write_heatmaps(
     out_dir: str,
+    records: list[SentenceRecord],
     data: ParallelData,
-    hyps: Hypotheses,
     tokenizer: Tokenizer,
     viz: VizConfig,
     forced: Optional[ForcedAlignment],
 ) -> None:
-    """``alignments/NNNN*.png`` for the first ``viz.eval_plots`` sentences: the attention that produced the
-    hypothesis and, with reference links, the forced attention of the view AER chose, the links over it."""
+    """``alignments/NNNN*.png`` for ``records`` (the first ``viz.eval_plots`` sentences): the attention that
+    produced the hypothesis and, with reference links, the forced attention of the view AER chose, the links
+    over it."""
     plot_dir = os.path.join(out_dir, "alignments")
     shutil.rmtree(plot_dir, ignore_errors=True)  # plots of an earlier evaluation must not mix with these
 
@@ -268,18 +262,19 @@ def write_heatmaps(
         png = png_bytes(fig)
         atomic_write(os.path.join(plot_dir, name), lambda f: f.write(png))
 
-    for i in range(min(viz.eval_plots, len(data))):
-        src_tokens = tokenizer.src_pieces(data.src[i] + [EOS])
-        hyp_tokens = tokenizer.tgt_pieces(hyps.tokens[i] + [EOS])
-        for name, fig in figures(figure_views(hyps.attention[i], viz.layer), src_tokens, hyp_tokens).items():
+    for r in records:
+        i = r.index
+        for name, fig in figures(figure_views(r.attention, viz.layer), r.src_pieces, r.hyp_pieces).items():
             save(f"{i:04d}{'' if name == 'alignment' else f'_{name}'}.png", fig)
         if forced is not None:
-            ref_tokens = tokenizer.tgt_pieces(data.tgt[i] + [EOS])
+            ref_pieces = tokenizer.tgt_pieces(data.tgt[i] + [EOS])
             names, maps = attention_views(forced.attention[i])
             sure, possible = forced.links[i]
-            links = [piece_links(cells, src_tokens, ref_tokens) for cells in (sure, possible - sure)]
+            links = [piece_links(cells, r.src_pieces, ref_pieces) for cells in (sure, possible - sure)]
             view = forced.result["view"]
-            fig = alignment_figure(maps[names.index(view)], src_tokens, ref_tokens, f"{view}, reference forced", links)
+            fig = alignment_figure(
+                maps[names.index(view)], r.src_pieces, ref_pieces, f"{view}, reference forced", links
+            )
             save(f"{i:04d}_reference.png", fig)
 
 

@@ -195,19 +195,20 @@ def write_explorer(
 
 
 def evaluation_records(
-    data, hyps, texts: list[str], bleu: list[float], tokenizer, forced=None, stored: list | None = None
+    data, records, texts: list[str], bleu: list[float], tokenizer, forced=None
 ) -> Iterable[ExplorerRecord]:
-    """The explorer's records of an evaluated split (``make eval``), one sentence at a time: the
-    attention that produced each hypothesis (``stored``: its kept views, StoredAttention, when the caller
-    has them) and, when ``forced`` (evaluate.ForcedAlignment) is given, the forced attention of the
+    """The explorer's records of an evaluated split (``make eval``), one sentence at a time, from the split's
+    records (app.report.split_pass.SentenceRecord: pieces and the kept views of the attention that produced
+    each hypothesis) and, when ``forced`` (evaluate.ForcedAlignment) is given, the forced attention of the
     reference with its links (those inside the sentence's words: a gold file made for other text scores
     its links as misses, but they have no cell to draw)."""
-    for i, attention in enumerate(hyps.attention):
+    for r in records:
+        i = r.index
         record = ExplorerRecord(
-            id=data.ids[i],
-            src_tokens=tokenizer.src_pieces(data.src[i] + [EOS]),
-            tgt_tokens=tokenizer.tgt_pieces(hyps.tokens[i] + [EOS]),
-            attention=attention if stored is None else stored[i],
+            id=r.id,
+            src_tokens=r.src_pieces,
+            tgt_tokens=r.hyp_pieces,
+            attention=r.stored if r.stored is not None else r.attention,
             source=data.src_texts[i],
             hypothesis=texts[i],
             reference=data.tgt_texts[i],

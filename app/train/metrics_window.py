@@ -1,4 +1,4 @@
-"""The training figures between two log lines. They stay on the device, so that no update waits for
+"""The training values between two log lines. They stay on the device, so that no update waits for
 the host; the window is read once per ``train.log_every`` updates, the one host sync between
 validations."""
 
@@ -62,7 +62,7 @@ class MetricsWindow:
         ).tolist()
         loss = loss_sum / tokens if tokens else float("nan")
         elapsed = time.time() - self.start
-        figures = {
+        values = {
             "loss": loss,
             "ppl": math.exp(min(loss, 50)),
             "grad_norm": float(self.grad_norm),
@@ -70,29 +70,27 @@ class MetricsWindow:
             "tgt_tokens_per_update": self.update_tokens / max(self.updates, 1),
         }
         if self.guided:  # the mean guided alignment loss of this rank's updates (skipped ones count 0)
-            figures["align_loss"] = float(self.align_loss) / max(self.updates, 1)
+            values["align_loss"] = float(self.align_loss) / max(self.updates, 1)
         if self.peak_flops:
-            figures["mfu"] = self.flops / elapsed / self.peak_flops  # this rank's share on its own device
-        return figures
+            values["mfu"] = self.flops / elapsed / self.peak_flops  # this rank's share on its own device
+        return values
 
     def log(self, writer, step: int, **extra: float) -> dict:
         """The window's scalars and ``extra`` ones (the learning rate) to TensorBoard under train/;
         then a new window starts. Returns what was logged."""
-        figures = {**self.summary(), **extra}
-        for key, value in figures.items():
+        values = {**self.summary(), **extra}
+        for key, value in values.items():
             writer.add_scalar(f"train/{key}", value, step)
         self.reset()
-        return figures
+        return values
 
 
-def progress_postfix(figures: dict, time_left: Optional[float]) -> dict:
+def progress_postfix(values: dict, time_left: Optional[float]) -> dict:
     """What the progress bar shows after the step count: loss, learning rate, speed, MFU (CUDA), and
     the time left under a time budget (where the step-count ETA means little)."""
-    postfix = dict(
-        loss=f"{figures['loss']:.3f}", lr=f"{figures['lr']:.2e}", tok_s=f"{figures['tgt_tokens_per_s']:,.0f}"
-    )
-    if "mfu" in figures:
-        postfix["mfu"] = f"{100 * figures['mfu']:.1f}%"
+    postfix = dict(loss=f"{values['loss']:.3f}", lr=f"{values['lr']:.2e}", tok_s=f"{values['tgt_tokens_per_s']:,.0f}")
+    if "mfu" in values:
+        postfix["mfu"] = f"{100 * values['mfu']:.1f}%"
     if time_left is not None:
         postfix["time_left"] = tqdm.format_interval(max(time_left, 0))
     return postfix

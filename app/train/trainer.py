@@ -7,7 +7,7 @@ progress bar with what is left.
 The math of one update is in app/train/update.py, the batch order in app/data/schedule.py, what a checkpoint
 holds in app/train/state.py, validation in app/train/validation.py. The loop's own host work is kept off the
 device's way: the next update's batches are padded and copied in a background thread (app/data/prefetch.py),
-its counts come from the host's lengths, and the figures stay on the device between log lines."""
+its counts come from the host's lengths, and the numbers stay on the device between log lines."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from app.data.tokenizer import Tokenizer
 from app.errors import UserError
 from app.models import build_model, count_parameters
 from app.models.flops import FlopCounter, peak_flops
-from app.report.board import training_figures, write_hparams
+from app.report.board import training_results, write_hparams
 from app.train.closing_average import average_at_end, kept_snapshots, reserve_seconds
 from app.train.ema import ExponentialAverage
 from app.train.guided_alignment import AlignmentTargets, alignment_targets
@@ -99,6 +99,7 @@ class Trainer:
         scheduler: torch.optim.lr_scheduler.LRScheduler,
         schedule: BatchSchedule,
         resume: bool = False,
+        quiet: bool = False,
     ):
         self.cfg, self.run_dir, self.device, self.data = cfg, cfg.run_dir, device, data
         self.model, self.optimizer, self.scheduler, self.schedule = model, optimizer, scheduler, schedule
@@ -123,12 +124,11 @@ class Trainer:
         self.window = MetricsWindow(device, peak, guided=data.align_targets is not None)
         self.writer = distributed.writer(os.path.join(self.run_dir, "tb"))
         self.limits = StopRules(cfg.train, self.world, device)
-        self.bar = progress_bar(cfg.train, self.progress.step, self.main)
+        self.bar = progress_bar(cfg.train, self.progress.step, self.main and not quiet)  # quiet: make bench
         self.loop_start = time.time() - self.progress.elapsed_seconds
         self.postfix: dict = {}  # what the bar shows after the step count
         self.postfix_at = 0.0  # when its time_left was last set
         self.estimate = RunEstimate(self.progress.step)
-        self.clock: Optional[LoopClock] = None  # make bench: times the loop's steps after its first ones
         self.parameters = count_parameters(model)
         self.keep_last, self.keep_best = kept_snapshots(cfg.train)
         self.average: Optional[dict] = None  # what the closing average kept (train.average_snapshots)
@@ -235,8 +235,8 @@ class Trainer:
         p = self.progress
         report_skips(self.window, p, self.writer, self.cfg.train.max_bad_steps)
         if write_scalars:
-            figures = self.window.log(self.writer, p.step, lr=self.scheduler.get_last_lr()[0])
-            self.postfix = progress_postfix(figures, self.time_left())
+            values = self.window.log(self.writer, p.step, lr=self.scheduler.get_last_lr()[0])
+            self.postfix = progress_postfix(values, self.time_left())
             self.bar.set_postfix(self.postfix, refresh=False)
 
     def time_left(self) -> Optional[float]:
@@ -252,8 +252,12 @@ class Trainer:
 
     # --- the loop ---------------------------------------------------------------------------------
 
-    def run(self) -> dict:
+    def run(self, max_steps: Optional[int] = None, clock: Optional[LoopClock] = None) -> dict:
+        """Train until a stop rule (``max_steps``: a step limit in place of train.max_steps); ``clock`` (make
+        bench) times the loop's steps."""
         cfg, p = self.cfg, self.progress
+        if max_steps is not None:
+            self.limits.max_steps = max_steps
         if self.main:
             record_start(self)
         stop_reason = self.limits.reached(p.step, self.limits.out_of_time(p.elapsed_seconds))  # resumed: maybe done
@@ -268,8 +272,8 @@ class Trainer:
                 for ready in updates:
                     before = p.step
                     self.train_update(ready)
-                    if self.clock is not None:
-                        self.clock.tick(p.step)
+                    if clock is not None:
+                        clock.tick(p.step)
                     if crossed(cfg.train.eval_every, before):
                         last_eval_step = p.step
                         if self.validate():
@@ -330,7 +334,7 @@ class Trainer:
         if self.compiles.enabled:
             log.info("torch.compile: %s", self.compiles.describe())
         if self.main:
-            write_hparams(self.writer, self.cfg, training_figures(summary), summary["steps"])
+            write_hparams(self.writer, self.cfg, training_results(summary), summary["steps"])
             atomic_write_text(os.path.join(self.run_dir, "train_summary.json"), json.dumps(summary, indent=2))
             log.info("training stopped: %s. %s", stop_reason, json.dumps(summary))
         self.writer.close()
@@ -352,9 +356,10 @@ def load_data(cfg: Config, main: bool) -> TrainingData:
     return TrainingData(tokenizer, train, dev, dev_links, alignment_targets(cfg, tokenizer, len(train)))
 
 
-def build_trainer(cfg: Config, model: Optional[nn.Module] = None) -> Trainer:
+def build_trainer(cfg: Config, model: Optional[nn.Module] = None, quiet: bool = False) -> Trainer:
     """A Trainer with every part built from ``cfg`` (``model``: a model to train instead of
-    ``build_model(cfg.model, ...)``, e.g. one a test made faulty), resumed when the run is to be."""
+    ``build_model(cfg.model, ...)``, e.g. one a test made faulty), resumed when the run is to be; ``quiet``:
+    without its progress bar (make bench prints its own table)."""
     device = distributed.setup(resolve_device(cfg.device))
     world, rank = distributed.world_size(), distributed.rank()
     last_path = os.path.join(cfg.run_dir, "last.pt")
@@ -367,7 +372,7 @@ def build_trainer(cfg: Config, model: Optional[nn.Module] = None) -> Trainer:
     optimizer, scheduler = make_optimizer(model, cfg)
     train = data.train
     schedule = training_schedule(cfg.train, train.src_lens, train.tgt_lens, world, rank, accum, device.type == "cuda")
-    return Trainer(cfg, device, data, model, optimizer, scheduler, schedule, resume)
+    return Trainer(cfg, device, data, model, optimizer, scheduler, schedule, resume, quiet)
 
 
 def resume_hint() -> str:

@@ -116,7 +116,7 @@ def training_compiled(
 
 
 class StepResult(NamedTuple):
-    """An update's figures, as device tensors (reading them is a host sync)."""
+    """An update's numbers, as device tensors (reading them is a host sync)."""
 
     loss_sum: torch.Tensor  # summed cross-entropy over this rank's target tokens
     grad_norm: torch.Tensor  # before clipping

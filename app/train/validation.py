@@ -27,6 +27,7 @@ from app.report.attention_views import attention_shape
 from app.report.board import alignment_figures, sample_table, tensorboard_sentences, write_pngs
 from app.report.plots import draw_pngs
 from app.report.scores import score, sentence_bleu
+from app.report.split_pass import sentence_records
 from app.train.update import sequence_loss
 from app.utils import Stopwatch, amp_dtype, autocast
 
@@ -79,9 +80,9 @@ def validate(
         with clock("decode"):
             src = [dev.src[i] for i in chosen]
             samples = decode_corpus(model, src, device, greedy, amp_dtype=dtype, need_attention=True)
-        if samples.attention is not None:  # a model with attention
-            pairs = list(zip(src, samples.tokens, samples.attention))
-            drawing = submit(worker, draw_pngs, alignment_figures("alignment", pairs, tokenizer, cfg.viz.layer))
+        if samples.attention is not None:  # a model with attention: the one pass's records, only for TensorBoard
+            records = sentence_records(dev, samples, tokenizer, chosen)
+            drawing = submit(worker, draw_pngs, alignment_figures("alignment", records, cfg.viz.layer))
     with clock("forward"):
         metrics = dev_loss(model, dev, cfg, device, dtype)
     aer = ""

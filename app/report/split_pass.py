@@ -1,0 +1,59 @@
+"""One pass over a decoded split: each sentence's record (its pieces, its hypothesis's attention and the views
+of it that are kept) is built once, and every output a caller asks for reads the records: ``make eval`` asks
+for the attention files, heatmaps, the explorer and TensorBoard's figures (app/report/evaluate.py),
+validation for TensorBoard's figures of a few dev sentences (app/train/validation.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from tqdm import tqdm
+
+from app.data.tokenizer import EOS
+from app.report.attention_files import StoredAttention, store_attention
+
+
+@dataclass
+class SentenceRecord:
+    """One decoded sentence as every output reads it. ``index``: its place in the split; ``attention``: what
+    produced the hypothesis, (tgt, src) or (layers, heads, tgt, src), None for a model without attention;
+    ``stored``: the views of it the attention files and the explorer keep (when asked for)."""
+
+    index: int
+    id: str
+    src_pieces: list[str]
+    hyp_pieces: list[str]
+    attention: Any = None
+    stored: Optional[StoredAttention] = None
+
+
+def sentence_records(
+    data,
+    hyps,
+    tokenizer,
+    indices: Optional[Sequence[int]] = None,
+    keep: Optional[str] = None,
+    layer: int = -1,
+    progress: str = "",
+) -> list[SentenceRecord]:
+    """The records of the sentences ``indices`` of ``data`` (a ParallelData; all of it by default), decoded
+    as ``hyps`` (Hypotheses, in the order of ``indices``). ``keep`` (eval.attention: layer or all): also the
+    views the attention files and the explorer keep, of layer ``layer``'s heads or every layer's.
+    ``progress``: a progress bar's title (none without)."""
+    indices = range(len(hyps.tokens)) if indices is None else indices
+    records = []
+    for n, i in enumerate(tqdm(indices, progress, leave=False, unit="sentence", disable=not progress)):
+        attention = None if hyps.attention is None else hyps.attention[n]
+        records.append(
+            SentenceRecord(
+                index=i,
+                id=data.ids[i],
+                src_pieces=tokenizer.src_pieces(data.src[i] + [EOS]),
+                hyp_pieces=tokenizer.tgt_pieces(hyps.tokens[n] + [EOS]),
+                attention=attention,
+                stored=store_attention(attention, layer, keep) if keep and attention is not None else None,
+            )
+        )
+    return records
