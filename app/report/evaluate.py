@@ -21,7 +21,6 @@ from app.config import Config, VizConfig
 from app.data.corpus import ParallelData, load_split
 from app.data.links import piece_links, read_pharaoh
 from app.data.sources import SPLITS
-from app.data.tokenizer import EOS, Tokenizer
 from app.decode.search import Hypotheses
 from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.errors import UserError
@@ -86,14 +85,14 @@ def evaluate_run(cfg: Config) -> dict:
         atomic_write_text(os.path.join(out_dir, "hyp.txt"), "".join(t + "\n" for t in texts))
         if hyps.attention is not None:  # of the hypotheses' attention, the map plots show (viz.layer)
             metrics["attention"] = attention_shape(hyps.attention, cfg.viz.layer)
-            keep = cfg.eval.attention
-            records = sentence_records(data, hyps, trained.tokenizer, None, keep, cfg.viz.layer, "attention views")
+            views = dict(keep=cfg.eval.attention, layer=cfg.viz.layer, references=forced is not None)
+            records = sentence_records(data, hyps, trained.tokenizer, progress="attention views", **views)
             write_alignments(out_dir, records, cfg, metrics.get("alignment"))
     if hyps.attention is not None:
         with clock("heatmaps"):
-            write_heatmaps(out_dir, records[: cfg.viz.eval_plots], data, trained.tokenizer, cfg.viz, forced)
+            write_heatmaps(out_dir, records[: cfg.viz.eval_plots], cfg.viz, forced)
         with clock("explorer"):
-            explored = evaluation_records(data, records, texts, bleu, trained.tokenizer, forced)
+            explored = evaluation_records(data, records, texts, bleu, forced)
             explored = tqdm(explored, "explorer", len(data), leave=False, unit="sentence")
             meta = explorer_meta(cfg, trained, metrics)
             title = f"{cfg.name}: {cfg.eval.split}" + (f" ({metrics['subset']})" if metrics["subset"] else "")
@@ -247,8 +246,6 @@ def write_alignments(out_dir: str, records: list[SentenceRecord], cfg: Config, a
 def write_heatmaps(
     out_dir: str,
     records: list[SentenceRecord],
-    data: ParallelData,
-    tokenizer: Tokenizer,
     viz: VizConfig,
     forced: Optional[ForcedAlignment],
 ) -> None:
@@ -267,7 +264,7 @@ def write_heatmaps(
         for name, fig in figures(figure_views(r.attention, viz.layer), r.src_pieces, r.hyp_pieces).items():
             save(f"{i:04d}{'' if name == 'alignment' else f'_{name}'}.png", fig)
         if forced is not None:
-            ref_pieces = tokenizer.tgt_pieces(data.tgt[i] + [EOS])
+            ref_pieces = r.ref_pieces
             names, maps = attention_views(forced.attention[i])
             sure, possible = forced.links[i]
             links = [piece_links(cells, r.src_pieces, ref_pieces) for cells in (sure, possible - sure)]

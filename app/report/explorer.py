@@ -29,7 +29,6 @@ import numpy as np
 from matplotlib import colormaps
 
 from app.data.links import piece_links, word_index
-from app.data.tokenizer import EOS
 from app.report.attention_files import StoredAttention, store_attention
 from app.utils import atomic_write_text
 
@@ -195,7 +194,7 @@ def write_explorer(
 
 
 def evaluation_records(
-    data, records, texts: list[str], bleu: list[float], tokenizer, forced=None
+    data, records: list, texts: list[str], bleu: list[float], forced=None
 ) -> Iterable[ExplorerRecord]:
     """The explorer's records of an evaluated split (``make eval``), one sentence at a time, from the split's
     records (app.report.split_pass.SentenceRecord: pieces and the kept views of the attention that produced
@@ -215,7 +214,7 @@ def evaluation_records(
             bleu=bleu[i],
         )
         if forced is not None:
-            record.ref_tokens = tokenizer.tgt_pieces(data.tgt[i] + [EOS])
+            record.ref_tokens = r.ref_pieces
             record.ref_attention = forced.attention[i]
             n_src, n_ref = len(data.src_texts[i].split()), len(data.tgt_texts[i].split())
             record.links = tuple({(s, t) for s, t in links if s < n_src and t < n_ref} for links in forced.links[i])

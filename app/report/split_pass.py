@@ -19,7 +19,8 @@ from app.report.attention_files import StoredAttention, store_attention
 class SentenceRecord:
     """One decoded sentence as every output reads it. ``index``: its place in the split; ``attention``: what
     produced the hypothesis, (tgt, src) or (layers, heads, tgt, src), None for a model without attention;
-    ``stored``: the views of it the attention files and the explorer keep (when asked for)."""
+    ``stored``: the views of it the attention files and the explorer keep; ``ref_pieces``: the reference's
+    pieces, the rows of its forced attention (both when asked for)."""
 
     index: int
     id: str
@@ -27,6 +28,7 @@ class SentenceRecord:
     hyp_pieces: list[str]
     attention: Any = None
     stored: Optional[StoredAttention] = None
+    ref_pieces: Optional[list[str]] = None
 
 
 def sentence_records(
@@ -36,12 +38,14 @@ def sentence_records(
     indices: Optional[Sequence[int]] = None,
     keep: Optional[str] = None,
     layer: int = -1,
+    references: bool = False,
     progress: str = "",
 ) -> list[SentenceRecord]:
     """The records of the sentences ``indices`` of ``data`` (a ParallelData; all of it by default), decoded
     as ``hyps`` (Hypotheses, in the order of ``indices``). ``keep`` (eval.attention: layer or all): also the
-    views the attention files and the explorer keep, of layer ``layer``'s heads or every layer's.
-    ``progress``: a progress bar's title (none without)."""
+    views the attention files and the explorer keep, of layer ``layer``'s heads or every layer's;
+    ``references``: also the reference's pieces (for the forced attention's rows). ``progress``: a progress
+    bar's title (none without)."""
     indices = range(len(hyps.tokens)) if indices is None else indices
     records = []
     for n, i in enumerate(tqdm(indices, progress, leave=False, unit="sentence", disable=not progress)):
@@ -54,6 +58,7 @@ def sentence_records(
                 hyp_pieces=tokenizer.tgt_pieces(hyps.tokens[n] + [EOS]),
                 attention=attention,
                 stored=store_attention(attention, layer, keep) if keep and attention is not None else None,
+                ref_pieces=tokenizer.tgt_pieces(data.tgt[i] + [EOS]) if references else None,
             )
         )
     return records
