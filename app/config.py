@@ -18,6 +18,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from app.errors import UserError
+from app.serve.config import ServeConfig
 
 
 @dataclass
@@ -269,14 +270,15 @@ class BenchConfig:
     warmup: int = 10  # untimed steps first (allocator, cuDNN/compile warm-up)
     decode_sentences: int = 0  # decode the first N test sentences (greedy and with decode.beam_size); 0 = all
     decode_rounds: int = 1  # decode that many times, the engines taking turns; the best time of each is kept
-    # CTranslate2's threads on a CPU (0: its default). It decodes one call per group of sentences with the same
-    # length limit: on the 2-core CPU a second OpenMP thread made that 3x slower (int8 beam 5: 48 s, 15 s on one)
+    # CTranslate2's threads on a CPU (0: its default); it decodes one call per group of sentences with one length
+    # limit: on the 2-core CPU a second OpenMP thread made that 3x slower (int8 beam 5: 48 s, 15 s on one)
     ct2_threads: int = 1
     checkpoint_path: Optional[str] = None  # a trained run's .pt (same model= settings): decode timings of real output
     profile_steps: int = 0  # then profile this many more steps: time per kind of work, top ops, a Chrome trace
     host_tokens: int = 256  # host_step_ms: updates on a batch of at most this many padded tokens (its compute ~ 0)
     ablate: bool = False  # also time training with each speed feature off in turn (and with train.compile)
     cpu_small: bool = True  # on a CPU, cap model, batch, steps and test sentences at a size benched in minutes
+    serve: bool = False  # instead: requests/s and latency of make serve's API (app/serve/bench.py)
 
 
 @dataclass
@@ -316,6 +318,7 @@ class Config:
     compare: CompareConfig = field(default_factory=CompareConfig)
     average: AverageConfig = field(default_factory=AverageConfig)
     viz: VizConfig = field(default_factory=VizConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
 
     def __post_init__(self) -> None:
         self.run_dir = self.run_dir or os.path.join("checkpoints", self.name)

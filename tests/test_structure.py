@@ -24,6 +24,8 @@ DEFERRED = {
             "app.checkpoint",
             "app.bench",
             "app.compare",
+            "app.serve.server",
+            "app.serve.bench",
         )
     },
 }
