@@ -136,6 +136,14 @@ class Browser:
         if error := self.evaluate("window.explorerError"):
             raise RuntimeError(f"{url}: {error}")
 
+    def open_url(self, url: str, ready: str) -> None:
+        """Navigate to ``url`` (a server's page) and wait until the JavaScript expression ``ready`` is truthy."""
+        self.evaluate("window.staleDocument = true")
+        result = self.page("Page.navigate", url=url)
+        if "errorText" in result:
+            raise RuntimeError(f"{url}: {result['errorText']}")
+        self.wait_for(f"!window.staleDocument && document.readyState === 'complete' && ({ready})")
+
     def evaluate(self, expression: str):
         """The value of a JavaScript expression in the page (promises awaited)."""
         result = self.page("Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True)

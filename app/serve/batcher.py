@@ -43,6 +43,8 @@ class Batcher:
         self.task: asyncio.Task | None = None
         self.calls = 0  # decoding calls made
         self.lines = 0  # lines decoded
+        self.answered = 0.0  # when the last call's answers were sent
+        self.last_jobs = 0  # and to how many requests
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self.run())
@@ -65,7 +67,9 @@ class Batcher:
         """The next batch: the first job waiting, and those arriving within ``wait_s`` of it."""
         jobs = [await self.queue.get()]
         lines = len(jobs[0].sources)
-        deadline = jobs[0].arrived + self.wait_s
+        # from the first job's arrival, or from the answers of the last call: the clients answered then send their
+        # next requests within the wait and join this batch (else two cohorts take turns at half the batch each)
+        deadline = max(jobs[0].arrived, self.answered if self.last_jobs > 1 else 0.0) + self.wait_s
         while lines < self.max_lines:
             left = deadline - time.monotonic()
             try:
@@ -114,6 +118,7 @@ class Batcher:
         for job in jobs:
             self.answer(job, results[start : start + len(job.sources)])
             start += len(job.sources)
+        self.answered, self.last_jobs = time.monotonic(), len(jobs)
         return None
 
     def call(self, sources: list[Any], key: Hashable) -> list[Any]:

@@ -8,10 +8,12 @@ on their sockets) do not share its interpreter; on a 2-core CPU they share its c
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from typing import Any
@@ -40,9 +42,13 @@ def run_server(cfg: Config, ready) -> None:
     except UserError as err:
         ready.put(("error", str(err)))
         return
-    ready.put(("ready", sock.getsockname()[1], engine.info))
+    data_dir = engine.trained.config.data.dir if engine.trained else cfg.data.dir  # the run's corpus
+    ready.put(("ready", sock.getsockname()[1], engine.info, data_dir))
     config = uvicorn.Config(create_app(engine, cfg.serve, cfg.decode.beam_size), log_level="warning", access_log=False)
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # the signal that stopped it, raised again once it has shut down
+        pass
 
 
 def request(port: int, method: str, path: str, body: dict | None = None, timeout: float = 300.0) -> tuple[int, Any]:
@@ -89,6 +95,8 @@ def load(port: int, sentences: list[str], clients: int, seconds: float, beam_siz
     elapsed = time.monotonic() - begin
     if failures:
         raise RuntimeError(f"a request failed: {failures[0]}")
+    if not any(latencies):
+        raise UserError(f"no request was answered in serve.bench_seconds={seconds}: give it more time")
     flat = np.array([x for xs in latencies for x in xs]) * 1000
     return {
         "clients": clients,
@@ -100,8 +108,8 @@ def load(port: int, sentences: list[str], clients: int, seconds: float, beam_siz
     }
 
 
-def test_sentences(cfg: Config) -> list[str]:
-    path = os.path.join(cfg.data.dir, "test.tsv")
+def test_sentences(data_dir: str) -> list[str]:
+    path = os.path.join(data_dir, "test.tsv")
     if not os.path.exists(path):
         raise UserError(f'{path} does not exist: make data ARGS="..." (the run\'s data= settings) writes it')
     with open(path, encoding="utf-8") as f:
@@ -109,7 +117,8 @@ def test_sentences(cfg: Config) -> list[str]:
 
 
 def bench_serve(cfg: Config) -> dict[str, Any]:
-    sentences = test_sentences(cfg)
+    # make bench keeps its log in checkpoints/bench (app/cli.py): the run served is checkpoints/<name>
+    cfg = dataclasses.replace(cfg, run_dir=os.path.join("checkpoints", cfg.name))
     context = multiprocessing.get_context("spawn")
     ready = context.Queue()
     server = context.Process(target=run_server, args=(cfg, ready), daemon=True)
@@ -118,11 +127,11 @@ def bench_serve(cfg: Config) -> dict[str, Any]:
         message = ready.get(timeout=600)
         if message[0] == "error":
             raise UserError(message[1])
-        _, port, info = message
+        _, port, info, data_dir = message
+        sentences = test_sentences(data_dir)
         beam, n, seconds = cfg.decode.beam_size, cfg.serve.bench_clients, cfg.serve.bench_seconds
         rows = []
         for clients in (1, n):
-            load(port, sentences, clients, 0, beam)  # nothing timed: the threads start and stop
             for k in range(WARMUP_REQUESTS):
                 request(port, "POST", "/translate", {"text": [sentences[k]], "beam_size": beam})
             before = request(port, "GET", "/info")[1]["decoded"]
@@ -132,8 +141,10 @@ def bench_serve(cfg: Config) -> dict[str, Any]:
             row["lines_per_call"] = round((after["lines"] - before["lines"]) / max(calls, 1), 2)
             rows.append(row)
     finally:
-        server.terminate()
+        os.kill(server.pid, signal.SIGINT)  # uvicorn shuts down gracefully
         server.join(30)
+        if server.is_alive():
+            server.kill()
     result = {
         "run": cfg.name,
         "engine": info["engine"],

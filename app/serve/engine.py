@@ -37,8 +37,8 @@ class Engine:
 
     def summary(self) -> str:
         i = self.info
-        what = i["checkpoint"] if i["engine"] == "torch" else i["export"]
-        params = f", {i['parameters'] / 1e6:.1f} M parameters" if i.get("parameters") else ""
+        what = os.path.relpath(i["checkpoint"] if i["engine"] == "torch" else i["export"])
+        params = f", {i['parameters']:,} parameters" if i.get("parameters") else ""
         return f"loaded {what} (step {i['step']}): {i['model']['arch']}{params}, engine {i['engine']} on {i['device']}"
 
     def encode(self, texts: list[str]) -> list[list[int]]:
