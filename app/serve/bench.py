@@ -20,9 +20,13 @@ from typing import Any
 
 import numpy as np
 import torch
+import uvicorn
 
 from app.config import Config
 from app.errors import UserError
+from app.serve.app import create_app
+from app.serve.engine import load_engine
+from app.serve.server import bind
 from app.utils import atomic_write_text
 
 WARMUP_REQUESTS = 8  # per load, untimed: the first calls allocate and warm the caches
@@ -30,12 +34,6 @@ WARMUP_REQUESTS = 8  # per load, untimed: the first calls allocate and warm the 
 
 def run_server(cfg: Config, ready) -> None:
     """The server of ``cfg`` on a free port of 127.0.0.1 (in the spawned process): its address to ``ready``."""
-    import uvicorn
-
-    from app.serve.app import create_app
-    from app.serve.engine import load_engine
-    from app.serve.server import bind
-
     try:
         engine = load_engine(cfg)
         sock = bind("127.0.0.1", 0)
