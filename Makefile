@@ -10,7 +10,7 @@ SWORD_PACKAGES := sword-text-sparv sword-text-web sword-text-kjv
 TORCH_CPU ?= torch==2.13.0
 TORCH_GPU ?= torch
 
-.PHONY: setup data train eval translate export tensorboard lint test test-fast bench compare average clean gpu-wheels gpu-check
+.PHONY: setup data train eval translate serve export tensorboard lint test test-fast bench compare average clean gpu-wheels gpu-check
 COMPARE_MODELS ?= rnn_plain,rnn_bahdanau,rnn_luong,transformer
 COMPARE_EXPERIMENT ?= compare
 
@@ -50,6 +50,11 @@ eval: setup
 
 translate: setup
 	$(PY) -m app command=translate $(ARGS)
+
+# A local HTTP server for a trained run: a page that translates and draws the attention, and a JSON API
+# (docs/serving.md): make serve ARGS="name=quick" (translate.engine=ct2: its export; serve.port=8000, serve.host)
+serve: setup
+	$(PY) -m app command=serve $(ARGS)
 
 # A run's Transformer as a CTranslate2 model in checkpoints/<run>/ct2 (export.quantization, default int8);
 # then translate.engine=ct2 / eval.engine=ct2 decode with it.

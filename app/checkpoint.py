@@ -20,7 +20,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from app.config import ModelConfig, model_settings
+from app.config import ModelConfig
+from app.config_load import model_settings
 from app.errors import UserError
 from app.utils import atomic_write
 

@@ -16,7 +16,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from app import distributed
-from app.config import Config, config_error, load_config, register_configs
+from app.config import Config
+from app.config_load import config_error, load_config, register_configs
 from app.errors import DiskFull, UserError
 from app.folder_lock import LOCK_FILE, FolderLock
 from app.train.stop_rules import TrainingInterrupted
@@ -74,6 +75,12 @@ def translate_command(cfg: Config) -> None:
     translate_lines(cfg)
 
 
+def serve_command(cfg: Config) -> None:
+    from app.serve.server import serve
+
+    serve(cfg)
+
+
 def export_command(cfg: Config) -> None:
     from app.decode.export import export_run
 
@@ -93,6 +100,11 @@ def average_command(cfg: Config) -> None:
 
 
 def bench_command(cfg: Config) -> None:
+    if cfg.bench.serve:  # make serve's API under concurrent clients, instead of the training and decoding rows
+        from app.serve.bench import bench_serve
+
+        bench_serve(cfg)
+        return
     from app.bench.run import bench
 
     if bench(cfg)["failed_rows"]:  # every other row was still measured, printed and written
@@ -112,6 +124,7 @@ COMMANDS: dict[str, Callable[[Config], None]] = {
     "train": train_command,
     "eval": eval_command,
     "translate": translate_command,
+    "serve": serve_command,
     "export": export_command,
     "bench": bench_command,
     "compare": compare_command,

@@ -14,9 +14,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
 from app.choices import Checked, check_choices, choice
 from app.errors import UserError
 
@@ -277,6 +274,7 @@ class BenchConfig:
     host_tokens: int = 256  # host_step_ms: updates on a batch of at most this many padded tokens (its compute ~ 0)
     ablate: bool = False  # also time training with each speed feature off in turn (and with train.compile)
     cpu_small: bool = True  # on a CPU, cap model, batch, steps and test sentences at a size benched in minutes
+    serve: bool = False  # instead: requests/s and latency of make serve's API (app/serve/bench.py)
 
 
 @dataclass
@@ -299,6 +297,21 @@ class CompareConfig:
 
 
 @dataclass
+class ServeConfig:
+    host: str = "127.0.0.1"  # only this machine; 0.0.0.0 answers every interface (no authentication: mind it)
+    port: int = 8000  # 0: any free port (the line printed at start names it)
+    checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN (translate.engine=ct2: the export instead)
+    batch_wait_ms: float = 20.0  # how long a batch waits for requests to join it (from the first, or the last answers)
+    max_batch_lines: int = 256  # lines of one decoding call at most (decode.batch_tokens splits it further)
+    max_lines: int = 64  # lines of one request at most
+    max_chars: int = 2000  # characters of one line at most
+    max_beam: int = 16  # beam_size of a request at most
+    # make bench ARGS="name=<run> bench.serve=true": concurrent clients, each sending single sentences
+    bench_clients: int = 16
+    bench_seconds: float = 20.0  # how long each of the two loads (1 client, bench_clients clients) runs
+
+
+@dataclass
 class Config:
     command: Optional[str] = None  # what python -m app does: prepare | train | eval | ... (app/cli.py)
     name: str = "default"
@@ -316,82 +329,7 @@ class Config:
     compare: CompareConfig = field(default_factory=CompareConfig)
     average: AverageConfig = field(default_factory=AverageConfig)
     viz: VizConfig = field(default_factory=VizConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
 
     def __post_init__(self) -> None:
         self.run_dir = self.run_dir or os.path.join("checkpoints", self.name)
-
-
-def register_configs() -> None:
-    """The root schema, with ``model`` open: each model preset brings its family's schema
-    (``/schema/model/transformer`` or ``/schema/model/rnn`` in its defaults list)."""
-    from hydra.core.config_store import ConfigStore
-
-    store = ConfigStore.instance()
-    root = OmegaConf.structured(Config)
-    root.command, root.model = MISSING, MISSING  # given on the command line; by a model= preset
-    # derived when the dataclasses are built (__post_init__), from the values the user gave: unset here
-    root.run_dir = None
-    for key in ("name", "dir", "src_field", "tgt_field"):
-        root.data[key] = None
-    store.store(name="config_schema", node=root)
-    for arch, schema in MODEL_SCHEMAS.items():
-        store.store(group="schema/model", name=arch, node=schema)
-
-
-def load_config(cfg: DictConfig) -> Config:
-    """The composed configuration as the schema's dataclasses; a setting that is missing, unresolvable
-    or of the wrong type is a one-line UserError naming its key."""
-    try:
-        config = OmegaConf.to_object(cfg)
-    except OmegaConfBaseException as err:
-        raise UserError(config_error(err)) from None
-    required = {"files": "train", "hf": "hf_path"}.get(config.data.source)
-    if required and not getattr(config.data, required):
-        raise UserError(
-            f"data.{required} is not set: data.source={config.data.source} needs it "
-            f"(see conf/data/{config.data.source}.yaml)"
-        )
-    return config
-
-
-def config_error(err: Exception) -> str:
-    """One line for a configuration error of OmegaConf or Hydra, naming the key where known."""
-    cause = err.__cause__ if isinstance(err.__cause__, OmegaConfBaseException) else err
-    key = getattr(cause, "full_key", None)
-    lines = [line.strip() for line in str(cause).splitlines() if line.strip() and not line.startswith("    ")]
-    message = lines[0] if lines else type(err).__name__
-    if "Missing mandatory value" in message and key:
-        return f"{key} is not set: give {key}=..."
-    if "Could not find" in message and "Available options" in str(cause):  # an unknown preset: list them
-        listed = str(cause).split("Available options", 1)[1].split("Config search path")[0]
-        return f"{message}; available: {', '.join(listed.split(':', 1)[-1].split())}"
-    return f"{key}: {message}" if key and key not in message else message
-
-
-def config_from_dict(stored: dict) -> Config:
-    """A configuration stored with a run (checkpoint, config.yaml) as the schema's dataclasses. Keys
-    this version does not know (an older checkpoint's) are left out; the model section keeps the keys
-    of its own family."""
-    return _from_dict(Config, stored)
-
-
-def _from_dict(schema: type, values: dict):
-    kwargs = {}
-    for f in dataclasses.fields(schema):
-        if f.name not in values:
-            continue
-        value = values[f.name]
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
-        if f.name == "model" and schema is Config:
-            value = _from_dict(MODEL_SCHEMAS[value.get("arch", "transformer")], value)
-        elif dataclasses.is_dataclass(default) and isinstance(value, dict):
-            value = _from_dict(type(default), value)
-        kwargs[f.name] = value
-    return schema(**kwargs)
-
-
-def model_settings(model_cfg: ModelConfig | dict) -> dict:
-    """The settings of a model's family (a dataclass, or a stored dict that may hold every family's keys)."""
-    values = model_cfg if isinstance(model_cfg, dict) else dataclasses.asdict(model_cfg)
-    schema = MODEL_SCHEMAS.get(values.get("arch", "transformer"))
-    return dataclasses.asdict(_from_dict(schema, values)) if schema else dict(values)

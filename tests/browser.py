@@ -4,7 +4,9 @@ events on its descriptor 4 (--remote-debugging-pipe).
 
 Also a command line that photographs an explorer file for the README:
     python tests/browser.py checkpoints/<run>/eval/test/explorer.html docs/explorer.png ["s=3&l=5&h=mean&r=1"]
-(the hash: sentence, layer, head or mean; r=1 shows a sentence's reference rows, forced, with its links)
+(the hash: sentence, layer, head or mean; r=1 shows a sentence's reference rows, forced, with its links), and
+one that photographs make serve's page after translating a text:
+    python tests/browser.py --serve http://127.0.0.1:8000/ docs/serve.png "En el principio creó Dios ..."
 """
 
 from __future__ import annotations
@@ -136,6 +138,14 @@ class Browser:
         if error := self.evaluate("window.explorerError"):
             raise RuntimeError(f"{url}: {error}")
 
+    def open_url(self, url: str, ready: str) -> None:
+        """Navigate to ``url`` (a server's page) and wait until the JavaScript expression ``ready`` is truthy."""
+        self.evaluate("window.staleDocument = true")
+        result = self.page("Page.navigate", url=url)
+        if "errorText" in result:
+            raise RuntimeError(f"{url}: {result['errorText']}")
+        self.wait_for(f"!window.staleDocument && document.readyState === 'complete' && ({ready})")
+
     def evaluate(self, expression: str):
         """The value of a JavaScript expression in the page (promises awaited)."""
         result = self.page("Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True)
@@ -250,7 +260,27 @@ def explorer_screenshot(
     return len(png)
 
 
+def serve_screenshot(url: str, png_path: str, text: str, size: tuple[int, int] = (1280, 900)) -> int:
+    """Photograph make serve's page at ``url`` after translating ``text``, a row token hovered; 256 colours."""
+    from PIL import Image
+
+    with Browser(*size) as browser:
+        browser.open_url(url, "window.pageLoaded")
+        browser.evaluate(f"document.getElementById('text').value = {json.dumps(text)}")
+        browser.click(*browser.center("#go"))
+        browser.wait_for("window.serveReady || window.serveError", timeout=120)
+        browser.hover(*browser.center("#ylabels .tok:nth-child(3)"))
+        png = browser.screenshot()
+    with Image.open(io.BytesIO(png)) as image, io.BytesIO() as out:
+        image.convert("RGB").quantize(256, method=Image.Quantize.FASTOCTREE).save(out, "PNG", optimize=True)
+        Path(png_path).write_bytes(out.getvalue())
+    return os.path.getsize(png_path)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--serve":  # python tests/browser.py --serve URL PNG "text"
+        print(f"wrote {sys.argv[3]} ({serve_screenshot(sys.argv[2], sys.argv[3], sys.argv[4]) // 1024} KB)")
+        sys.exit()
     if len(sys.argv) not in (3, 4):
         sys.exit(__doc__)
     print(f"wrote {sys.argv[2]} ({explorer_screenshot(*sys.argv[1:]) // 1024} KB)")

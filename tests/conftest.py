@@ -117,7 +117,7 @@ def compose_config(*overrides, command="train"):
     from omegaconf import OmegaConf
 
     import app.cli  # noqa: F401  (registers the schema and the resolvers of conf/config.yaml)
-    from app.config import load_config
+    from app.config_load import load_config
 
     with initialize_config_dir(config_dir=os.path.join(REPO, "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[f"command={command}", *overrides])

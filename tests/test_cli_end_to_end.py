@@ -347,7 +347,7 @@ def test_eval_writes_an_explorer_that_chromium_draws(workdir):
         )
         x, y, cell = b.evaluate(
             "(() => { const r = document.getElementById('heat').getBoundingClientRect();"
-            " return [r.x, r.y, state.cell]; })()"
+            " return [r.x, r.y, heatmap.cell]; })()"
         )
         with Image.open(io.BytesIO(b.screenshot())) as image:
             drawn = image.convert("RGB").getpixel((int(x + 0.5 * cell), int(y + 0.5 * cell)))

@@ -5,7 +5,8 @@ import dataclasses
 
 import pytest
 
-from app.config import ExportConfig, RNNConfig, TrainConfig, TransformerConfig, check_choices, config_from_dict
+from app.config import ExportConfig, RNNConfig, TrainConfig, TransformerConfig, check_choices
+from app.config_load import config_from_dict
 from app.errors import UserError
 
 CHOICES = [

@@ -380,7 +380,7 @@ def close(rgb, expected, tolerance=2) -> bool:
 def cell_center(b, t: int, s: int) -> tuple[float, float]:
     x, y, cell = b.evaluate(
         "(() => { const r = document.getElementById('heat').getBoundingClientRect();"
-        " return [r.x, r.y, state.cell]; })()"
+        " return [r.x, r.y, heatmap.cell]; })()"
     )
     return x + (s + 0.5) * cell, y + (t + 0.5) * cell
 
@@ -482,7 +482,7 @@ def test_explorer_in_chromium(browser, tmp_path):
     assert texts(b, "#ylabels .tok") == records[1].tgt_tokens
     assert "reference (forced) rows" in texts(b, "#legend")[0]
     assert not b.evaluate("inflated.has('1r')")  # the forced maps wait until they are shown
-    half = b.evaluate("state.cell") // 2
+    half = b.evaluate("heatmap.cell") // 2
 
     def red_pixels(png, t, s):  # pixels of the links' outline colour in a cell (less a pixel each side)
         x, y = cell_center(b, t, s)

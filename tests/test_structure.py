@@ -24,6 +24,8 @@ DEFERRED = {
             "app.checkpoint",
             "app.bench.run",
             "app.report.compare",
+            "app.serve.server",
+            "app.serve.bench",
         )
     },
 }

@@ -17,7 +17,8 @@ from app.checkpoint import (
     intact_note,
     load_checkpoint,
 )
-from app.config import Config, DecodeConfig, config_from_dict
+from app.config import Config, DecodeConfig
+from app.config_load import config_from_dict
 from app.data.corpus import load_tokenizer
 from app.data.tokenizer import Tokenizer
 from app.decode.corpus import decode_corpus

@@ -6,7 +6,8 @@ A sentence shows the attention that produced its hypothesis and, where the corpu
 links, also the attention read while forcing the reference through the decoder (rows: reference pieces),
 with the links outlined over it; a toggle switches the rows.
 
-Everything is inline (no network). A sentence's maps are the views ``app.report.attention_files.store_attention``
+Everything is inline (no network); the map's drawing code is app/report/attention_map.js, shared with make
+serve's page. A sentence's maps are the views ``app.report.attention_files.store_attention``
 keeps, as the attention files hold them: by default the heads of one layer (``viz.layer``) and every
 layer's mean of heads, or every head of every layer (``eval.attention=all``). Each map set (a sentence's
 hypothesis attention, its forced attention) is quantized to uint8 (error <= 1/510), zlib-compressed and
@@ -180,17 +181,27 @@ def write_explorer(
     def script_json(value) -> str:  # JSON that cannot close the <script> element it sits in
         return json.dumps(value, ensure_ascii=False, default=str).replace("<", "\\u003c")
 
-    viridis = (colormaps["viridis"](np.arange(256))[:, :3] * 255).round().astype(int)
     parts = {
         "TITLE": html.escape(title),
         "META": script_json(meta),
         "SENTENCES": script_json(sentences),
         "MAPS": "".join(blobs),
-        "VIRIDIS": "".join(f"{r:02x}{g:02x}{b:02x}" for r, g, b in viridis),
+        "ATTENTION_MAP": attention_map_script(),
     }
     template = resources.files("app.report").joinpath("explorer.html").read_text(encoding="utf-8")
     # one pass over the template: a placeholder-like string inside the data is never replaced
-    atomic_write_text(path, re.sub(r"__(TITLE|META|SENTENCES|MAPS|VIRIDIS)__", lambda m: parts[m.group(1)], template))
+    atomic_write_text(
+        path, re.sub(r"__(TITLE|META|SENTENCES|MAPS|ATTENTION_MAP)__", lambda m: parts[m.group(1)], template)
+    )
+
+
+def attention_map_script() -> str:
+    """The attention map's drawing code (app/report/attention_map.js) with its colour map filled in: what the explorer
+    inlines and make serve's page loads, one code for both."""
+    viridis = (colormaps["viridis"](np.arange(256))[:, :3] * 255).round().astype(int)
+    lut = "".join(f"{r:02x}{g:02x}{b:02x}" for r, g, b in viridis)
+    script = resources.files("app.report").joinpath("attention_map.js").read_text(encoding="utf-8")
+    return script.replace("__VIRIDIS__", lut)
 
 
 def evaluation_records(

@@ -1,0 +1,151 @@
+"""The routes of ``make serve``: the page (``/``, its script and the attention map's drawing code under
+``/static/``), ``POST /translate``, ``GET /health`` and ``GET /info``. Every refusal is a JSON ``{"error": "..."}``
+of one line with a 4xx status; a failure while decoding answers that request (503 out of memory, 500 otherwise)
+and the server goes on."""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.exceptions import HTTPException
+
+from app.config import ServeConfig
+from app.errors import UserError
+from app.report.explorer import attention_map_script
+from app.serve.batcher import Batcher
+from app.serve.engine import Engine
+from app.serve.schema import RequestError, TranslateRequest, check_request
+
+log = logging.getLogger(__name__)
+STATIC = resources.files("app.serve").joinpath("static")
+PAGE_FILES = {"page.js": "text/javascript", "page.css": "text/css"}
+OUT_OF_MEMORY = (
+    "out of memory on the device while decoding this request: send fewer or shorter lines, or a smaller beam_size"
+)
+
+
+def error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def validation_message(err: RequestValidationError) -> tuple[int, str]:
+    """A refused body in one line: 400 for JSON that does not parse, 422 for a field that is wrong or unknown."""
+    errors = err.errors()
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return 400, f"malformed JSON: {first.get('ctx', {}).get('error', first.get('msg'))}"
+    where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or "the body"
+    unknown = first["type"] == "extra_forbidden"
+    message = "an unknown field (known: text, beam_size, n_best, attention)" if unknown else first["msg"]
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return 422, f"{where}: {message}{more}"
+
+
+def create_app(engine: Engine, limits: ServeConfig, default_beam: int) -> FastAPI:
+    """The application serving ``engine``; requests batched as ``limits`` (serve.*) says."""
+
+    def decode(sources: list[list[int]], key: tuple[int, int, bool]) -> list[dict[str, Any]]:
+        beam_size, n_best, attention = key
+        return engine.translate(sources, beam_size, n_best, attention)
+
+    batcher = Batcher(decode, limits.batch_wait_ms / 1000, limits.max_batch_lines)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        batcher.start()
+        yield
+        await batcher.stop()
+
+    # no /docs: its page loads from a CDN; the schema stays at /openapi.json
+    app = FastAPI(title="nmt-attention", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.batcher, app.state.engine = batcher, engine
+    max_body = limits.max_lines * (limits.max_chars * 4 + 16) + 65536  # UTF-8 and JSON escapes, with room
+
+    @app.middleware("http")
+    async def body_limit(request: Request, call_next):
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > max_body:
+            return error(413, f"a body of {length} bytes; at most {max_body} (serve.max_lines x serve.max_chars)")
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        return error(*validation_message(err))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, err: HTTPException) -> JSONResponse:
+        return error(err.status_code, str(err.detail))
+
+    @app.exception_handler(RequestError)
+    async def refused(_: Request, err: RequestError) -> JSONResponse:
+        return error(err.status, err.message)
+
+    @app.exception_handler(UserError)
+    async def user_error(_: Request, err: UserError) -> JSONResponse:
+        return error(422, str(err))
+
+    @app.exception_handler(torch.OutOfMemoryError)
+    async def out_of_memory(_: Request, err: torch.OutOfMemoryError) -> JSONResponse:
+        log.warning("serve: %s", OUT_OF_MEMORY)
+        return error(503, OUT_OF_MEMORY)
+
+    @app.exception_handler(Exception)
+    async def failed(_: Request, err: Exception) -> JSONResponse:
+        log.error("serve: a request failed", exc_info=err)
+        first = (str(err).strip().splitlines() or [""])[0]
+        return error(500, f"internal error: {type(err).__name__}: {first}"[:300])
+
+    @app.post("/translate")
+    async def translate(body: TranslateRequest) -> JSONResponse:
+        """Translate ``text`` (a line or a list of lines): per line its hypotheses, best first, with their scores
+        and pieces, and with ``attention`` each hypothesis' cross-attention (app.serve.engine.attention_entry)."""
+        start = time.monotonic()
+        lines, beam_size = check_request(body, limits, default_beam)
+        sources = engine.encode(lines)
+        results = await batcher.submit(sources, (beam_size, body.n_best, body.attention))
+        return JSONResponse({"translations": results, "seconds": round(time.monotonic() - start, 4)})
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/info")
+    async def info() -> dict[str, Any]:
+        """What is loaded (run, model, parameters, device, engine), the limits and defaults of a request, and the
+        decoding calls made so far (lines / calls: how many lines a call decoded on average)."""
+        return {
+            **engine.info,
+            "defaults": {"beam_size": default_beam, "n_best": 1, "attention": False},
+            "limits": {
+                "max_lines": limits.max_lines,
+                "max_chars": limits.max_chars,
+                "max_beam": limits.max_beam,
+                "batch_wait_ms": limits.batch_wait_ms,
+                "max_batch_lines": limits.max_batch_lines,
+            },
+            "decoded": {"calls": batcher.calls, "lines": batcher.lines},
+        }
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(STATIC.joinpath("index.html").read_text(encoding="utf-8"))
+
+    @app.get("/static/attention_map.js")
+    async def attention_map() -> Response:  # the explorer's drawing code: one code for both pages
+        return Response(attention_map_script(), media_type="text/javascript")
+
+    @app.get("/static/{name}")
+    async def static(name: str) -> Response:
+        if name not in PAGE_FILES:
+            return error(404, f"/static/{name}: no such file")
+        return Response(STATIC.joinpath(name).read_text(encoding="utf-8"), media_type=PAGE_FILES[name])
+
+    return app

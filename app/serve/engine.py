@@ -1,0 +1,148 @@
+"""A trained run behind the one call the batcher makes: its checkpoint (the torch engine) or, with
+``translate.engine=ct2``, its CTranslate2 export, loaded by app/decode/trained.py as ``make translate`` loads
+them; lines decoded by the project's one decoding path (app/decode/corpus.py, app/decode/search.py,
+app/decode/beam.py, or the export's).
+
+Attention, when asked for: the search's attention for each line's best hypothesis; for the other hypotheses of
+an n-best list, the attention read while forcing that hypothesis through the decoder
+(app.decode.corpus.forced_attention: the same model on the same tokens, so the same weights up to rounding).
+A CTranslate2 export returns the best hypothesis' map only (one layer's mean of heads). Each map becomes the
+views app.report.attention_files.store_attention keeps (every head of every layer, each layer's mean), and the
+word links read from each view (app.report.aer.hard_alignments: the most attended source word of every target
+word)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Optional
+
+import torch
+
+from app.config import Config, DecodeConfig
+from app.data.links import piece_links
+from app.data.tokenizer import Tokenizer
+from app.decode.corpus import forced_attention
+from app.decode.search import check_source_lengths
+from app.decode.trained import TrainedModel, load_ct2, load_trained
+from app.models import count_parameters
+from app.report.aer import hard_alignments
+from app.report.attention_files import SCALE, store_attention
+from app.utils import resolve_device
+
+
+class Engine:
+    """Lines in, translations out (``translate``), with what it loaded (``info``) and its one-line summary."""
+
+    def __init__(self, translator, tokenizer: Tokenizer, decode: DecodeConfig, info: dict[str, Any]):
+        self.translator, self.tokenizer, self.decode, self.info = translator, tokenizer, decode, info
+        self.trained: Optional[TrainedModel] = translator if isinstance(translator, TrainedModel) else None
+
+    def summary(self) -> str:
+        i = self.info
+        what = os.path.relpath(i["checkpoint"] if i["engine"] == "torch" else i["export"])
+        params = f", {i['parameters']:,} parameters" if i.get("parameters") else ""
+        return f"loaded {what} (step {i['step']}): {i['model']['arch']}{params}, engine {i['engine']} on {i['device']}"
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """Source token ids of ``texts``; a line longer than the model takes is a UserError naming it."""
+        src = self.tokenizer.encode_src(texts)
+        check_source_lengths(self.trained.model if self.trained else self.translator, src)
+        return src
+
+    def translate(self, src: list[list[int]], beam_size: int, n_best: int, attention: bool) -> list[dict[str, Any]]:
+        """One decoding call for every sentence of ``src``: per sentence its source pieces, its hypotheses (text,
+        score, target pieces; best first) and, with ``attention``, the attention of each hypothesis."""
+        decode = dataclasses.replace(self.decode, beam_size=beam_size, n_best=n_best)
+        hyps = self.translator.translate(src, decode, need_attention=attention)
+        results = []
+        for i, ids in enumerate(src):
+            nbest = hyps.nbest[i] if hyps.nbest is not None else [(hyps.tokens[i], None)]  # greedy: no score kept
+            texts = self.tokenizer.decode_tgt([tokens for tokens, _ in nbest])
+            hypotheses = [
+                {"text": text, "score": None if score is None else round(score, 4), "target_pieces": self.pieces(t)}
+                for (t, score), text in zip(nbest, texts)
+            ]
+            results.append({"source_pieces": self.tokenizer.src_pieces(ids), "hypotheses": hypotheses})
+        if attention:  # None: a model without attention (rnn_plain)
+            maps = self.hypothesis_attention(src, hyps, [[t for t, _ in r] for r in (hyps.nbest or [])])
+            for i, result in enumerate(results):
+                result["attention"] = attention_entry(result, maps[i]) if maps else None
+        return results
+
+    def pieces(self, tokens: list[int]) -> list[str]:
+        return self.tokenizer.tgt_pieces(tokens)
+
+    def hypothesis_attention(self, src: list[list[int]], hyps, nbest: list[list[list[int]]]) -> list[list]:
+        """Per sentence, per hypothesis: its attention (..., target + EOS, source + EOS), or None (an export's
+        hypotheses after the best); [] for a model without attention."""
+        if hyps.attention is None:
+            return []
+        maps = [[hyps.attention[i]] + [None] * (len(nbest[i]) - 1 if nbest else 0) for i in range(len(src))]
+        others = [(i, k) for i in range(len(src)) for k in range(1, len(maps[i]))]
+        if others and self.trained is not None:
+            t = self.trained
+            batch_tokens = self.decode.cuda_batch_tokens if t.device.type == "cuda" else self.decode.batch_tokens
+            forced = forced_attention(
+                t.model, [src[i] for i, _ in others], [nbest[i][k] for i, k in others], t.device, batch_tokens, t.dtype
+            )
+            for j, weights in forced:
+                i, k = others[j]
+                maps[i][k] = weights
+        return maps
+
+
+def attention_entry(result: dict[str, Any], maps: list[Optional[torch.Tensor]]) -> dict[str, Any]:
+    """The API's attention of one sentence: its columns (source pieces + EOS), the views kept (every head of every
+    layer, then each layer's mean; one map for an RNN or an export), and per hypothesis its rows (target pieces +
+    EOS), its maps as integers (weight × scale, rounded: within 1/510), the word links read from each view as
+    [source word, target word] pairs, and those links as the [row, column] cells the page outlines."""
+    columns = result["source_pieces"] + ["</s>"]
+    entry: dict[str, Any] = {"columns": columns, "scale": SCALE, "hypotheses": []}
+    for hypothesis, weights in zip(result["hypotheses"], maps):
+        if weights is None:
+            entry["hypotheses"].append(None)
+            continue
+        stored = store_attention(weights, keep="all")
+        rows = hypothesis["target_pieces"] + ["</s>"]
+        links = [sorted(view) for view in hard_alignments(stored.maps / SCALE, columns, rows)]
+        entry.update(layers=stored.layers, heads=stored.heads, head_layers=stored.head_layers, views=stored.names)
+        entry["hypotheses"].append(
+            {
+                "rows": rows,
+                "maps": stored.maps.tolist(),
+                "links": [[list(link) for link in view] for view in links],
+                "cells": [[list(cell) for cell in piece_links(set(view), columns, rows)] for view in links],
+            }
+        )
+    return entry
+
+
+def load_engine(cfg: Config) -> Engine:
+    """The run ``cfg.name`` on ``cfg.device``: its checkpoint ``serve.checkpoint``, or its CTranslate2 export
+    (``translate.engine=ct2``)."""
+    if cfg.translate.engine == "ct2":
+        ct2 = load_ct2(cfg, None, "translate.engine")
+        run = ct2.info.get("run", {})
+        info = {
+            "engine": "ct2",
+            "export": ct2.model_dir,
+            "quantization": ct2.info.get("quantization"),
+            "checkpoint": run.get("checkpoint"),
+            "step": run.get("step"),
+            "model": ct2.info.get("model", {}),
+            "parameters": None,
+            "device": str(resolve_device(cfg.device)),
+        }
+        return Engine(ct2, ct2.tokenizer(), cfg.decode, {"run": cfg.name, **info})
+    trained = load_trained(cfg.run_dir, cfg.serve.checkpoint, resolve_device(cfg.device), "serve.checkpoint")
+    info = {
+        "engine": "torch",
+        "checkpoint": os.path.join(cfg.run_dir, f"{cfg.serve.checkpoint}.pt"),
+        "step": trained.step,
+        "model": dataclasses.asdict(trained.config.model),
+        "parameters": count_parameters(trained.model),
+        "device": str(trained.device),
+        "dtype": str(trained.dtype or torch.float32).removeprefix("torch."),
+    }
+    return Engine(trained, trained.tokenizer, cfg.decode, {"run": cfg.name, **info})

@@ -1,0 +1,72 @@
+"""The API's request and response models (pydantic): a request with a field it does not know, or of the wrong
+type, is refused naming the field; the limits of ``serve.*`` are checked by ``check_request``."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
+
+from app.config import ServeConfig
+
+
+class TranslateRequest(BaseModel):
+    """``text``: one line or a list of lines; ``beam_size`` (unset: decode.beam_size), ``n_best`` hypotheses per
+    line, ``attention``: each hypothesis' cross-attention, its views and the word links read from them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: Union[StrictStr, list[StrictStr]]
+    beam_size: Optional[StrictInt] = None
+    n_best: StrictInt = 1
+    attention: StrictBool = False
+
+    def lines(self) -> list[str]:
+        return [self.text] if isinstance(self.text, str) else list(self.text)
+
+
+class Hypothesis(BaseModel):
+    text: str
+    score: Optional[float]  # log p(Y|X) / ((5 + |Y|) / 6)^α; null for greedy search (beam_size 1), which keeps none
+    target_pieces: list[str]
+
+
+class Translation(BaseModel):
+    source_pieces: list[str]
+    hypotheses: list[Hypothesis]
+    attention: Optional[dict[str, Any]] = None  # app.serve.engine.attention_entry
+
+
+class TranslateResponse(BaseModel):
+    translations: list[Translation]
+    seconds: float  # from the request's arrival to its answer: waiting for a batch, decoding, building the answer
+
+
+class RequestError(Exception):
+    """A request refused: its HTTP status and one line saying why."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def check_request(request: TranslateRequest, limits: ServeConfig, default_beam: int) -> tuple[list[str], int]:
+    """The request's lines and beam size, within ``serve.*``'s limits (else a RequestError)."""
+    lines = request.lines()
+    if not lines:
+        raise RequestError(422, "text: give a line to translate (a string or a list of strings)")
+    if len(lines) > limits.max_lines:
+        raise RequestError(413, f"text: {len(lines)} lines; at most {limits.max_lines} a request (serve.max_lines)")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            raise RequestError(422, f"text[{i}]: an empty line; give text to translate")
+        if len(line) > limits.max_chars:
+            raise RequestError(
+                413, f"text[{i}]: {len(line)} characters; at most {limits.max_chars} a line (serve.max_chars)"
+            )
+    beam = default_beam if request.beam_size is None else request.beam_size
+    if not 1 <= beam <= limits.max_beam:
+        raise RequestError(422, f"beam_size: {beam}; choose 1 to {limits.max_beam} (serve.max_beam)")
+    if not 1 <= request.n_best <= beam:
+        raise RequestError(422, f"n_best: {request.n_best}; choose 1 to beam_size ({beam})")
+    return lines, beam

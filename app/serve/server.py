@@ -1,0 +1,46 @@
+"""``make serve ARGS="name=<run>"``: load the run, bind ``serve.host``:``serve.port``, say what was loaded and
+where to open it (one line each), and serve until Ctrl-C."""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+import uvicorn
+
+from app.config import Config
+from app.errors import UserError
+from app.serve.app import create_app
+from app.serve.engine import load_engine
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host``:``port`` (0: a free port); one in use, or a host that is not this
+    machine's, is a UserError naming the setting."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise UserError(f"serve.port={port}: in use on {host}; give another (0: any free port)") from None
+        raise UserError(f"serve.host={host}: cannot listen there ({err.strerror or err})") from None
+    sock.listen(128)
+    return sock
+
+
+def url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+
+
+def serve(cfg: Config) -> None:
+    engine = load_engine(cfg)  # a run that does not load fails before the port is taken
+    sock = bind(cfg.serve.host, cfg.serve.port)
+    app = create_app(engine, cfg.serve, cfg.decode.beam_size)
+    print(engine.summary(), flush=True)
+    print(f"open {url(sock)} (API: POST /translate, GET /health, GET /info; Ctrl-C stops it)", flush=True)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])

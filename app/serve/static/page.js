@@ -1,0 +1,105 @@
+// make serve's page: the lines of the text box to POST /translate, the hypotheses with their scores, and the chosen
+// hypothesis' cross-attention drawn by the explorer's code (AttentionMap, /static/attention_map.js).
+'use strict';
+const $ = id => document.getElementById(id);
+const page = { data: null, lines: [], line: 0, hyp: 0, l: null, h: null };
+const heatmap = new AttentionMap($('attention-map'), (l, h) => { Object.assign(page, { l, h }); drawMap(); });
+const LEGEND = 'outlined: <span class="sure">▭ word links read from this map</span> ' +
+  '(each target word to the source word it attends to most, pieces summed into words)';
+
+function status(text, failed = false) {
+  $('status').textContent = text;
+  $('status').classList.toggle('error', failed);
+}
+
+async function loadInfo() {
+  const info = await (await fetch('/info')).json();
+  const model = info.model ?? {};
+  const shown = {
+    run: info.run, engine: info.engine, step: info.step, model: model.arch, device: info.device,
+    parameters: info.parameters ? `${(info.parameters / 1e6).toFixed(1)} M` : '–',
+  };
+  $('meta').replaceChildren(...Object.entries(shown).map(([key, value]) => {
+    const span = element('span', `${key}: `);
+    span.append(element('b', String(value ?? '–')));
+    return span;
+  }));
+  $('beam').value = info.defaults.beam_size;
+  $('beam').max = info.limits.max_beam;
+}
+
+async function translate() {
+  const lines = $('text').value.split('\n').map(s => s.trim()).filter(Boolean);
+  if (!lines.length) return status('type a sentence to translate', true);
+  const body = { text: lines, beam_size: Number($('beam').value), n_best: Number($('nbest').value), attention: true };
+  status('translating…');
+  const response = await fetch('/translate', {
+    method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body),
+  });
+  const data = await response.json();
+  if (!response.ok) {
+    window.serveError = data.error;
+    return status(`error ${response.status}: ${data.error}`, true);
+  }
+  Object.assign(page, { data, lines, line: 0, hyp: 0 });
+  status(`${lines.length} line${lines.length > 1 ? 's' : ''} in ${data.seconds.toFixed(2)} s`);
+  renderResults();
+  drawMap();
+}
+
+function renderResults() {
+  $('results').replaceChildren(...page.data.translations.map((translation, i) => {
+    const box = element('div', '', 'line');
+    box.append(element('div', page.lines[i], 'source'));
+    translation.hypotheses.forEach((hyp, k) => {
+      const row = element('div', '', 'hyp');
+      Object.assign(row.dataset, { line: i, hyp: k });
+      const score = hyp.score == null ? 'greedy' : hyp.score.toFixed(3);
+      row.append(element('span', score, 'score'), element('span', hyp.text || '(empty)', 'text'));
+      row.onclick = () => { Object.assign(page, { line: i, hyp: k }); drawMap(); };
+      box.append(row);
+    });
+    return box;
+  }));
+}
+
+function drawMap() {
+  const translation = page.data.translations[page.line], hyp = translation.hypotheses[page.hyp];
+  for (const row of document.querySelectorAll('.hyp')) {
+    row.classList.toggle('selected', row.dataset.line === String(page.line) && row.dataset.hyp === String(page.hyp));
+  }
+  const score = hyp.score == null ? '' : ` · score ${hyp.score.toFixed(3)}`;
+  $('title').replaceChildren(`line ${page.line + 1}, hypothesis ${page.hyp + 1}`, element('small', hyp.text + score));
+  const attention = translation.attention, maps = attention?.hypotheses[page.hyp];
+  $('attention-map').hidden = !maps;
+  if (!maps) {
+    $('title').append(element('small', attention ? '(the export returns the best hypothesis\' attention only)'
+      : '(this model has no attention)'));
+  } else {
+    const info = {
+      src: attention.columns, rnn: attention.layers === 0, layers: Math.max(attention.layers, 1),
+      heads: Math.max(attention.heads, 1), headLayers: attention.head_layers,
+    };
+    [page.l, page.h] = chosenView(info, page.l, page.h);
+    heatmap.draw({
+      info, rows: maps.rows, maps: Uint8Array.from(maps.maps.flat(2)), l: page.l, h: page.h,
+      links: { read: maps.cells[mapIndex(info, page.l, page.h)] }, rowsName: 'hypothesis',
+      hint: `${attention.views[mapIndex(info, page.l, page.h)]} · hover a token or a cell`, legend: LEGEND,
+    });
+  }
+  $('view').dataset.shown = `${page.line},${page.hyp},${page.l},${page.h}`;
+  window.serveReady = performance.now();
+}
+
+$('go').addEventListener('click', () => translate());
+$('text').addEventListener('keydown', e => {
+  if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) {
+    e.preventDefault();
+    translate();
+  }
+});
+window.addEventListener('unhandledrejection', e => {
+  window.serveError = String(e.reason);
+  status(`error: ${e.reason}`, true);
+});
+loadInfo().then(() => { window.pageLoaded = true; });

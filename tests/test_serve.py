@@ -1,0 +1,514 @@
+"""make serve: the batcher and the API's refusals in-process (an engine that only counts, so these run in
+seconds), then a tiny run trained through the real CLI and served by ``python -m app command=serve`` in a
+subprocess, talked to over HTTP; an out-of-memory error injected into its decoding; its page in Chromium."""
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+import uvicorn
+from conftest import REPO, TINY, run_cli
+
+from app.config import DecodeConfig, ServeConfig
+from app.serve.app import create_app
+from app.serve.batcher import Batcher
+from app.serve.bench import request
+from app.serve.schema import TranslateResponse
+
+POISON = "POISON"  # a line the engines below cannot decode: out of memory
+
+
+# ---- the batcher ----
+def test_concurrent_requests_share_one_decoding_call_grouped_by_key():
+    calls = []
+
+    def decode(sources, key):
+        calls.append((key, list(sources)))
+        return [f"{key}:{s}" for s in sources]
+
+    async def main():
+        batcher = Batcher(decode, wait_s=0.2, max_lines=100)
+        batcher.start()
+        jobs = [batcher.submit([f"a{i}", f"b{i}"], "greedy" if i % 3 else "beam") for i in range(9)]
+        results = await asyncio.gather(*jobs)
+        await batcher.stop()
+        return results
+
+    results = asyncio.run(main())
+    assert [(c[0], len(c[1])) for c in calls] == [("beam", 6), ("greedy", 12)]  # 9 requests: one call per key
+    for i, result in enumerate(results):  # each request gets its own lines back, in order
+        key = "greedy" if i % 3 else "beam"
+        assert result == [f"{key}:a{i}", f"{key}:b{i}"]
+
+
+def test_out_of_memory_refuses_only_the_request_that_does_not_fit():
+    calls = []
+
+    def decode(sources, key):
+        calls.append(len(sources))
+        if POISON in sources:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return [s.lower() for s in sources]
+
+    async def main():
+        batcher = Batcher(decode, wait_s=0.2, max_lines=100)
+        batcher.start()
+        jobs = [batcher.submit(["A", "B"], 1), batcher.submit([POISON], 1), batcher.submit(["C"], 1)]
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+        after = await batcher.submit(["D"], 1)  # the batcher goes on
+        await batcher.stop()
+        return results, after
+
+    results, after = asyncio.run(main())
+    assert results[0] == ["a", "b"] and results[2] == ["c"] and after == ["d"]
+    assert isinstance(results[1], torch.OutOfMemoryError)
+    assert calls == [4, 2, 1, 1, 1]  # together, then each request alone, then the next one
+
+
+def test_max_lines_closes_a_batch_early():
+    calls = []
+
+    async def main():
+        batcher = Batcher(lambda s, k: calls.append(len(s)) or s, wait_s=0.5, max_lines=4)
+        batcher.start()
+        start = time.monotonic()
+        await asyncio.gather(*[batcher.submit([i, i], 0) for i in range(2)])
+        await batcher.stop()
+        return time.monotonic() - start
+
+    assert asyncio.run(main()) < 0.4 and calls == [4]  # full: decoded without waiting out wait_s
+
+
+# ---- the API in-process, with an engine that only counts ----
+class CountingEngine:
+    """Stands in for app.serve.engine.Engine: a line's "translation" is its length."""
+
+    info = {"run": "counting", "engine": "none", "step": 0, "model": {"arch": "none"}, "parameters": 0, "device": "cpu"}
+
+    def __init__(self):
+        self.calls = 0
+
+    def encode(self, texts):
+        return list(texts)
+
+    def translate(self, src, beam_size, n_best, attention):
+        self.calls += 1
+        if POISON in src:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        hyp = lambda s, k: {"text": str(len(s) + k), "score": -float(k), "target_pieces": [s]}  # noqa: E731
+        return [{"source_pieces": [s], "hypotheses": [hyp(s, k) for k in range(n_best)]} for s in src]
+
+
+class InThread:
+    """An application served by uvicorn on a free port of 127.0.0.1, on a thread of this process."""
+
+    def __init__(self, app):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.01)
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+
+LIMITS = ServeConfig(max_lines=3, max_chars=50, max_beam=6, batch_wait_ms=50)
+
+
+@pytest.fixture(scope="module")
+def counting_server():
+    engine = CountingEngine()
+    server = InThread(create_app(engine, LIMITS, default_beam=5))
+    yield server.port, engine
+    server.close()
+
+
+def raw(port: int, body: bytes, path="/translate", method="POST", content_type="application/json"):
+    connection = __import__("http.client").client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request(method, path, body=body, headers={"Content-Type": content_type})
+    response = connection.getresponse()
+    text = response.read().decode()
+    connection.close()
+    return response.status, text
+
+
+# (body, status, the error's start): every refusal is one JSON line naming what is wrong
+BAD_INPUT = [
+    (b'{"text": ["Hola"', 400, "malformed JSON"),
+    (b"not json at all", 400, "malformed JSON"),
+    (b'["Hola"]', 422, "the body: Input should be a valid dictionary"),
+    (b"{}", 422, "text: Field required"),
+    (b'{"text": []}', 422, "text: give a line to translate"),
+    (b'{"text": ""}', 422, "text[0]: an empty line"),
+    (b'{"text": ["Hola", "  "]}', 422, "text[1]: an empty line"),
+    (b'{"text": 5}', 422, "text"),
+    (b'{"text": ["Hola", 5]}', 422, "text"),
+    (b'{"text": null}', 422, "text"),
+    (b'{"text": ["a", "b", "c", "d"]}', 413, "text: 4 lines; at most 3 a request (serve.max_lines)"),
+    (json.dumps({"text": ["x" * 51]}).encode(), 413, "text[0]: 51 characters; at most 50 a line (serve.max_chars)"),
+    (b'{"text": "Hola", "beam_size": 0}', 422, "beam_size: 0; choose 1 to 6 (serve.max_beam)"),
+    (b'{"text": "Hola", "beam_size": 7}', 422, "beam_size: 7; choose 1 to 6"),
+    (b'{"text": "Hola", "beam_size": "5"}', 422, "beam_size: Input should be a valid integer"),
+    (b'{"text": "Hola", "beam_size": 2.5}', 422, "beam_size"),
+    (b'{"text": "Hola", "beam_size": 2, "n_best": 3}', 422, "n_best: 3; choose 1 to beam_size (2)"),
+    (b'{"text": "Hola", "n_best": 0}', 422, "n_best: 0"),
+    (b'{"text": "Hola", "attention": "yes"}', 422, "attention: Input should be a valid boolean"),
+    (b'{"text": "Hola", "beam": 5}', 422, "beam: an unknown field (known: text, beam_size, n_best, attention)"),
+    (json.dumps({"text": ["x" * 40] * 3, "pad": "y" * 1_000_000}).encode(), 413, "a body of"),
+]
+
+
+@pytest.mark.parametrize("body,status,message", BAD_INPUT, ids=[m for _, _, m in BAD_INPUT])
+def test_bad_input_is_a_clear_4xx_and_the_server_goes_on(counting_server, body, status, message):
+    port, _ = counting_server
+    got, text = raw(port, body)
+    assert got == status, text
+    answer = json.loads(text)
+    assert list(answer) == ["error"] and answer["error"].startswith(message), answer
+    assert "\n" not in answer["error"] and "Traceback" not in text
+    assert request(port, "GET", "/health") == (200, {"status": "ok"})
+    assert request(port, "POST", "/translate", {"text": "Hola"})[0] == 200
+
+
+def test_unknown_paths_and_methods_are_json_errors(counting_server):
+    port, _ = counting_server
+    assert raw(port, b"", "/nowhere", "GET") == (404, json.dumps({"error": "Not Found"}, separators=(",", ":")))
+    assert raw(port, b"", "/translate", "GET")[0] == 405
+    assert raw(port, b"", "/static/secret.py", "GET")[0] == 404
+
+
+def test_an_out_of_memory_request_is_answered_with_503_and_the_others_are_served(counting_server):
+    port, engine = counting_server
+    bodies = [{"text": ["uno", "dos"]}, {"text": [POISON]}, {"text": "tres"}]
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda b: request(port, "POST", "/translate", b), bodies))
+    assert answers[1][0] == 503 and answers[1][1]["error"].startswith("out of memory on the device")
+    assert answers[0][0] == answers[2][0] == 200
+    assert [t["hypotheses"][0]["text"] for t in answers[0][1]["translations"]] == ["3", "3"]
+    assert request(port, "POST", "/translate", {"text": "cuatro", "n_best": 2, "beam_size": 2})[0] == 200
+
+
+def test_concurrent_clients_are_batched_and_each_gets_its_own_lines(counting_server):
+    port, engine = counting_server
+    before = request(port, "GET", "/info")[1]["decoded"]
+    lines = [f"line {'x' * i}" for i in range(16)]
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda line: request(port, "POST", "/translate", {"text": line}), lines))
+    after = request(port, "GET", "/info")[1]["decoded"]
+    for line, (status, answer) in zip(lines, answers):
+        assert status == 200 and answer["translations"][0]["source_pieces"] == [line]
+        TranslateResponse.model_validate(answer)
+    assert after["lines"] - before["lines"] == 16
+    assert after["calls"] - before["calls"] <= 8  # 16 requests, at most half as many calls
+
+
+# ---- a tiny run through the real CLI, served by it ----
+pytest_slow = pytest.mark.slow
+LINES = ["En el principio creó Dios los cielos y la tierra.", "Y dijo Dios: Sea la luz.", "Y fue la tarde."]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, corpus_tsv):
+    root = tmp_path_factory.mktemp("serve")
+    shutil.copy(corpus_tsv, root / "corpus.tsv")
+    result = run_cli(root, "command=train", *TINY, "train.max_steps=40")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root
+
+
+class Served:
+    """``python -m app command=serve ...`` in a subprocess; ``url`` from the line it prints."""
+
+    def __init__(self, cwd, *args):
+        env = {**os.environ, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "app", "command=serve", *args],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.lines = []
+        deadline = time.monotonic() + 120
+        while not any(line.startswith("open http") for line in self.lines):
+            line = self.process.stdout.readline()
+            if not line:
+                raise AssertionError(f"make serve ended: {self.process.wait()} {self.process.stderr.read()[-3000:]}")
+            assert time.monotonic() < deadline
+            self.lines.append(line.rstrip("\n"))
+        self.url = re.search(r"http://[\d.]+:\d+/", self.lines[-1]).group(0)
+        self.port = int(self.url.rsplit(":", 1)[1].strip("/"))
+
+    def close(self) -> int:
+        self.process.send_signal(signal.SIGINT)
+        try:
+            return self.process.wait(30)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+
+
+@pytest.fixture(scope="module")
+def served(workdir):
+    server = Served(workdir, "name=tiny", "device=cpu", "serve.port=0", "serve.batch_wait_ms=100")
+    yield server
+    server.close()
+
+
+@pytest_slow
+def test_serve_says_what_it_loaded_and_where_to_open_it_and_answers(served):
+    loaded, where = served.lines[-2:]
+    assert re.fullmatch(
+        r"loaded checkpoints/tiny/best\.pt \(step 40\): transformer, [\d,]+ parameters, engine torch on cpu", loaded
+    )
+    assert where.startswith("open http://127.0.0.1:")
+    assert request(served.port, "GET", "/health") == (200, {"status": "ok"})
+    status, info = request(served.port, "GET", "/info")
+    assert status == 200 and (info["run"], info["engine"], info["device"]) == ("tiny", "torch", "cpu")
+    assert info["model"]["d_model"] == 32 and info["parameters"] > 0 and info["defaults"]["beam_size"] == 5
+    status, page = raw(served.port, b"", "/", "GET")
+    assert status == 200 and "/static/attention_map.js" in page
+    status, script = raw(served.port, b"", "/static/attention_map.js", "GET")
+    assert status == 200 and "class AttentionMap" in script and "__VIRIDIS__" not in script
+
+
+@pytest_slow
+def test_served_translations_are_make_translates(served, workdir):
+    """The same lines through the API and through make translate: the same decoding path, the same output."""
+    expected = run_cli(workdir, "command=translate", "name=tiny", "device=cpu", stdin="\n".join(LINES) + "\n")
+    assert expected.returncode == 0, expected.stderr[-2000:]
+    status, answer = request(served.port, "POST", "/translate", {"text": LINES})
+    assert status == 200, answer
+    TranslateResponse.model_validate(answer)
+    assert [t["hypotheses"][0]["text"] for t in answer["translations"]] == expected.stdout.splitlines()
+    nbest = run_cli(workdir, "command=translate", "name=tiny", "device=cpu", "decode.n_best=3", stdin=LINES[1] + "\n")
+    status, answer = request(served.port, "POST", "/translate", {"text": LINES[1], "n_best": 3})
+    hyps = answer["translations"][0]["hypotheses"]
+    assert [f"0 ||| {h['text']} ||| {h['score']:.4f}" for h in hyps] == nbest.stdout.splitlines()
+    assert [h["score"] for h in hyps] == sorted((h["score"] for h in hyps), reverse=True)
+    greedy = request(served.port, "POST", "/translate", {"text": LINES[1], "beam_size": 1})[1]
+    assert greedy["translations"][0]["hypotheses"][0]["score"] is None
+
+
+@pytest_slow
+def test_attention_of_every_hypothesis_with_its_views_and_links(served):
+    status, answer = request(served.port, "POST", "/translate", {"text": LINES[:2], "n_best": 2, "attention": True})
+    assert status == 200, answer
+    from app.data.links import word_index
+
+    for translation in answer["translations"]:
+        a = translation["attention"]
+        assert a["columns"] == translation["source_pieces"] + ["</s>"] and a["scale"] == 255
+        assert (a["layers"], a["heads"], a["head_layers"]) == (1, 2, [0])
+        assert a["views"] == ["layer 0 head 0", "layer 0 head 1", "layer 0 mean"]
+        for hyp, maps in zip(translation["hypotheses"], a["hypotheses"]):
+            rows = hyp["target_pieces"] + ["</s>"]
+            m = torch.tensor(maps["maps"], dtype=torch.float32)
+            assert maps["rows"] == rows and m.shape == (3, len(rows), len(a["columns"]))
+            assert (m.sum(-1) - 255).abs().max() <= len(a["columns"]) / 2 + 0.5  # rows sum to 1 (rounded)
+            assert torch.allclose(m[2], m[:2].mean(0), atol=1)  # the mean of heads
+            words = max(word_index(rows), default=-1) + 1
+            for view, links in enumerate(maps["links"]):  # one link per target word: its most attended source word
+                assert sorted(t for _, t in links) == list(range(words))
+                best = [int(row.argmax()) for row in m[view]]
+                for t, s in maps["cells"][view]:
+                    assert word_index(a["columns"])[s] >= 0 and word_index(rows)[t] >= 0
+                assert all(0 <= s < len(a["columns"]) for s in best)
+
+
+@pytest_slow
+def test_bad_input_to_the_real_server_then_it_still_translates(served):
+    for body, status, message in BAD_INPUT:
+        if "serve.max" in message or "1 to 6" in message:
+            continue  # the limits above are the in-process ones; the defaults are checked below
+        got, text = raw(served.port, body)
+        assert got == status and json.loads(text)["error"].startswith(message.split(";")[0]), text
+    long = {"text": ["palabra " * 300]}  # 2,400 characters: more than serve.max_chars (2,000)
+    assert request(served.port, "POST", "/translate", long)[1]["error"].startswith("text[0]: 2400 characters")
+    assert request(served.port, "POST", "/translate", {"text": ["Hola"] * 65})[0] == 413
+    assert request(served.port, "POST", "/translate", {"text": "Hola", "beam_size": 17})[0] == 422
+    assert request(served.port, "POST", "/translate", {"text": LINES[0]})[0] == 200
+
+
+@pytest_slow
+def test_a_port_in_use_is_a_one_line_error(workdir, served):
+    result = run_cli(workdir, "command=serve", "name=tiny", "device=cpu", f"serve.port={served.port}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (
+        result.stderr.strip()
+        == f"error: serve.port={served.port}: in use on 127.0.0.1; give another (0: any free port)"
+    )
+
+
+@pytest_slow
+def test_out_of_memory_in_the_real_decoding_path_is_answered_and_serving_goes_on(workdir, monkeypatch):
+    """torch.OutOfMemoryError raised from the project's decoding function (app.decode.trained.decode_corpus) for a
+    batch holding one poisoned line: that request gets 503, the requests decoded beside it get their answers."""
+    from conftest import compose_config
+
+    import app.decode.trained
+    from app.serve.engine import load_engine
+
+    monkeypatch.chdir(workdir)
+    cfg = compose_config("name=tiny", "device=cpu", "serve.batch_wait_ms=200", command="serve")
+    engine = load_engine(cfg)
+    poison = engine.tokenizer.encode_src([POISON])[0]
+    real = app.decode.trained.decode_corpus
+
+    def decode_corpus(model, src, *args, **kwargs):
+        if poison in src:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected)")
+        return real(model, src, *args, **kwargs)
+
+    monkeypatch.setattr(app.decode.trained, "decode_corpus", decode_corpus)
+    server = InThread(create_app(engine, cfg.serve, 5))
+    try:
+        bodies = [{"text": LINES[0]}, {"text": POISON}, {"text": LINES[1:]}]
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(lambda b: request(server.port, "POST", "/translate", b), bodies))
+        assert answers[1] == (
+            503,
+            {
+                "error": "out of memory on the device while decoding this request: send fewer "
+                "or shorter lines, or a smaller beam_size"
+            },
+        )
+        assert answers[0][0] == answers[2][0] == 200 and len(answers[2][1]["translations"]) == 2
+        assert request(server.port, "GET", "/health") == (200, {"status": "ok"})
+        assert request(server.port, "POST", "/translate", {"text": LINES[2], "attention": True})[0] == 200
+    finally:
+        server.close()
+
+
+def test_decode_settings_of_a_request_are_the_runs_with_its_beam(monkeypatch):
+    """The engine decodes with the run's decode.* settings, beam_size and n_best replaced by the request's."""
+    from app.serve.engine import Engine
+
+    seen = []
+
+    class Translator:
+        def translate(self, src, decode, need_attention=False):
+            seen.append((decode, need_attention))
+            from app.decode.search import Hypotheses
+
+            return Hypotheses([[4] for _ in src], None, [[([4], -1.0)] for _ in src])
+
+    class Tokenizer:
+        encode_src = staticmethod(lambda texts: [[5] for _ in texts])
+        decode_tgt = staticmethod(lambda ids: ["x" for _ in ids])
+        src_pieces = tgt_pieces = staticmethod(lambda ids: [str(i) for i in ids])
+
+    engine = Engine(Translator(), Tokenizer(), DecodeConfig(length_penalty=0.6, max_len_extra=3), {})
+    out = engine.translate([[5]], 3, 2, False)
+    decode, need = seen[0]
+    assert (decode.beam_size, decode.n_best, decode.length_penalty, decode.max_len_extra, need) == (3, 2, 0.6, 3, False)
+    assert out == [{"source_pieces": ["5"], "hypotheses": [{"text": "x", "score": -1.0, "target_pieces": ["4"]}]}]
+
+
+# ---- the page in Chromium ----
+@pytest.fixture(scope="module")
+def browser():
+    from browser import Browser, find_chromium
+
+    if find_chromium() is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    with Browser(1280, 1800) as b:  # tall: the map below the text box and the hypotheses
+        yield b
+
+
+def translate_on_page(b, server, text: str, beam: int = 5, n_best: int = 1) -> None:
+    b.open_url(server.url, "window.pageLoaded")
+    b.evaluate(
+        f"(() => {{ $('text').value = {json.dumps(text)}; $('beam').value = {beam}; $('nbest').value = {n_best};"
+        " window.serveReady = undefined; })()"
+    )
+    b.click(*b.center("#go"))
+    b.wait_for("window.serveReady || window.serveError", timeout=60)
+    assert not b.evaluate("window.serveError"), b.evaluate("window.serveError")
+
+
+@pytest_slow
+def test_the_page_translates_and_draws_the_attention_with_the_explorers_code(served, browser):
+    from test_explorer import VIRIDIS, cell_center, close, pixel, snapshot, texts
+
+    b = browser
+    translate_on_page(b, served, LINES[0] + "\n" + LINES[1], n_best=2)
+    status, answer = request(served.port, "POST", "/translate", {"text": LINES[:2], "n_best": 2, "attention": True})
+    first = answer["translations"][0]
+    assert texts(b, "#results .hyp .text") == [
+        h["text"] or "(empty)" for t in answer["translations"] for h in t["hypotheses"]
+    ]
+    assert texts(b, "#xlabels .tok") == first["attention"]["columns"]
+    assert texts(b, "#ylabels .tok") == first["attention"]["hypotheses"][0]["rows"]
+    assert b.evaluate("document.getElementById('view').dataset.shown") == "0,0,0,mean"  # the last layer, mean
+    assert texts(b, "#layers button") == ["0"] and texts(b, "#heads button") == ["mean", "0", "1"]
+
+    def check_pixels(maps):  # every cell in the colour of its weight (the page's copy of the API's maps)
+        png = snapshot(b)
+        for t, row in enumerate(maps):
+            for s, value in enumerate(row):
+                assert close(pixel(png, *cell_center(b, t, s)), VIRIDIS[value], 3), (t, s, value)
+
+    check_pixels(first["attention"]["hypotheses"][0]["maps"][2])
+    # a head: its own map; hover a cell: its weight in the readout
+    b.click(*b.center("#heads button[data-value='1']"))
+    b.wait_for("document.getElementById('view').dataset.shown === '0,0,0,1'")
+    check_pixels(first["attention"]["hypotheses"][0]["maps"][1])
+    b.hover(*cell_center(b, 0, 0))
+    weight = first["attention"]["hypotheses"][0]["maps"][1][0][0] / 255
+    assert texts(b, "#readout")[0].endswith(f"{weight:.3f}") or "link read from this map" in texts(b, "#readout")[0]
+
+    # the word links read from the map are outlined: red in exactly the cells the API names
+    cells = {tuple(c) for c in first["attention"]["hypotheses"][0]["cells"][1]}
+    half = b.evaluate("heatmap.cell") // 2
+    png = snapshot(b)
+    rows, cols = len(first["attention"]["hypotheses"][0]["rows"]), len(first["attention"]["columns"])
+    for t in range(rows):
+        for s in range(cols):
+            x, y = cell_center(b, t, s)
+            red = sum(close(pixel(png, x + d, y - half + 2), (255, 45, 85), 40) for d in range(-2, 3))
+            assert (red > 0) == ((t, s) in cells), (t, s)
+
+    # the second hypothesis of the second line: its own rows and maps
+    b.click(*b.center(".hyp[data-line='1'][data-hyp='1']"))
+    b.wait_for("document.getElementById('view').dataset.shown === '1,1,0,1'")
+    second = answer["translations"][1]["attention"]["hypotheses"][1]
+    assert texts(b, "#ylabels .tok") == second["rows"]
+    check_pixels(second["maps"][1])
+
+
+@pytest_slow
+def test_the_page_shows_a_refusal_and_works_after_it(served, browser):
+    b = browser
+    b.open_url(served.url, "window.pageLoaded")
+    b.evaluate("(() => { $('text').value = 'Hola'; $('beam').value = 99; })()")
+    b.click(*b.center("#go"))
+    b.wait_for("window.serveError")
+    assert texts_of(b, "#status") == ["error 422: beam_size: 99; choose 1 to 16 (serve.max_beam)"]
+    b.evaluate("window.serveError = undefined")
+    translate_on_page(b, served, LINES[2])
+    assert b.evaluate("document.querySelectorAll('#results .hyp').length") == 1
+
+
+def texts_of(b, selector):
+    return b.evaluate(f"[...document.querySelectorAll({json.dumps(selector)})].map(e => e.textContent)")
