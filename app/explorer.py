@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from matplotlib import colormaps
 
-from app.alignment import StoredAttention, piece_links, store_attention, word_index
+from app.alignment import StoredAttention, monotonicity, piece_links, store_attention, word_index
 from app.data.tokenizer import EOS
 from app.utils import atomic_write_text
 
@@ -90,6 +90,13 @@ def text7(data: bytes) -> str:
     escaped = (values == 0x00) | (values == 0x0D) | (values == 0x3C)
     values = values.astype("<u2") + 0x100 * escaped.astype("<u2")
     return values.tobytes().decode("utf-16-le")
+
+
+def plotted_map(stored: StoredAttention, layer: int) -> np.ndarray:
+    """The view the heatmaps show by default: layer ``layer``'s mean of heads (an RNN's one map)."""
+    if stored.layers == 0:
+        return stored.maps[0]
+    return stored.maps[len(stored.head_layers) * stored.heads + layer % stored.layers]
 
 
 def _blob(stored: StoredAttention) -> str:
@@ -165,6 +172,7 @@ def write_explorer(
             "reference": record.reference,
             "bleu": None if record.bleu is None else round(float(record.bleu), 2),
             "entropy": round(stored.entropy, 4),  # of the whole hypothesis attention
+            "mono": round(monotonicity(plotted_map(stored, layer)), 3),  # of the map the plots show
             "layers": max(stored.layers, 1),
             "heads": max(stored.heads, 1),
             "headLayers": stored.head_layers,  # maps: these layers' heads, then each layer's mean
