@@ -2,7 +2,8 @@
 
 A run folder holds
 - ``last.pt``: the full training state (model, optimizer, scheduler, progress, RNG states): resume;
-- ``best.pt``: the same at the best validation (dev BLEU);
+- ``best.pt``: the weights of the best validation (dev BLEU), without the optimizer's state: what eval,
+  translate and export read (a resume falls back on it only where ``last.pt`` is damaged);
 - ``step_NNNNNNN.pt``: model-only snapshots, rotated: the newest ``train.keep_last`` and those of the
   ``train.keep_best`` best validations are kept; ``make average`` averages them;
 - ``averaged.pt``: what ``make average`` wrote.

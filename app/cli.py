@@ -20,6 +20,7 @@ from app.config import Config
 from app.config_load import config_error, load_config, register_configs
 from app.errors import DiskFull, UserError
 from app.folder_lock import LOCK_FILE, FolderLock
+from app.run_record import FolderBefore
 from app.train.stop_rules import TrainingInterrupted
 from app.utils import causes, disk_full
 
@@ -169,6 +170,10 @@ def run_folder(command: str, name: str, task_overrides: list[str]) -> str:
     return str(given[-1]) if given else f"checkpoints/{name}"
 
 
+# the run folder as it was before Hydra wrote into it (a single run on rank 0): undone after a refusal
+_before: FolderBefore | None = None
+
+
 class OwnRunFolder(Callback):
     """The run folder (a sweep's folder under --multirun) is locked before Hydra writes its log and settings
     record there: a second training process on it stops at once, naming the first (app/folder_lock.py), as does
@@ -194,6 +199,10 @@ class OwnRunFolder(Callback):
             sys.exit(2)
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        global _before
+        command = OmegaConf.select(config, "command", default=None)
+        if isinstance(command, str) and _rank() == 0:
+            _before = FolderBefore(OmegaConf.select(config, "hydra.run.dir"), command)
         self.take(config, "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
@@ -229,6 +238,8 @@ def run(dict_cfg: DictConfig) -> None:
         sys.exit(err.exit_code)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
+        if _before is not None:  # refused before it started: no folder, no record, no log left for it
+            _before.undo()
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -34,6 +34,10 @@ def test_train_writes_run_folder(workdir):
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(run / "tb"))
     summary = json.loads((run / "train_summary.json").read_text())
     assert summary["steps"] == 40 and summary["device"] == "cpu"
+    # best.pt: the weights users evaluate; last.pt also holds what a resume needs (optimizer, trained weights)
+    best, last = (torch.load(run / f"{name}.pt", weights_only=True) for name in ("best", "last"))
+    assert "optimizer" not in best and "trained_model" not in best and {"optimizer", "trained_model"} <= set(last)
+    assert (run / "best.pt").stat().st_size < 0.4 * (run / "last.pt").stat().st_size
     for split in ("train", "dev", "test"):
         assert (workdir / "data" / "tiny" / f"{split}.tsv").stat().st_size > 0
 
@@ -49,13 +53,23 @@ def test_eval_writes_hypotheses_and_sacrebleu_scores(workdir):
     assert metrics["bleu"] == pytest.approx(round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2))
     assert metrics["chrf"] == pytest.approx(round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2))
     assert metrics["bleu_signature"].startswith("nrefs:1|")
-    assert "BLEU" in result.stdout
+    step = torch.load(workdir / "checkpoints" / "tiny" / "best.pt", weights_only=True)["progress"]["step"]
+    assert f"test (beam 5, length penalty 1.0; best.pt, step {step}): BLEU " in result.stdout
+    lines = result.stdout.splitlines()
+    at = lines.index("  sacrebleu signatures (how each score was computed):")
+    assert lines[at + 1 : at + 4] == [
+        f"    BLEU {metrics['bleu_signature']}",
+        f"    chrF {metrics['chrf_signature']}",
+        f"    TER  {metrics['ter_signature']}",
+    ]
 
 
 def test_translate_reads_stdin_and_writes_one_line_per_input(workdir):
     result = run_cli(workdir, "command=translate", "name=tiny", "device=cpu", stdin="En el principio.\nY dijo Dios.\n")
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(result.stdout.split("\n")) == 3  # two translations and the final newline
+    step = torch.load(workdir / "checkpoints" / "tiny" / "best.pt", weights_only=True)["progress"]["step"]
+    assert re.search(rf"translating 2 lines with \S*checkpoints/tiny/best\.pt \(step {step}\)\n", result.stderr)
 
 
 def test_resume_continues_from_last_checkpoint(workdir):
@@ -604,6 +618,10 @@ def test_export_to_ctranslate2_then_translate_and_eval_with_it(workdir):
     assert info["run"]["step"] == torch.load(run / "best.pt", weights_only=True)["progress"]["step"]
     assert (run / "ct2" / "model.bin").stat().st_size > 0 and (run / "ct2" / "spm.model").exists()
     assert re.search(r"in load \d+\.\d s, convert \d+\.\d s \(total \d+\.\d s\)", result.stdout)  # where it waited
+    assert result.stdout.splitlines()[-2:] == [  # the commands that use it, each as it is typed
+        '  make translate ARGS="name=tiny translate.engine=ct2"',
+        '  make eval ARGS="name=tiny eval.engine=ct2"',
+    ]
 
     # greedy float32: CTranslate2 translates as our decoder does
     lines = "En el principio creó Dios los cielos y la tierra.\nY dijo Dios: Sea la luz.\n"
@@ -614,6 +632,10 @@ def test_export_to_ctranslate2_then_translate_and_eval_with_it(workdir):
         for engine in ("torch", "ct2")
     ]
     assert [o.returncode for o in outputs] == [0, 0], outputs[1].stderr[-3000:]
+    step = info["run"]["step"]
+    used = r"translating 2 lines with \S*checkpoints/tiny/ct2, the CTranslate2 export \(none\) of best\.pt"
+    used += rf" \(step {step}\)"
+    assert re.search(used, outputs[1].stderr), outputs[1].stderr
     assert outputs[0].stdout == outputs[1].stdout and len(outputs[1].stdout.splitlines()) == 2
 
     hyps = {}

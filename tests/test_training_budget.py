@@ -3,6 +3,7 @@ wall-clock promise that includes the closing validation; a run says early how lo
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -33,7 +34,10 @@ def test_eval_every_zero_means_no_validation_and_best_is_the_last_checkpoint(wor
     best, last = (torch.load(workdir / "run" / f"{name}.pt", weights_only=True) for name in ("best", "last"))
     assert best["progress"]["step"] == last["progress"]["step"] == 12
     assert all(torch.equal(best["model"][k], v) for k, v in last["model"].items())
-    assert "train.eval_every=0: no validation, best.pt is the last checkpoint (step 12)" in caplog.text
+    assert "train.eval_every=0: no validation, best.pt holds the last weights (step 12)" in caplog.text
+    # best.pt: the weights users evaluate, without the optimizer's state that last.pt keeps for a resume
+    assert "optimizer" in last and "trained_model" in last and "optimizer" not in best and "trained_model" not in best
+    assert os.path.getsize(workdir / "run" / "best.pt") < 0.4 * os.path.getsize(workdir / "run" / "last.pt")
 
 
 @pytest.mark.parametrize("closing_average", [False, True])
@@ -62,3 +66,47 @@ def test_a_run_says_how_long_its_budget_takes_at_the_measured_speed(workdir, cap
     assert len(lines) == 1 and "steps left of train.max_steps=14 take about" in lines[0]
     summary = json.loads((workdir / "run" / "train_summary.json").read_text())
     assert summary["steps"] == 14 and os.path.exists(workdir / "run" / "best.pt")
+
+
+def test_a_budget_that_ends_before_the_first_validation_keeps_time_for_the_closing_one(workdir, caplog):
+    """No validation before the budget ends (train.eval_every beyond it): the closing validation's time is
+    sampled on dev once the first steps are timed, and training stops early enough for it, where it used to
+    start at the budget and run past it."""
+    caplog.set_level("INFO")
+    budget = 60.0
+    limits = ["train.max_steps=100000", f"train.max_minutes={budget / 60}", "train.eval_every=100000"]
+    cfg = config(workdir / "run", *limits, "train.average_snapshots=0", "train.max_dev_sentences=0")
+    summary = training.train(cfg)
+    state = torch.load(workdir / "run" / "last.pt", weights_only=True)["progress"]
+    assert summary["stopped"].startswith("time budget") and summary["validations"] == 1
+    assert "closing validation: about" in caplog.text and "sampled on dev" in caplog.text
+    assert state["validations"][-1][0] == summary["steps"]  # the closing validation ran, at the last step
+    elapsed = summary["train_minutes"] * 60
+    assert elapsed <= budget + 0.5 * state["last_validation_seconds"] + 1.0 + 0.3, (summary, state)
+
+
+def test_a_budget_that_ends_before_the_warm_up_says_so_at_once(workdir, caplog, capsys):
+    """A budget that the measured speed shows to end before the learning-rate warm-up does is told at the
+    first estimate (after the first ten steps), with the setting that fixes it; the summary says it again."""
+    caplog.set_level("INFO")
+    limits = ["train.max_steps=100000", "train.max_minutes=0.5", "train.eval_every=0", "train.warmup_steps=100000"]
+    summary = training.train(config(workdir / "run", *limits))
+    warnings = [r for r in caplog.records if "before the learning-rate warm-up ends" in r.getMessage()]
+    assert len(warnings) == 1, caplog.text
+    message = warnings[0].getMessage()
+    assert re.match(
+        r"train\.max_minutes=0\.5 ends near step \d+ at [\d.e-]+ s/step, before the learning-rate "
+        r"warm-up ends at step 100000 \(train\.warmup_steps\): too few updates",
+        message,
+    ), message
+    assert re.search(r"train\.max_minutes=\d+ reaches step 100000 at this speed", message), message
+    hint = [line for line in capsys.readouterr().out.splitlines() if "s/step, the" in line]
+    assert len(hint) == 1 and "stops near step" in hint[0]
+    assert summary["steps"] < 100000 and "before the warm-up (train.warmup_steps=100000)" in summary["warning"]
+
+
+def test_a_budget_past_the_warm_up_gives_no_warning(workdir, caplog):
+    caplog.set_level("INFO")
+    limits = ["train.max_steps=30", "train.max_minutes=5", "train.eval_every=0", "train.warmup_steps=10"]
+    summary = training.train(config(workdir / "run", *limits))
+    assert "warm-up" not in caplog.text and "warning" not in summary

@@ -158,6 +158,39 @@ def test_a_full_disk_names_the_file_the_space_and_the_checkpoint_to_resume_from(
 
 
 @pytest.mark.slow
+def test_a_refused_command_leaves_no_folder_no_record_and_no_empty_log(root):
+    """A command refused before it starts leaves nothing behind: no run folder where there was none, the
+    earlier settings record where there was one; a command that logs nothing leaves no empty log."""
+    for args in (["command=eval", "name=nope"], ["command=translate", "name=nope"], ["command=export", "name=nope"]):
+        result = run_cli(root, *args, "device=cpu", stdin="Hola.\n")
+        assert (
+            error_line(result)
+            == f"error: {root}/checkpoints/nope/best.pt: checkpoint not found (train first, or check name=)"
+        )
+        assert not (root / "checkpoints" / "nope").exists(), args
+    elsewhere = root / "new" / "deeper" / "run"
+    assert error_line(run_cli(root, "command=eval", f"run_dir={elsewhere}")).startswith(f"error: {elsewhere}/best.pt")
+    assert not (root / "new").exists()
+
+    run = copy_run(root, "kept")
+    record = run / ".hydra" / "eval"
+    for args in (["eval.checkpoint=step_0000099"], ["eval.split=nonexistent"]):  # no record before: none after
+        error_line(run_cli(root, "command=eval", "name=kept", "device=cpu", *args))
+        assert not record.exists() and not (run / "eval").exists() and not (run / "eval.log").exists()
+    first = run_cli(root, "command=eval", "name=kept", "device=cpu", "eval.max_sentences=2", "decode.beam_size=1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = {p.name: p.read_text() for p in record.iterdir()}
+    error_line(run_cli(root, "command=eval", "name=kept", "device=cpu", "eval.checkpoint=step_0000099"))
+    assert {p.name: p.read_text() for p in record.iterdir()} == before  # the record of the evaluation that ran
+    assert "eval.max_sentences=2" in before["overrides.yaml"]
+
+    translated = run_cli(root, "command=translate", "name=kept", "device=cpu", stdin="Hola.\n")
+    assert translated.returncode == 0, translated.stderr[-3000:]
+    logs = {p.name: p.stat().st_size for p in run.glob("*.log")}
+    assert logs.get("train.log", 0) > 0 and all(logs.values()), logs  # the logs written hold lines
+
+
+@pytest.mark.slow
 def test_an_unknown_split_names_the_splits_there_are(root):
     result = run_cli(root, "command=eval", "name=base", "device=cpu", "eval.split=nonexistent")
     assert error_line(result) == "error: eval.split='nonexistent' is not a split; the splits are train, dev, test"

@@ -75,8 +75,9 @@ def export_run(cfg) -> str:
     size = sum(os.path.getsize(os.path.join(out_dir, f)) for f in os.listdir(out_dir)) / 2**20
     print(
         f"exported {cfg.run_dir} {cfg.export.checkpoint} (step {trained.step}) to {out_dir} "
-        f'({cfg.export.quantization}, {size:.1f} MiB) in {clock.line()}: make translate/eval ARGS="name={cfg.name} '
-        f'translate.engine=ct2" (eval.engine=ct2) use it'
+        f"({cfg.export.quantization}, {size:.1f} MiB) in {clock.line()}. Translate or evaluate with it:\n"
+        f'  make translate ARGS="name={cfg.name} translate.engine=ct2"\n'
+        f'  make eval ARGS="name={cfg.name} eval.engine=ct2"'
     )
     return out_dir
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
+from app.checkpoint import checkpoint_path
 from app.config import Config
 from app.decode.trained import load_ct2, load_trained
 from app.errors import UserError
@@ -19,9 +20,17 @@ def translate_lines(cfg: Config) -> None:
     if cfg.translate.engine == "ct2":  # the export alone: no checkpoint, no training code
         engine = load_ct2(cfg, None, "translate.engine")
         tokenizer = engine.tokenizer()
+        run = engine.info.get("run", {})
+        used = (
+            f"{engine.model_dir}, the CTranslate2 export ({engine.info.get('quantization')}) of "
+            f"{run.get('checkpoint')}.pt (step {run.get('step')})"
+        )
     else:
         engine = load_trained(cfg.run_dir, cfg.translate.checkpoint, resolve_device(cfg.device), "translate.checkpoint")
         tokenizer = engine.tokenizer
+        used = f"{checkpoint_path(cfg.run_dir, cfg.translate.checkpoint)} (step {engine.step})"
+    # on stderr: stdout holds the translations alone
+    print(f"translating {len(lines)} line{'s' * (len(lines) != 1)} with {used}", file=sys.stderr, flush=True)
     hyps = engine.translate(tokenizer.encode_src(lines), cfg.decode)
     if cfg.decode.n_best > 1:
         text = "".join(

@@ -55,7 +55,7 @@ const MAP_MARKUP = `
   <div id="legend" class="legend"></div>
 `;
 
-// A sentence's maps (app.alignment.store_attention's views): the heads of each layer of headLayers, then every
+// A sentence's maps (app.report.attention_files.store_attention's views): the heads of each layer of headLayers, then every
 // layer's mean of heads; an RNN's (or CTranslate2's) one map. info: { rnn, heads, headLayers }.
 const hasHeads = (info, l) => info.headLayers.includes(l);
 function mapIndex(info, l, h) {

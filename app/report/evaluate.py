@@ -36,6 +36,8 @@ from app.report.scores import split_scores, timed_ter_score
 from app.report.split_pass import SentenceRecord, sentence_records
 from app.utils import Stopwatch, atomic_write, atomic_write_text, resolve_device
 
+METRIC_NAMES = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER"}
+
 
 def evaluated(cfg: Config) -> bool:
     """Whether eval/<split>/metrics.json is newer than the checkpoint it would evaluate, and of the whole
@@ -179,7 +181,8 @@ def print_report(metrics: dict, out_dir: str, tb: str, step: int, ct2, has_atten
     if metrics["subset"]:  # eval.max_sentences
         scored = f"{metrics['subset']}: a subset, not the split's score"
     print(
-        f"{metrics['split']} ({metrics['decoding']}): BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}  "
+        f"{metrics['split']} ({metrics['decoding']}; {metrics['checkpoint']}.pt, step {step}): "
+        f"BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}  "
         f"TER {metrics['ter']:.2f}  ({scored}; {metrics['sentences_per_s']} sent/s on {metrics['device']})"
     )
     if "alignment" in metrics:
@@ -194,7 +197,9 @@ def print_report(metrics: dict, out_dir: str, tb: str, step: int, ct2, has_atten
             f"heads of decoder layer {ct2.info['alignment_layer']}, so alignments.npz and the explorer have no "
             "per-head maps (eval.engine=torch has them); AER reads our model's attention, forced"
         )
-    print(f"  {metrics['bleu_signature']}\n  {metrics['chrf_signature']}\n  {metrics['ter_signature']}")
+    print("  sacrebleu signatures (how each score was computed):")
+    for name in ("bleu", "chrf", "ter"):
+        print(f"    {METRIC_NAMES[name]:<5}{metrics[f'{name}_signature']}")
     print(
         f"  wrote {out_dir}/hyp.txt, metrics.json"
         + (

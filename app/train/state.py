@@ -80,7 +80,7 @@ class TrainingState:
         return self.model if self.ema is None else self.ema.model
 
     def checkpoint(self, rng_ranks: Optional[list] = None) -> dict:
-        """Everything a resume needs (``last.pt``, ``best.pt``); ``rng_ranks``: every rank's generators."""
+        """Everything a resume needs (``last.pt``); ``rng_ranks``: every rank's generators."""
         state = {
             "model": self.served_model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -99,8 +99,9 @@ class TrainingState:
 
     def snapshot(self) -> dict:
         """A checkpoint without the optimizer's state (AdamW's two moment estimates per parameter) nor, with a
-        moving average, the trained weights beside it: ``step_NNNNNNN.pt``, the weights users get for averaging
-        and evaluation, and what a resume falls back on when ``last.pt`` is damaged."""
+        moving average, the trained weights beside it: ``best.pt`` and ``step_NNNNNNN.pt``, the weights users get
+        for evaluation and averaging (a quarter of ``last.pt``'s size with a moving average), and what a resume
+        falls back on when ``last.pt`` is damaged."""
         state = self.checkpoint()
         del state["optimizer"]
         state.pop("trained_model", None)
@@ -137,7 +138,7 @@ class TrainingState:
 
 def resume_state(last_path: str) -> tuple[dict, str]:
     """``last.pt`` and its path; where it does not load, the newest intact checkpoint of the run that can
-    continue it (``best.pt``, or a snapshot, which lacks only the optimizer's state), said so in the log.
+    continue it (``best.pt`` or a snapshot, which lack only the optimizer's state), said so in the log.
     Where none can, a UserError says why not, checkpoint by checkpoint."""
     try:
         return load_checkpoint(last_path), last_path
@@ -167,8 +168,9 @@ def resume_state(last_path: str) -> tuple[dict, str]:
         ""
         if full
         else (
-            "; AdamW's moment estimates start again from zero and training goes on from the snapshot's weights "
-            "(a snapshot holds no optimizer state, nor with train.ema_decay the trained weights beside the average)"
+            "; AdamW's moment estimates start again from zero and training goes on from its weights "
+            "(best.pt and the snapshots hold no optimizer state, nor with train.ema_decay the trained weights "
+            "beside the average)"
         )
     )
     log.warning("%s; continuing from %s, the newest intact checkpoint (step %d)%s", damaged, path, step, lost)

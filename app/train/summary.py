@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 from typing import Optional
@@ -16,6 +17,7 @@ from tqdm import tqdm
 
 from app.config import Config, TrainConfig
 from app.models import count_parameters
+from app.train.validation import sampled_seconds
 from app.utils import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,14 @@ def run_summary(trainer, stop_reason: str) -> dict:
         summary.update(average=trainer.average, best_dev_bleu=max(p.best_bleu, trainer.average["dev_bleu"]))
     if trainer.compiles.enabled:
         summary.update(compile_graphs=trainer.compiles.graphs, compile_seconds=round(trainer.compiles.seconds, 1))
+    t = trainer.cfg.train
+    if stop_reason.startswith("time budget") and p.step < t.warmup_steps:
+        summary["warning"] = (
+            f"the time budget (train.max_minutes={t.max_minutes:g}) ended at step {p.step}, before the warm-up "
+            f"(train.warmup_steps={t.warmup_steps}): too few updates to train this model"
+        )
+        if trainer.main:
+            log.warning(summary["warning"])
     return summary
 
 
@@ -94,16 +104,20 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-def duration_hint(cfg: Config, device: torch.device, model, step: int, seconds_per_step: float) -> str:
-    """What the budget means at the measured speed (validations not counted); on a CPU, a run that would
-    take hours is pointed at ``experiment=quick``."""
+def duration_hint(
+    cfg: Config, device: torch.device, model, step: int, seconds_per_step: float, seconds_left: Optional[float] = None
+) -> str:
+    """What the budget means at the measured speed (``seconds_left``: of the time budget, what training has
+    before the closing validation must start); on a CPU, a run that would take hours is pointed at
+    ``experiment=quick``."""
     t = cfg.train
     steps_left = max(t.max_steps - step, 0)
     by_steps = steps_left * seconds_per_step
+    left = t.max_minutes * 60 if seconds_left is None else max(seconds_left, 0.0)
     line = f"at {seconds_per_step:.3g} s/step, the {steps_left} steps left of train.max_steps={t.max_steps}"
-    if t.max_minutes and t.max_minutes * 60 < by_steps:
-        reach = step + int(t.max_minutes * 60 / seconds_per_step)
-        line += f" would take {_duration(by_steps)}: train.max_minutes={t.max_minutes:g} stops near step {reach}"
+    if t.max_minutes and left < by_steps:
+        end = reach(step, seconds_per_step, left)
+        line += f" would take {_duration(by_steps)}: train.max_minutes={t.max_minutes:g} stops near step {end}"
         expected = t.max_minutes * 60
     else:
         line += f" take about {_duration(by_steps)}"
@@ -115,6 +129,51 @@ def duration_hint(cfg: Config, device: torch.device, model, step: int, seconds_p
             '`make train ARGS="experiment=quick"` trains a small Transformer that learns visibly in minutes'
         )
     return line
+
+
+def reach(step: int, seconds_per_step: float, seconds_left: float) -> int:
+    """The step a run at ``step`` reaches in ``seconds_left`` at the measured speed."""
+    return step + int(max(seconds_left, 0.0) / seconds_per_step)
+
+
+def short_budget(
+    t: TrainConfig, step: int, seconds_per_step: float, seconds_left: float, reserve: float, elapsed: float
+) -> Optional[str]:
+    """Where the time budget ends before the learning-rate warm-up (train.warmup_steps) does, the warning to
+    give at once, with the budget that trains as many steps after the warm-up as in it."""
+    end = reach(step, seconds_per_step, seconds_left)
+    if not t.max_minutes or end >= t.warmup_steps or end >= t.max_steps:
+        return None
+    target = min(2 * t.warmup_steps, t.max_steps)
+    minutes = math.ceil((elapsed + (target - step) * seconds_per_step + reserve) / 60)
+    return (
+        f"train.max_minutes={t.max_minutes:g} ends near step {end} at {seconds_per_step:.3g} s/step, before the "
+        f"learning-rate warm-up ends at step {t.warmup_steps} (train.warmup_steps): too few updates for this model "
+        f"to learn anything (expect a BLEU near 0). train.max_minutes={minutes} reaches step {target} at this "
+        f"speed; or lower train.warmup_steps, or train on a GPU"
+    )
+
+
+def first_estimate(trainer, seconds_per_step: float) -> None:
+    """Once an app.train.trainer.Trainer has timed its first steps (on rank 0). On a time budget with validations,
+    where none has run yet, the closing validation's time is measured on a sample of dev first
+    (app/train/validation.py ``sampled_seconds``), so that the budget keeps it; then what the budget means at the
+    measured speed on the console, and a warning where it ends before the warm-up does."""
+    cfg, p = trainer.cfg, trainer.progress
+    t = cfg.train
+    if t.max_minutes and t.eval_every > 0 and not p.last_validation_seconds:
+        start, d = time.perf_counter(), trainer.data
+        p.last_validation_seconds = sampled_seconds(trainer.state.served_model, d.dev, cfg, d.dev_links is not None)
+        p.eval_seconds += time.perf_counter() - start
+        log.info(
+            "closing validation: about %.0f s, sampled on dev; the time budget keeps it", p.last_validation_seconds
+        )
+    left = trainer.time_left()
+    tqdm.write(duration_hint(cfg, trainer.device, trainer.model, p.step, seconds_per_step, left))
+    if left is not None:
+        warning = short_budget(t, p.step, seconds_per_step, left, trainer.closing_reserve(), trainer.elapsed())
+        if warning:
+            log.warning(warning)
 
 
 class CompileWatch:

@@ -15,7 +15,6 @@ import gc
 import json
 import logging
 import os
-import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -50,7 +49,7 @@ from app.train.summary import (
     CompileWatch,
     LoopClock,
     RunEstimate,
-    duration_hint,
+    first_estimate,
     progress_bar,
     record_start,
     run_summary,
@@ -164,8 +163,8 @@ class Trainer:
             d = self.data
             model = self.state.served_model
             metrics = validate(model, d.dev, d.dev_links, d.tokenizer, self.cfg, self.writer, self.progress, closing)
-            if metrics["improved"]:
-                self.checkpoints.submit(save_checkpoint, self.best_path, host_copy(self.state.checkpoint()))
+            if metrics["improved"]:  # the weights users evaluate, without the optimizer's state (last.pt has it)
+                self.checkpoints.submit(save_checkpoint, self.best_path, host_copy(self.state.snapshot()))
             if self.keep_best > 0:
                 self.snapshot()
             stop = bool(t.patience) and self.progress.bad_evals >= t.patience
@@ -303,8 +302,8 @@ class Trainer:
             self.checkpoints.close()  # every checkpoint on disk before the run returns or raises
         if self.main and not os.path.exists(self.best_path):
             if cfg.train.eval_every <= 0:
-                log.info("train.eval_every=0: no validation, best.pt is the last checkpoint (step %d)", p.step)
-            shutil.copyfile(self.last_path, self.best_path)
+                log.info("train.eval_every=0: no validation, best.pt holds the last weights (step %d)", p.step)
+            save_checkpoint(self.best_path, host_copy(self.state.snapshot()))
         return self.finish(stop_reason)
 
     def after_step(self) -> None:
@@ -316,7 +315,7 @@ class Trainer:
             self.postfix_at = now
         seconds_per_step = self.estimate.tick(self.progress.step)
         if self.main and seconds_per_step is not None:
-            tqdm.write(duration_hint(self.cfg, self.device, self.model, self.progress.step, seconds_per_step))
+            first_estimate(self, seconds_per_step)
 
     def interrupt(self, signum: int) -> None:
         self.save()

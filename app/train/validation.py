@@ -124,3 +124,27 @@ def validate(
         f"{' *best*' if metrics['improved'] else ''}"
     )
     return metrics
+
+
+def sampled_seconds(model, dev: ParallelData, cfg: Config, with_links: bool, share: int = 8) -> float:
+    """What a validation of ``dev`` is expected to take, before any has run: one in ``share`` of its sentences
+    (every ``share``-th by source length from the longest, so that greedy decoding runs as many steps as on
+    the whole split) decoded greedily and teacher-forced as a validation does (twice with reference links: AER
+    forces the reference again), the seconds scaled to the whole split; and as long again for the TensorBoard
+    sentences decoded with their attention (``viz.sentences``: fewer than the sample, as many steps). Scaling
+    by the number of sentences errs long where a batch's steps cost about the same whatever its size (a small
+    model, a GPU). The host work (scores, heatmaps) is left out."""
+    device = next(model.parameters()).device
+    dtype = amp_dtype(cfg.train.amp, device)
+    picks = sorted(range(len(dev)), key=lambda i: -len(dev.src[i]))[::share]
+    if not picks:
+        return 0.0
+    columns = (dev.ids, dev.src_texts, dev.tgt_texts, dev.src, dev.tgt)
+    sample = ParallelData(*([values[i] for i in picks] for values in columns))
+    start = time.perf_counter()
+    decode_corpus(model, sample.src, device, cfg.decode.greedy(), amp_dtype=dtype)
+    decoded = time.perf_counter()
+    dev_loss(model, sample, cfg, device, dtype)
+    forward = time.perf_counter() - decoded
+    decode = decoded - start
+    return (decode + forward * (1 + with_links)) * len(dev) / len(picks) + decode * bool(cfg.viz.sentences)
