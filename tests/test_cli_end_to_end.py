@@ -658,4 +658,4 @@ def test_export_to_ctranslate2_then_translate_and_eval_with_it(workdir):
     missing = run_cli(workdir, "command=translate", "name=nothing", "translate.engine=ct2", stdin="Hola.\n")
     assert missing.returncode == 2 and 'make export ARGS="name=nothing"' in missing.stderr
     wrong = run_cli(workdir, "command=eval", "name=tiny", "eval.engine=onnx")
-    assert wrong.returncode == 2 and wrong.stderr.startswith("error: eval.engine='onnx': choose torch")
+    assert wrong.returncode == 2 and wrong.stderr.startswith("error: eval.engine='onnx' is not a choice: choose torch")

@@ -94,8 +94,9 @@ def test_only_rank_zero_writes(runs):
         os.path.relpath(os.path.join(folder, name), run) for folder, _, names in os.walk(run) for name in names
     )
     ddp_files, accum_files = listing(root / "checkpoints/ddp"), listing(root / "checkpoints/accum")
-    events = [f for f in ddp_files if "tfevents" in f]
-    assert len(events) == 1  # one TensorBoard writer
+    folders = lambda files: sorted(os.path.dirname(f) for f in files if "tfevents" in f)  # noqa: E731
+    assert folders(ddp_files) == sorted(set(folders(ddp_files))) == folders(accum_files)  # one writer per folder
+    assert "tb" in folders(ddp_files)
     no_events = lambda files: [f for f in files if "tfevents" not in f]  # noqa: E731
     assert no_events(ddp_files) == no_events(accum_files)  # the same files as one process writes, once
     assert sorted(os.listdir(root)) == ["checkpoints", "corpus.tsv", "data"]  # nothing else anywhere
