@@ -20,8 +20,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-POSITIONS = ("sinusoidal", "learned", "rope", "alibi")
-
 
 def sinusoidal_positions(max_len: int, d_model: int) -> torch.Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))."""

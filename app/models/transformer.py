@@ -30,7 +30,7 @@ from app.config import TransformerConfig
 from app.data.tokenizer import PAD
 from app.models.attention import MultiHeadAttention, attention_weights, band_mask
 from app.models.decoder_state import DecoderState, Projection, StepWeights, beam_queries, beam_rows, grouped_queries
-from app.models.positions import POSITIONS, ALiBi, LearnedPositions, Rotary, Rotation, SinusoidalPositions
+from app.models.positions import ALiBi, LearnedPositions, Rotary, Rotation, SinusoidalPositions
 
 NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}
 
@@ -206,12 +206,7 @@ class DecoderLayer(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, cfg: TransformerConfig, src_vocab: int, tgt_vocab: int, joint_vocab: bool):
         super().__init__()
-        if cfg.norm not in ("pre", "post"):
-            raise ValueError(f"model.norm={cfg.norm!r}: choose pre or post")
-        if cfg.norm_type not in NORMS:
-            raise ValueError(f"model.norm_type={cfg.norm_type!r}: choose {' or '.join(NORMS)}")
-        if cfg.pos not in POSITIONS:
-            raise ValueError(f"model.pos={cfg.pos!r}: choose {', '.join(POSITIONS)}")
+        # model.norm, norm_type and pos are choices the schema checked (app/config.py)
         if cfg.window < 0:
             raise ValueError(f"model.window={cfg.window}: a distance >= 1, or 0 to attend to the whole sentence")
         self.cfg, self.d_model = cfg, cfg.d_model
