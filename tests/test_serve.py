@@ -337,6 +337,33 @@ def test_attention_of_every_hypothesis_with_its_views_and_links(served):
 
 
 @pytest_slow
+def test_the_ctranslate2_export_is_served_as_make_translate_decodes_it(workdir, served):
+    """translate.engine=ct2: the run's export (make export) behind the same API, its best hypotheses those of
+    make translate with the same engine, its attention the export's one map (a layer's mean of heads)."""
+    exported = run_cli(workdir, "command=export", "name=tiny", "device=cpu")
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    expected = run_cli(
+        workdir, "command=translate", "name=tiny", "device=cpu", "translate.engine=ct2", stdin="\n".join(LINES) + "\n"
+    )
+    assert expected.returncode == 0, expected.stderr[-2000:]
+    server = Served(workdir, "name=tiny", "device=cpu", "serve.port=0", "translate.engine=ct2")
+    try:
+        assert "engine ct2" in server.lines[-2]
+        status, info = request(server.port, "GET", "/info")
+        assert status == 200 and info["engine"] == "ct2"
+        status, answer = request(server.port, "POST", "/translate", {"text": LINES, "attention": True})
+        assert status == 200, answer
+        assert [t["hypotheses"][0]["text"] for t in answer["translations"]] == expected.stdout.splitlines()
+        for translation in answer["translations"]:
+            a = translation["attention"]
+            assert a["views"] == ["attention"] and a["hypotheses"][0]["rows"][-1] == "</s>"
+        status, _ = request(server.port, "POST", "/translate", {"text": "", "beam_size": 5})
+        assert status == 422 and request(server.port, "GET", "/health")[0] == 200  # refused, still serving
+    finally:
+        server.close()
+
+
+@pytest_slow
 def test_bad_input_to_the_real_server_then_it_still_translates(served):
     for body, status, message in BAD_INPUT:
         if "serve.max" in message or "1 to 6" in message:
