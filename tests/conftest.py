@@ -97,6 +97,17 @@ def run_cli(cwd, *args, stdin=None, timeout=600, env=None):
     )
 
 
+def trained_tiny_run(tmp_path_factory, corpus_tsv, name: str):
+    """A fresh folder holding the tiny corpus and a 40-step ``tiny`` run trained through the CLI."""
+    import shutil
+
+    root = tmp_path_factory.mktemp(name)
+    shutil.copy(corpus_tsv, root / "corpus.tsv")
+    result = run_cli(root, "command=train", *TINY, "train.max_steps=40")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root
+
+
 @pytest.fixture(scope="session")
 def corpus_tsv(tmp_path_factory):
     """A TSV (ref, spanish, english) of Genesis 1-6 from the installed SWORD modules."""

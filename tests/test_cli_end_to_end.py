@@ -8,23 +8,18 @@ about a minute on 2 CPU cores.
 import json
 import os
 import re
-import shutil
 
 import pytest
 import sacrebleu
 import torch
-from conftest import TINY, run_cli
+from conftest import TINY, run_cli, trained_tiny_run
 
 pytestmark = pytest.mark.slow  # every test here runs the real CLI in a subprocess, or compiles
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory, corpus_tsv):
-    root = tmp_path_factory.mktemp("e2e")
-    shutil.copy(corpus_tsv, root / "corpus.tsv")
-    result = run_cli(root, "command=train", *TINY, "train.max_steps=40")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return root
+    return trained_tiny_run(tmp_path_factory, corpus_tsv, "e2e")
 
 
 def test_train_writes_run_folder(workdir):

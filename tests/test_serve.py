@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -18,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 import uvicorn
-from conftest import REPO, TINY, run_cli
+from conftest import REPO, run_cli, trained_tiny_run
 
 from app.config import DecodeConfig, ServeConfig
 from app.serve.app import create_app
@@ -228,11 +227,7 @@ LINES = ["En el principio creó Dios los cielos y la tierra.", "Y dijo Dios: Sea
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory, corpus_tsv):
-    root = tmp_path_factory.mktemp("serve")
-    shutil.copy(corpus_tsv, root / "corpus.tsv")
-    result = run_cli(root, "command=train", *TINY, "train.max_steps=40")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return root
+    return trained_tiny_run(tmp_path_factory, corpus_tsv, "serve")
 
 
 class Served:
