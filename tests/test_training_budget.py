@@ -56,7 +56,11 @@ def test_the_time_budget_includes_the_closing_validation(workdir, closing_averag
     assert ("average" in summary) == closing_average
     # its own duration varies a little from the last one's: allow half of it, and a second of slack
     elapsed = summary["train_minutes"] * 60  # after the closing average
-    assert elapsed <= budget + 0.5 * state["last_validation_seconds"] + 1.0 + 0.3, (summary, state)  # 0.3: rounding
+    validation = state["last_validation_seconds"]
+    # the closing average is given a validation as long as the last one (and its disk work, ~0 here): where it took
+    # longer on a loaded machine, that overrun is the machine's, not a budget left unreserved
+    overrun = max(0.0, summary["average"]["seconds"] - validation) if closing_average else 0.0
+    assert elapsed <= budget + 0.5 * validation + 1.0 + 0.3 + overrun, (summary, state)  # 0.3: rounding
 
 
 def test_a_run_says_how_long_its_budget_takes_at_the_measured_speed(workdir, capsys):
