@@ -45,7 +45,12 @@ class ParallelData:
     def head(self, n: int) -> ParallelData:
         if not n or n >= len(self):
             return self
-        return ParallelData(self.ids[:n], self.src_texts[:n], self.tgt_texts[:n], self.src[:n], self.tgt[:n])
+        return self.select(range(n))
+
+    def select(self, indices) -> ParallelData:
+        """The pairs at ``indices``, in that order."""
+        columns = (self.ids, self.src_texts, self.tgt_texts, self.src, self.tgt)
+        return ParallelData(*([values[i] for i in indices] for values in columns))
 
 
 @dataclass

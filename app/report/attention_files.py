@@ -13,7 +13,14 @@ from typing import Union
 import numpy as np
 
 from app.errors import UserError
-from app.report.attention_views import as_array, attention_entropy, attention_views, check_shape
+from app.report.attention_views import (
+    as_array,
+    attention_entropy,
+    attention_views,
+    check_shape,
+    monotonicity,
+    plotted_view,
+)
 from app.utils import atomic_open, atomic_write_text
 
 SCALE = 255  # stored value v means weight v / 255 (within 1/510 of the weight)
@@ -31,6 +38,7 @@ class StoredAttention:
     heads: int
     head_layers: list[int]  # the layers whose heads are kept
     entropy: float  # mean row entropy (nats) of the whole attention, every head of every layer
+    monotonicity: float  # of the plotted view (layer ``layer``'s mean of heads, an RNN's map), before quantizing
 
 
 def store_attention(attention, layer: int = -1, keep: str = "layer") -> StoredAttention:
@@ -42,7 +50,8 @@ def store_attention(attention, layer: int = -1, keep: str = "layer") -> StoredAt
     kept = (list(range(layers)) if keep == "all" else [layer % layers]) if layers else []
     names, maps = attention_views(attention, kept)
     quantized = np.rint(np.clip(maps, 0.0, 1.0) * SCALE).astype(np.uint8)
-    return StoredAttention(names, quantized, layers, heads, kept, attention_entropy(attention))
+    mono = monotonicity(plotted_view(attention, layer)[1])
+    return StoredAttention(names, quantized, layers, heads, kept, attention_entropy(attention), mono)
 
 
 def write_attention_files(out_dir: str, sentences: Iterable[tuple[dict, StoredAttention]], level: int = 1) -> None:

@@ -31,7 +31,6 @@ from matplotlib import colormaps
 
 from app.data.links import piece_links, word_index
 from app.report.attention_files import StoredAttention, store_attention
-from app.report.attention_views import RNN_VIEW, mean_name, monotonicity
 from app.utils import atomic_write_text
 
 LEVEL = 1  # zlib level of the maps: higher levels save little for much longer (docs/benchmarking.md)
@@ -92,12 +91,6 @@ def text7(data: bytes) -> str:
     escaped = (values == 0x00) | (values == 0x0D) | (values == 0x3C)
     values = values.astype("<u2") + 0x100 * escaped.astype("<u2")
     return values.tobytes().decode("utf-16-le")
-
-
-def plotted_map(stored: StoredAttention, layer: int) -> np.ndarray:
-    """The view the heatmaps show by default, found by its name: layer ``layer``'s mean of heads (an RNN's one map)."""
-    name = mean_name(layer % stored.layers) if stored.layers else RNN_VIEW
-    return stored.maps[stored.names.index(name)]
 
 
 def _blob(stored: StoredAttention) -> str:
@@ -174,7 +167,7 @@ def write_explorer(
             "reference": record.reference,
             "bleu": None if record.bleu is None else round(float(record.bleu), 2),
             "entropy": round(stored.entropy, 4),  # of the whole hypothesis attention
-            "mono": round(monotonicity(plotted_map(stored, layer)), 3),  # of the map the plots show
+            "mono": round(stored.monotonicity, 3),  # of the map the plots show
             "layers": max(stored.layers, 1),
             "heads": max(stored.heads, 1),
             "headLayers": stored.head_layers,  # maps: these layers' heads, then each layer's mean

@@ -139,8 +139,7 @@ def sampled_seconds(model, dev: ParallelData, cfg: Config, with_links: bool, sha
     picks = sorted(range(len(dev)), key=lambda i: -len(dev.src[i]))[::share]
     if not picks:
         return 0.0
-    columns = (dev.ids, dev.src_texts, dev.tgt_texts, dev.src, dev.tgt)
-    sample = ParallelData(*([values[i] for i in picks] for values in columns))
+    sample = dev.select(picks)
     start = time.perf_counter()
     decode_corpus(model, sample.src, device, cfg.decode.greedy(), amp_dtype=dtype)
     decoded = time.perf_counter()
