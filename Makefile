@@ -80,9 +80,16 @@ $(BROWSER_STAMP): | setup
 		echo "could not install $(TEST_PACKAGES): the browser tests will skip"; }
 	@touch $(BROWSER_STAMP)
 
-# pytest exits 5 when it collected no test: that is a failure here, like any non-zero code.
+# The suite in two pytest-xdist workers of one thread each (a test file per worker at a time; on 2 cores both
+# run at full speed), then the tests that hold runs to wall-clock budgets, alone: beside another worker their
+# timings would measure the machine. Both parts run; the first failure's exit code is make's. pytest exits 5
+# when it collected no test: a failure here, unless ARGS narrowed the selection to tests of one part only.
 test: lint $(BROWSER_STAMP)
-	$(PY) -m pytest tests $(ARGS)
+	@OMP_NUM_THREADS=1 $(PY) -m pytest tests -n 2 --dist loadfile -m "not wall_clock" $(ARGS); parallel=$$?; \
+	$(PY) -m pytest tests -m wall_clock $(ARGS); alone=$$?; \
+	if [ -n "$(ARGS)" ] && [ $$parallel -eq 5 -o $$alone -eq 5 ] && [ $$parallel -ne $$alone ]; then \
+		[ $$parallel -eq 5 ] && parallel=0 || alone=0; fi; \
+	[ $$parallel -ne 0 ] && exit $$parallel; exit $$alone
 
 # The tests not marked slow (no CLI subprocesses, compiles, toy trainings or browsers): about a minute.
 test-fast: lint $(BROWSER_STAMP)

@@ -12,7 +12,7 @@ from conftest import TINY, compose_config
 
 from app.train import trainer as training
 
-pytestmark = pytest.mark.slow  # toy trainings
+pytestmark = [pytest.mark.slow, pytest.mark.wall_clock]  # toy trainings, timed against their budgets
 
 
 @pytest.fixture
