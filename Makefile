@@ -82,14 +82,15 @@ $(BROWSER_STAMP): | setup
 
 # The suite in two pytest-xdist workers of one thread each (a test file per worker at a time; on 2 cores both
 # run at full speed), then the tests that hold runs to wall-clock budgets, alone: beside another worker their
-# timings would measure the machine. Both parts run; the first failure's exit code is make's. pytest exits 5
-# when it collected no test: a failure here, unless ARGS narrowed the selection to tests of one part only.
+# timings would measure the machine. Both parts run; the recipe fails with the first failing part's code.
+# pytest exits 5 when it collected no test: a failure, unless ARGS narrowed the selection to one part's tests.
+NARROWED := $(if $(strip $(ARGS)),1,0)
 test: lint $(BROWSER_STAMP)
 	@OMP_NUM_THREADS=1 $(PY) -m pytest tests -n 2 --dist loadfile -m "not wall_clock" $(ARGS); parallel=$$?; \
 	$(PY) -m pytest tests -m wall_clock $(ARGS); alone=$$?; \
-	if [ -n "$(ARGS)" ] && [ $$parallel -eq 5 -o $$alone -eq 5 ] && [ $$parallel -ne $$alone ]; then \
-		[ $$parallel -eq 5 ] && parallel=0 || alone=0; fi; \
-	[ $$parallel -ne 0 ] && exit $$parallel; exit $$alone
+	if [ $(NARROWED) = 1 ] && [ $$parallel -eq 5 ] && [ $$alone -ne 5 ]; then parallel=0; fi; \
+	if [ $(NARROWED) = 1 ] && [ $$alone -eq 5 ] && [ $$parallel -ne 5 ]; then alone=0; fi; \
+	if [ $$parallel -ne 0 ]; then exit $$parallel; fi; exit $$alone
 
 # The tests not marked slow (no CLI subprocesses, compiles, toy trainings or browsers): about a minute.
 test-fast: lint $(BROWSER_STAMP)
