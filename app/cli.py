@@ -117,7 +117,7 @@ def compare_command(cfg: Config) -> None:
 
     if not cfg.compare.dir:
         raise UserError("compare.dir is not set: give the sweep folder of a `--multirun command=train` run")
-    compare_report(cfg.compare.dir, cfg.eval.split)
+    compare_report(cfg.compare.dir, cfg.eval.split, cfg.compare.out)
 
 
 COMMANDS: dict[str, Callable[[Config], None]] = {

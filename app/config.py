@@ -294,6 +294,7 @@ class AverageConfig:
 @dataclass
 class CompareConfig:
     dir: Optional[str] = None  # sweep folder of a `train -m` run (make compare sets it)
+    out: Optional[str] = None  # where compare.md, bleu_by_length.png and tb/ go; unset: compare.dir
 
 
 @dataclass

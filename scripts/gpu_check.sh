@@ -22,11 +22,13 @@
 #   bash scripts/gpu_check.sh bench        # make bench: compiled Transformer and Bahdanau, rnn_luong, rnn_plain
 #   bash scripts/gpu_check.sh ablation     # bench.ablate=true for the Transformer and Bahdanau: training speed
 #                                          # with each speed feature off in turn (the before/after table)
-#   bash scripts/gpu_check.sh compare      # make compare for COMPARE_MODELS (one model per call fits) with
-#                                          # COMPARE_ARGS; each run comes back as $OUT/run_<settings>.tar.gz
-#                                          # (summary, metrics, hypotheses, settings, log). Here, unpack those
-#                                          # of every call into one folder and run
-#                                          # python -m app command=compare compare.dir=<that folder>
+#   PLAN=docs/compare_h100 bash scripts/gpu_check.sh compare
+#                                          # the next COMPARE_COUNT (1) runs of PLAN/plan.txt that have no record
+#                                          # in PLAN/runs/ (so every call, in any session, takes the next ones),
+#                                          # each trained and evaluated as make compare does and packed, as it
+#                                          # ends, into $OUT/<name>.tar.gz: what the report reads (summary,
+#                                          # metrics, hypotheses, settings, log, provenance.json with the code's
+#                                          # commit from CODE_COMMIT). Here: bash scripts/gpu_check.sh collect
 # The machine has no internet: first, where there is, `make gpu-wheels` (the packages its image lacks,
 # into .whl/; for paths and tests also pytest: GPU_WHEELS_EXTRA="pytest pluggy iniconfig pygments packaging"
 # pinned as in .venv, where the image lacks it) and `make data`; carry .whl and data. Results go to $OUT
@@ -36,7 +38,7 @@
 # model, to try the script on a CPU); the test tier sets its own small models, and without CUDA its tests
 # skip, so paths and tests on a CPU check only the script.
 set -uo pipefail
-part=${1:?usage: $0 paths|compile|tests|transformer|rnn|bench|ablation|compare}
+part=${1:?usage: $0 paths|compile|tests|transformer|rnn|bench|ablation|compare|collect}
 OUT=${OUT:-checkpoints/gpu_check}
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -222,20 +224,58 @@ ablation)
     done
     ;;
 compare)
-    sweep=checkpoints/compare_gpu
-    run $PY -m app --multirun command=train model=${COMPARE_MODELS:-transformer} experiment=compare \
-        hydra.sweep.dir=$sweep train.evaluate=true train.auto_resume=true ${COMPARE_ARGS:-train.max_minutes=4} $EXTRA
-    run $PY -m app command=compare compare.dir=$sweep
-    # one archive per run (files come back flat and plainly named): not the checkpoints, what the report reads
-    for run_dir in "$sweep"/*/; do
-        run=$(basename "$run_dir")
-        [ -f "$sweep/$run/train_summary.json" ] || continue
-        tar czf "$OUT/run_$(echo "$run" | tr -c 'A-Za-z0-9._\n-' '_').tar.gz" --exclude='*.png' --exclude='*.html' \
-            --exclude='*.jsonl' -C "$sweep" "$run/train_summary.json" "$run/config.yaml" "$run/.hydra" \
-            "$run/train.log" "$run/eval" || status=1
+    plan=${PLAN:?PLAN=<a folder with plan.txt>, e.g. PLAN=docs/compare_h100}
+    [ -f "$plan/plan.txt" ] || { echo "!! $plan/plan.txt: no such file" | tee -a "$log"; exit 2; }
+    common='' left=${COMPARE_COUNT:-1}
+    # plan.txt: "common <overrides>" for every run, then "<name> <overrides>" a run; fd 3, so that the
+    # commands do not read the plan as their input
+    while read -r -u 3 name overrides; do
+        case $name in '' | '#'*) continue ;; common) common=$overrides; continue ;; esac
+        [ -f "$plan/runs/$name/eval/test/metrics.json" ] && continue
+        if ((left == 0)); then echo "left in $plan: $name" | tee -a "$log"; continue; fi
+        left=$((left - 1))
+        sweep=checkpoints/gpu_sweeps/$name
+        rm -rf "$sweep"
+        # shellcheck disable=SC2086  # the overrides are words
+        run $PY -m app --multirun command=train experiment=compare hydra.sweep.dir=$sweep train.evaluate=true \
+            $common $overrides $EXTRA
+        metrics=$(compgen -G "$sweep/*/eval/test/metrics.json" | head -n 1)
+        run_dir=${metrics%/eval/test/metrics.json}
+        if [ -z "$metrics" ] || [ ! -f "$run_dir/train_summary.json" ]; then
+            echo "!! $name: no evaluated run in $sweep" | tee -a "$log"; status=1; continue
+        fi
+        $PY - "$run_dir/provenance.json" "$plan" "$name" "${CODE_COMMIT:-unknown}" <<'PYEOF' || status=1
+import datetime, json, sys
+
+path, plan, name, commit = sys.argv[1:]
+finished = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+json.dump({"plan": plan, "name": name, "commit": commit, "finished": finished}, open(path, "w"), indent=2)
+PYEOF
+        # the record, under the plan's name for the run: not the checkpoints, not the attention files
+        record=checkpoints/gpu_records/$name
+        rm -rf "$record" && mkdir -p "$record/eval"
+        cp -r "$run_dir"/{train_summary.json,config.yaml,.hydra,train.log,provenance.json} "$record/" &&
+            cp -r "$run_dir/eval/test" "$record/eval/" &&
+            find "$record" \( -name '*.png' -o -name '*.html' -o -name '*.jsonl' -o -name '*.npz' \) -delete &&
+            find "$record" -type d -empty -delete &&
+            tar czf "$OUT/$name.tar.gz" -C checkpoints/gpu_records "$name" &&
+            echo "packed $OUT/$name.tar.gz" | tee -a "$log" || status=1
+    done 3<"$plan/plan.txt"
+    ((left == ${COMPARE_COUNT:-1})) && echo "every run of $plan/plan.txt has its record in $plan/runs" | tee -a "$log"
+    ;;
+collect)  # here, after the calls: PLAN=<folder> FROM=<the calls' files_at> unpacks each record into
+    # PLAN/runs/ and writes PLAN/compare.md and bleu_by_length.png over every record there
+    plan=${PLAN:?PLAN=<a folder with plan.txt>} from=${FROM:?FROM=<the folder holding the <name>.tar.gz of the calls>}
+    mkdir -p "$plan/runs"
+    for archive in "$from"/*.tar.gz; do
+        [ -e "$archive" ] || { echo "!! no .tar.gz in $from" | tee -a "$log"; exit 1; }
+        name=$(basename "$archive" .tar.gz)
+        rm -rf "${plan:?}/runs/$name"
+        run tar xzf "$archive" -C "$plan/runs"
     done
+    run $PY -m app command=compare compare.dir="$plan/runs" compare.out="$plan"
     ;;
 *)
-    echo "usage: $0 paths|compile|tests|transformer|rnn|bench|ablation|compare"; exit 2 ;;
+    echo "usage: $0 paths|compile|tests|transformer|rnn|bench|ablation|compare|collect"; exit 2 ;;
 esac
 exit $status

@@ -91,6 +91,31 @@ def test_report_has_the_columns_the_length_table_and_the_commands(tmp_path):
     assert (tmp_path / "bleu_by_length.png").stat().st_size > 10_000
 
 
+def test_runs_trained_on_other_devices_are_named_above_the_table_and_the_report_goes_to_out(tmp_path):
+    sweep, out = tmp_path / "runs", tmp_path / "report"
+    h100 = write_run(sweep, "plain", ["model=rnn_plain"], "2026-11-24T10:00:00", 20.0)
+    h200 = write_run(sweep, "bahdanau", ["model=rnn_bahdanau"], "2026-11-26T10:00:00", 30.0)
+    for run, device in ((h100, "NVIDIA H100 80GB HBM3"), (h200, "NVIDIA H200")):
+        summary = json.loads((run / "train_summary.json").read_text())
+        (run / "train_summary.json").write_text(json.dumps({**summary, "device": device}))
+    (h200 / "provenance.json").write_text(json.dumps({"commit": "abc1234", "finished": "2026-11-26 10:05 UTC"}))
+    compare_report(str(sweep), out=str(out))
+    report = (out / "compare.md").read_text()
+    assert not (sweep / "compare.md").exists() and (out / "bleu_by_length.png").exists()
+    assert (
+        "**Trained on different devices** (NVIDIA H100 80GB HBM3: model=rnn_plain; NVIDIA H200: model=rnn_bahdanau)"
+        in report.split("| run |")[0]
+    )
+    assert "`python -m app command=train model=rnn_bahdanau` (code abc1234, 2026-11-26 10:05 UTC)" in report
+    assert "`python -m app command=train model=rnn_plain`\n" in report  # trained here: nothing to add
+
+    same = tmp_path / "same"
+    write_run(same, "plain", ["model=rnn_plain"], "2026-11-24T10:00:00", 20.0)
+    write_run(same, "bahdanau", ["model=rnn_bahdanau"], "2026-11-24T10:05:00", 30.0)
+    compare_report(str(same))
+    assert "different devices" not in (same / "compare.md").read_text()
+
+
 def test_runs_decoded_on_other_sentences_are_refused(tmp_path):
     write_run(tmp_path, "one", ["model=rnn_plain"], "2026-11-24T10:00:00", 20.0)
     write_run(tmp_path, "two", ["model=rnn_bahdanau"], "2026-11-24T10:01:00", 30.0, buckets=BUCKETS[:2])

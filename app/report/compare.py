@@ -1,9 +1,10 @@
 """``make compare``: the report over a Hydra multirun that trained and evaluated several models.
 
 Reads every run of a sweep folder (train_summary.json, eval/<split>/metrics.json, Hydra's record of
-the overrides) and writes, in the sweep folder, ``compare.md`` (one table row per run) and
+the overrides, and provenance.json where ``scripts/gpu_check.sh compare`` trained the run on a lent
+machine) and writes, in the sweep folder or ``compare.out``, ``compare.md`` (one table row per run) and
 ``bleu_by_length.png`` (test BLEU against source sentence length, all runs in one figure, as
-Bahdanau et al. 2014, Fig. 2), also logged to TensorBoard under ``<sweep>/tb``.
+Bahdanau et al. 2014, Fig. 2), also logged to TensorBoard under ``<out>/tb``.
 """
 
 from __future__ import annotations
@@ -34,8 +35,11 @@ def load_runs(sweep_dir: str, split: str = "test") -> list[dict]:
         overrides_path = os.path.join(run, ".hydra", "train", "overrides.yaml")
         overrides = yaml.safe_load(open(overrides_path)) if os.path.exists(overrides_path) else []
         overrides = [o for o in overrides if not o.startswith(IDENTITY_FREE)]
+        provenance_path = os.path.join(run, "provenance.json")
+        provenance = json.load(open(provenance_path)) if os.path.exists(provenance_path) else {}
         with open(summary_path) as f, open(metrics_path) as g:
-            runs.append({"dir": name, "overrides": overrides, "summary": json.load(f), "metrics": json.load(g)})
+            summary, metrics = json.load(f), json.load(g)
+        runs.append(dict(dir=name, overrides=overrides, summary=summary, metrics=metrics, provenance=provenance))
     if not runs:
         raise UserError(f"{sweep_dir}: no run with train_summary.json and eval/{split}/metrics.json")
     runs.sort(key=lambda r: (r["summary"].get("started", ""), r["dir"]))
@@ -108,8 +112,28 @@ def length_table(runs: list[dict]) -> str:
 
 
 def commands(runs: list[dict]) -> str:
-    """How each run was trained (Hydra's record of its overrides), and where its files are."""
-    return "".join(f"- `{r['dir']}`: `python -m app command=train {' '.join(r['overrides'])}`\n" for r in runs)
+    """How each run was trained (Hydra's record of its overrides), where its files are, and for a run
+    trained on a lent machine, the code and the day."""
+
+    def trained(r):
+        p = r["provenance"]
+        return f" (code {p.get('commit', 'unknown')}, {p['finished']})" if p else ""
+
+    return "".join(
+        f"- `{r['dir']}`: `python -m app command=train {' '.join(r['overrides'])}`{trained(r)}\n" for r in runs
+    )
+
+
+def devices_note(runs: list[dict]) -> str:
+    """Runs trained on different devices share no clock: their updates and tokens/s in one budget differ
+    by the hardware, so the report says so above the table."""
+    by_device: dict[str, list[str]] = {}
+    for r in runs:
+        by_device.setdefault(r["summary"].get("device", "unknown"), []).append(r["label"])
+    if len(by_device) < 2:
+        return ""
+    where = "; ".join(f"{device}: {', '.join(labels)}" for device, labels in by_device.items())
+    return f"**Trained on different devices** ({where}): updates and tokens/s in one budget do not compare.\n\n"
 
 
 def _cell(value, spec: str) -> str:
@@ -139,21 +163,25 @@ def length_figure(runs: list[dict]):
     return fig
 
 
-def compare_report(sweep_dir: str, split: str = "test") -> str:
+def compare_report(sweep_dir: str, split: str = "test", out: str | None = None) -> str:
+    """The report over the runs of ``sweep_dir``, written to ``out`` (default: the sweep folder)."""
     from torch.utils.tensorboard import SummaryWriter
 
     runs = load_runs(sweep_dir, split)
+    out = out or sweep_dir
+    os.makedirs(out, exist_ok=True)
     table = markdown_table(runs)
     report = (
-        f"# Comparison: {sweep_dir}\n\n{table}\n## {split} BLEU by source length (words; sentences per bucket)\n\n"
+        f"# Comparison: {sweep_dir}\n\n{devices_note(runs)}{table}\n"
+        f"## {split} BLEU by source length (words; sentences per bucket)\n\n"
         f"{length_table(runs)}\n## Runs\n\n{commands(runs)}"
     )
-    atomic_write_text(os.path.join(sweep_dir, "compare.md"), report)
+    atomic_write_text(os.path.join(out, "compare.md"), report)
     fig = length_figure(runs)
-    atomic_write(os.path.join(sweep_dir, "bleu_by_length.png"), lambda f: fig.savefig(f, format="png"))
-    with SummaryWriter(os.path.join(sweep_dir, "tb")) as writer:
+    atomic_write(os.path.join(out, "bleu_by_length.png"), lambda f: fig.savefig(f, format="png"))
+    with SummaryWriter(os.path.join(out, "tb")) as writer:
         writer.add_figure("compare/bleu_by_source_length", fig)
         writer.add_text("compare/table", table)
     print(table)
-    print(f"wrote {sweep_dir}/compare.md and bleu_by_length.png")
+    print(f"wrote {out}/compare.md and bleu_by_length.png")
     return table

@@ -1,0 +1,78 @@
+"""A planned sweep trained a run per call on lent machines (``scripts/gpu_check.sh compare``), its records
+brought back and assembled here (``collect``): each call takes the next run without a record, whatever
+session made the others, and the report covers every record. Runs on the CPU with a tiny model, as the
+script does with GPU_CHECK_ARGS."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, TINY
+
+pytestmark = pytest.mark.slow  # each call trains and evaluates a run through the real CLI
+
+PLAN = """# two runs of one plan
+common train.max_steps=6 decode.beam_size=2
+
+rope +variant=rope
+alibi +variant=alibi
+"""
+
+
+def gpu_check(cwd, part, out, **env):
+    settings = [a for a in TINY if not a.startswith("name=")]
+    env = {
+        **os.environ,
+        "PYTHONPATH": REPO,
+        "PY": sys.executable,
+        "OUT": str(out),
+        "GPU_CHECK_ARGS": " ".join(settings),
+        **env,
+    }
+    return subprocess.run(
+        ["bash", os.path.join(REPO, "scripts", "gpu_check.sh"), part],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_each_call_trains_the_next_run_without_a_record_and_collect_reports_them_all(tmp_path, corpus_tsv):
+    shutil.copy(corpus_tsv, tmp_path / "corpus.tsv")
+    plan = tmp_path / "plan"
+    plan.mkdir()
+    (plan / "plan.txt").write_text(PLAN)
+
+    first = gpu_check(tmp_path, "compare", tmp_path / "call1", PLAN=str(plan), CODE_COMMIT="abc1234")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert set(os.listdir(tmp_path / "call1")) == {"compare.log", "rope.tar.gz"}  # one run per call
+    assert f"left in {plan}: alibi" in first.stdout
+
+    collected = gpu_check(tmp_path, "collect", tmp_path / "here", PLAN=str(plan), FROM=str(tmp_path / "call1"))
+    assert collected.returncode == 0, collected.stdout[-3000:]
+    record = plan / "runs" / "rope"
+    assert json.loads((record / "provenance.json").read_text())["commit"] == "abc1234"
+    assert (record / "eval" / "test" / "hyp.txt").exists() and not list(record.rglob("*.pt"))
+    assert not list(record.rglob("*.npz")) and not list(record.rglob("*.png"))  # attention files stay there
+
+    # a later call (another session) sees the record in the plan folder and trains the next run
+    second = gpu_check(tmp_path, "compare", tmp_path / "call2", PLAN=str(plan), CODE_COMMIT="def5678")
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert set(os.listdir(tmp_path / "call2")) == {"compare.log", "alibi.tar.gz"}
+    collected = gpu_check(tmp_path, "collect", tmp_path / "here", PLAN=str(plan), FROM=str(tmp_path / "call2"))
+    assert collected.returncode == 0, collected.stdout[-3000:]
+
+    third = gpu_check(tmp_path, "compare", tmp_path / "call3", PLAN=str(plan))
+    assert third.returncode == 0 and "every run of" in third.stdout
+    assert sorted(os.listdir(tmp_path / "call3")) == ["compare.log"]
+
+    report = (plan / "compare.md").read_text()
+    rows = [line.split(" | ")[0] for line in report.split("\n## ")[0].splitlines() if line.startswith("| +variant")]
+    assert rows == ["| +variant=rope", "| +variant=alibi"]  # the plan's order, labelled by what differs
+    assert "(code abc1234, " in report and "(code def5678, " in report
+    assert (plan / "bleu_by_length.png").stat().st_size > 10_000
