@@ -24,7 +24,8 @@
 #                                          # with each speed feature off in turn (the before/after table)
 #   PLAN=docs/compare_h100 bash scripts/gpu_check.sh compare
 #                                          # the next COMPARE_COUNT (1) runs of PLAN/plan.txt that have no record
-#                                          # in PLAN/runs/ (so every call, in any session, takes the next ones),
+#                                          # in PLAN/runs/ (so every call, in any session, takes the next ones)
+#                                          # and end inside CALL_SECONDS (570) of the call's start,
 #                                          # each trained and evaluated as make compare does and packed, as it
 #                                          # ends, into $OUT/<name>.tar.gz: what the report reads (summary,
 #                                          # metrics, hypotheses, settings, log, provenance.json with the code's
@@ -226,19 +227,31 @@ ablation)
 compare)
     plan=${PLAN:?PLAN=<a folder with plan.txt>, e.g. PLAN=docs/compare_h100}
     [ -f "$plan/plan.txt" ] || { echo "!! $plan/plan.txt: no such file" | tee -a "$log"; exit 2; }
-    common='' left=${COMPARE_COUNT:-1}
+    common='' left=${COMPARE_COUNT:-1} pending=0
+    # a run is started only if its budget and the start-up and evaluation around it (90 s until a run of
+    # this call has measured them) end before the call's limit: a run cut there comes back with nothing
+    call_seconds=${CALL_SECONDS:-570} overhead=90
     # plan.txt: "common <overrides>" for every run, then "<name> <overrides>" a run; fd 3, so that the
     # commands do not read the plan as their input
     while read -r -u 3 name overrides; do
         case $name in '' | '#'*) continue ;; common) common=$overrides; continue ;; esac
         [ -f "$plan/runs/$name/eval/test/metrics.json" ] && continue
+        budget=$(echo "$common $overrides $EXTRA" | grep -o 'train\.max_minutes=[0-9.]*' | tail -n 1 | cut -d= -f2)
+        budget=$(awk -v m="${budget:-10}" 'BEGIN { printf "%d", m * 60 }')  # experiment=compare: 10 minutes
+        pending=$((pending + 1))
+        if ((left > 0 && SECONDS + budget + overhead > call_seconds)); then
+            echo "$name would need about $((budget + overhead)) s; $((call_seconds - SECONDS)) s of" \
+                "CALL_SECONDS=$call_seconds are left" | tee -a "$log"
+            left=0
+        fi
         if ((left == 0)); then echo "left in $plan: $name" | tee -a "$log"; continue; fi
-        left=$((left - 1))
+        left=$((left - 1)) started=$SECONDS
         sweep=checkpoints/gpu_sweeps/$name
         rm -rf "$sweep"
         # shellcheck disable=SC2086  # the overrides are words
         run $PY -m app --multirun command=train experiment=compare hydra.sweep.dir=$sweep train.evaluate=true \
             $common $overrides $EXTRA
+        overhead=$((SECONDS - started - budget > 30 ? SECONDS - started - budget : 30))
         metrics=$(compgen -G "$sweep/*/eval/test/metrics.json" | head -n 1)
         run_dir=${metrics%/eval/test/metrics.json}
         if [ -z "$metrics" ] || [ ! -f "$run_dir/train_summary.json" ]; then
@@ -261,7 +274,7 @@ PYEOF
             tar czf "$OUT/$name.tar.gz" -C checkpoints/gpu_records "$name" &&
             echo "packed $OUT/$name.tar.gz" | tee -a "$log" || status=1
     done 3<"$plan/plan.txt"
-    ((left == ${COMPARE_COUNT:-1})) && echo "every run of $plan/plan.txt has its record in $plan/runs" | tee -a "$log"
+    ((pending == 0)) && echo "every run of $plan/plan.txt has its record in $plan/runs" | tee -a "$log"
     ;;
 collect)  # here, after the calls: PLAN=<folder> FROM=<the calls' files_at> unpacks each record into
     # PLAN/runs/ and writes PLAN/compare.md and bleu_by_length.png over every record there

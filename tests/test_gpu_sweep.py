@@ -15,7 +15,7 @@ from conftest import REPO, TINY
 pytestmark = pytest.mark.slow  # each call trains and evaluates a run through the real CLI
 
 PLAN = """# two runs of one plan
-common train.max_steps=6 decode.beam_size=2
+common train.max_steps=6 train.max_minutes=0.5 decode.beam_size=2
 
 rope +variant=rope
 alibi +variant=alibi
@@ -47,6 +47,11 @@ def test_each_call_trains_the_next_run_without_a_record_and_collect_reports_them
     plan = tmp_path / "plan"
     plan.mkdir()
     (plan / "plan.txt").write_text(PLAN)
+
+    # a call too short for the run's budget (30 s) and the 90 s around it starts nothing
+    short = gpu_check(tmp_path, "compare", tmp_path / "call0", PLAN=str(plan), CALL_SECONDS="100")
+    assert short.returncode == 0 and os.listdir(tmp_path / "call0") == ["compare.log"]
+    assert "rope would need about 120 s" in short.stdout and f"left in {plan}: alibi" in short.stdout
 
     first = gpu_check(tmp_path, "compare", tmp_path / "call1", PLAN=str(plan), CODE_COMMIT="abc1234")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
