@@ -266,11 +266,9 @@ json.dump({"plan": plan, "name": name, "commit": commit, "finished": finished}, 
 PYEOF
         # the record, under the plan's name for the run: not the checkpoints, not the attention files
         record=checkpoints/gpu_records/$name
-        rm -rf "$record" && mkdir -p "$record/eval"
+        rm -rf "$record" && mkdir -p "$record/eval/test"
         cp -r "$run_dir"/{train_summary.json,config.yaml,.hydra,train.log,provenance.json} "$record/" &&
-            cp -r "$run_dir/eval/test" "$record/eval/" &&
-            find "$record" \( -name '*.png' -o -name '*.html' -o -name '*.jsonl' -o -name '*.npz' \) -delete &&
-            find "$record" -type d -empty -delete &&
+            cp "$run_dir"/eval/test/{metrics.json,hyp.txt} "$record/eval/test/" &&
             tar czf "$OUT/$name.tar.gz" -C checkpoints/gpu_records "$name" &&
             echo "packed $OUT/$name.tar.gz" | tee -a "$log" || status=1
     done 3<"$plan/plan.txt"
