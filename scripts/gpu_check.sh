@@ -42,7 +42,7 @@ set -uo pipefail
 part=${1:?usage: $0 paths|compile|tests|transformer|rnn|bench|ablation|compare|collect}
 OUT=${OUT:-checkpoints/gpu_check}
 mkdir -p "$OUT"
-if compgen -G ".whl/*.whl" >/dev/null; then
+if [ "$part" != collect ] && compgen -G ".whl/*.whl" >/dev/null; then  # the lent machine's missing packages
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     export PYTHONPATH=/tmp/site
 fi
@@ -228,14 +228,31 @@ compare)
     plan=${PLAN:?PLAN=<a folder with plan.txt>, e.g. PLAN=docs/compare_h100}
     [ -f "$plan/plan.txt" ] || { echo "!! $plan/plan.txt: no such file" | tee -a "$log"; exit 2; }
     common='' left=${COMPARE_COUNT:-1} pending=0
-    # a run is started only if its budget and the start-up and evaluation around it (90 s until a run of
-    # this call has measured them) end before the call's limit: a run cut there comes back with nothing
-    call_seconds=${CALL_SECONDS:-570} overhead=90
+    # a run is started only if its budget and the start-up and evaluation around it end before the call's
+    # limit: a run cut there comes back with nothing. 45 s until a run of this call has measured them: on the
+    # H100 (2026-11-26) a 4-minute rnn_bahdanau run took about 25 s more, a 2-minute Transformer about 20 s
+    call_seconds=${CALL_SECONDS:-570} overhead=45
     # plan.txt: "common <overrides>" for every run, then "<name> <overrides>" a run; fd 3, so that the
     # commands do not read the plan as their input
     while read -r -u 3 name overrides; do
         case $name in '' | '#'*) continue ;; common) common=$overrides; continue ;; esac
         [ -f "$plan/runs/$name/eval/test/metrics.json" ] && continue
+        record=checkpoints/gpu_records/$name
+        # a warm machine keeps checkpoints/ between calls: a run this plan already packed there at this
+        # commit (a call made before its records were collected) comes back again instead of training again
+        if [ -f "$record/provenance.json" ] && $PY - "$record/provenance.json" "$plan" "${CODE_COMMIT:-unknown}" <<'PYEOF'
+import json, sys
+
+path, plan, commit = sys.argv[1:]
+made = json.load(open(path))
+sys.exit(0 if (made["plan"], made["commit"]) == (plan, commit) and commit != "unknown" else 1)
+PYEOF
+        then
+            tar czf "$OUT/$name.tar.gz" -C checkpoints/gpu_records "$name" &&
+                echo "packed $OUT/$name.tar.gz again: this machine trained it in an earlier call" | tee -a "$log" ||
+                status=1
+            continue
+        fi
         budget=$(echo "$common $overrides $EXTRA" | grep -o 'train\.max_minutes=[0-9.]*' | tail -n 1 | cut -d= -f2)
         budget=$(awk -v m="${budget:-10}" 'BEGIN { printf "%d", m * 60 }')  # experiment=compare: 10 minutes
         pending=$((pending + 1))
@@ -265,7 +282,6 @@ finished = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M
 json.dump({"plan": plan, "name": name, "commit": commit, "finished": finished}, open(path, "w"), indent=2)
 PYEOF
         # the record, under the plan's name for the run: not the checkpoints, not the attention files
-        record=checkpoints/gpu_records/$name
         rm -rf "$record" && mkdir -p "$record/eval/test"
         cp -r "$run_dir"/{train_summary.json,config.yaml,.hydra,train.log,provenance.json} "$record/" &&
             cp "$run_dir"/eval/test/{metrics.json,hyp.txt} "$record/eval/test/" &&

@@ -98,16 +98,19 @@ def test_runs_trained_on_other_devices_are_named_above_the_table_and_the_report_
     for run, device in ((h100, "NVIDIA H100 80GB HBM3"), (h200, "NVIDIA H200")):
         summary = json.loads((run / "train_summary.json").read_text())
         (run / "train_summary.json").write_text(json.dumps({**summary, "device": device}))
-    (h200 / "provenance.json").write_text(json.dumps({"commit": "abc1234", "finished": "2026-11-26 10:05 UTC"}))
+    summary = json.loads((h100 / "train_summary.json").read_text())
+    (h100 / "train_summary.json").write_text(json.dumps({**summary, "stopped": "early stopping (no gain)"}))
+    provenance = {"name": "bahdanau_h200", "commit": "abc1234", "finished": "2026-11-26 10:05 UTC"}
+    (h200 / "provenance.json").write_text(json.dumps(provenance))  # a plan's run: labelled by its name there
     compare_report(str(sweep), out=str(out))
     report = (out / "compare.md").read_text()
     assert not (sweep / "compare.md").exists() and (out / "bleu_by_length.png").exists()
     assert (
-        "**Trained on different devices** (NVIDIA H100 80GB HBM3: model=rnn_plain; NVIDIA H200: model=rnn_bahdanau)"
+        "**Trained on different devices** (NVIDIA H100 80GB HBM3: model=rnn_plain; NVIDIA H200: bahdanau_h200)"
         in report.split("| run |")[0]
     )
     assert "`python -m app command=train model=rnn_bahdanau` (code abc1234, 2026-11-26 10:05 UTC)" in report
-    assert "`python -m app command=train model=rnn_plain`\n" in report  # trained here: nothing to add
+    assert "`python -m app command=train model=rnn_plain`; stopped: early stopping (no gain)\n" in report
 
     same = tmp_path / "same"
     write_run(same, "plain", ["model=rnn_plain"], "2026-11-24T10:00:00", 20.0)

@@ -44,13 +44,14 @@ def load_runs(sweep_dir: str, split: str = "test") -> list[dict]:
         raise UserError(f"{sweep_dir}: no run with train_summary.json and eval/{split}/metrics.json")
     runs.sort(key=lambda r: (r["summary"].get("started", ""), r["dir"]))
     check_same_test_set(runs, split)
-    # label each run by the overrides that differ between runs (what the sweep varied); a run that
-    # differs in none of its own (the baseline of runs that add settings) by its model preset
+    # label each run by its name in the plan that trained it (scripts/gpu_check.sh compare), else by the
+    # overrides that differ between runs (what the sweep varied); a run that differs in none of its own
+    # (the baseline of runs that add settings) by its model preset
     common = set.intersection(*(set(r["overrides"]) for r in runs))
     for r in runs:
         differing = [o for o in r["overrides"] if o not in common]
         model = [o for o in r["overrides"] if o.startswith("model=")]
-        r["label"] = " ".join(differing or model) or r["dir"]
+        r["label"] = r["provenance"].get("name") or " ".join(differing or model) or r["dir"]
     return runs
 
 
@@ -112,15 +113,20 @@ def length_table(runs: list[dict]) -> str:
 
 
 def commands(runs: list[dict]) -> str:
-    """How each run was trained (Hydra's record of its overrides), where its files are, and for a run
-    trained on a lent machine, the code and the day."""
+    """How each run was trained (Hydra's record of its overrides), where its files are, why it stopped
+    (a run that stopped early used less than the budget), and for a run trained on a lent machine, the code
+    and the day."""
 
     def trained(r):
         p = r["provenance"]
         return f" (code {p.get('commit', 'unknown')}, {p['finished']})" if p else ""
 
+    def stopped(r):
+        return f"; stopped: {r['summary']['stopped']}" if r["summary"].get("stopped") else ""
+
     return "".join(
-        f"- `{r['dir']}`: `python -m app command=train {' '.join(r['overrides'])}`{trained(r)}\n" for r in runs
+        f"- `{r['dir']}`: `python -m app command=train {' '.join(r['overrides'])}`{trained(r)}{stopped(r)}\n"
+        for r in runs
     )
 
 
