@@ -237,7 +237,7 @@ compare)
     while read -r -u 3 name overrides; do
         case $name in '' | '#'*) continue ;; common) common=$overrides; continue ;; esac
         [ -f "$plan/runs/$name/eval/test/metrics.json" ] && continue
-        record=checkpoints/gpu_records/$name
+        pending=$((pending + 1)) record=checkpoints/gpu_records/$name
         # a warm machine keeps checkpoints/ between calls: a run this plan already packed there at this
         # commit (a call made before its records were collected) comes back again instead of training again
         if [ -f "$record/provenance.json" ] && $PY - "$record/provenance.json" "$plan" "${CODE_COMMIT:-unknown}" <<'PYEOF'
@@ -255,7 +255,6 @@ PYEOF
         fi
         budget=$(echo "$common $overrides $EXTRA" | grep -o 'train\.max_minutes=[0-9.]*' | tail -n 1 | cut -d= -f2)
         budget=$(awk -v m="${budget:-10}" 'BEGIN { printf "%d", m * 60 }')  # experiment=compare: 10 minutes
-        pending=$((pending + 1))
         if ((left > 0 && SECONDS + budget + overhead > call_seconds)); then
             echo "$name would need about $((budget + overhead)) s; $((call_seconds - SECONDS)) s of" \
                 "CALL_SECONDS=$call_seconds are left" | tee -a "$log"
