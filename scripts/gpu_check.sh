@@ -28,8 +28,9 @@
 #                                          # and end inside CALL_SECONDS (570) of the call's start,
 #                                          # each trained and evaluated as make compare does and packed, as it
 #                                          # ends, into $OUT/<name>.tar.gz: what the report reads (summary,
-#                                          # metrics, hypotheses, settings, log, provenance.json with the code's
-#                                          # commit from CODE_COMMIT). Here: bash scripts/gpu_check.sh collect
+#                                          # validations.jsonl, metrics, hypotheses, settings, log, and
+#                                          # provenance.json with the code's commit from CODE_COMMIT).
+#                                          # Here: bash scripts/gpu_check.sh collect
 # The machine has no internet: first, where there is, `make gpu-wheels` (the packages its image lacks,
 # into .whl/; for paths and tests also pytest: GPU_WHEELS_EXTRA="pytest pluggy iniconfig pygments packaging"
 # pinned as in .venv, where the image lacks it) and `make data`; carry .whl and data. Results go to $OUT
@@ -282,7 +283,7 @@ json.dump({"plan": plan, "name": name, "commit": commit, "finished": finished}, 
 PYEOF
         # the record, under the plan's name for the run: not the checkpoints, not the attention files
         rm -rf "$record" && mkdir -p "$record/eval/test"
-        cp -r "$run_dir"/{train_summary.json,config.yaml,.hydra,train.log,provenance.json} "$record/" &&
+        cp -r "$run_dir"/{train_summary.json,validations.jsonl,config.yaml,.hydra,train.log,provenance.json} "$record/" &&
             cp "$run_dir"/eval/test/{metrics.json,hyp.txt} "$record/eval/test/" &&
             tar czf "$OUT/$name.tar.gz" -C checkpoints/gpu_records "$name" &&
             echo "packed $OUT/$name.tar.gz" | tee -a "$log" || status=1

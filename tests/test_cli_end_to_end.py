@@ -37,6 +37,27 @@ def test_train_writes_run_folder(workdir):
         assert (workdir / "data" / "tiny" / f"{split}.tsv").stat().st_size > 0
 
 
+def validation_history(run) -> list[dict]:
+    return [json.loads(line) for line in (run / "validations.jsonl").read_text().splitlines()]
+
+
+def test_every_validation_is_a_line_of_the_runs_history(workdir):
+    run = workdir / "checkpoints" / "tiny"
+    history = validation_history(run)
+    if history[-1]["step"] > 40:  # the resume test ran first here
+        history = [e for e in history if e["step"] <= 40]
+    assert [e["step"] for e in history] == [20, 40]
+    events = tensorboard(run)
+    for key in ("bleu", "chrf", "loss"):
+        logged = {e.step: e.value for e in events.Scalars(f"dev/{key}")}
+        assert [e[f"dev_{key}"] for e in history] == pytest.approx([logged[20], logged[40]], abs=1e-4)
+    train_loss = {e.step: e.value for e in events.Scalars("train/loss")}  # log_every=10: the window ending there
+    assert [e["train_loss"] for e in history] == pytest.approx([train_loss[20], train_loss[40]], abs=1e-4)
+    assert history[0]["minutes"] < history[1]["minutes"] and 0 < history[0]["tgt_tokens"] < history[1]["tgt_tokens"]
+    assert all(0 <= e["attention_entropy"] and 0 <= e["attention_monotonicity"] <= 1 for e in history)
+    assert history[0]["best"] and history[1]["best"] == (history[1]["dev_bleu"] > history[0]["dev_bleu"])
+
+
 def test_eval_writes_hypotheses_and_sacrebleu_scores(workdir):
     result = run_cli(workdir, "command=eval", "name=tiny", "device=cpu")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -74,6 +95,8 @@ def test_resume_continues_from_last_checkpoint(workdir):
     assert "up to date" in result.stdout + result.stderr  # data and tokenizer were not redone
     summary = json.loads((workdir / "checkpoints" / "tiny" / "train_summary.json").read_text())
     assert summary["steps"] == 60
+    # the history went on from the checkpoint's: the validations before the resume, then the new one
+    assert [e["step"] for e in validation_history(workdir / "checkpoints" / "tiny")] == [20, 40, 60]
 
 
 def test_config_typo_fails_at_start_up_with_a_clear_message(workdir):
@@ -167,6 +190,7 @@ def test_compare_trains_evaluates_and_reports_a_sweep_over_families(workdir):
 
     with Image.open(sweep / "bleu_by_length.png") as image:
         assert image.size[0] > 400 and image.size[1] > 300
+    assert "## Learning curves" in (sweep / "compare.md").read_text() and (sweep / "learning_curves.png").exists()
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(sweep / "tb"))
 
 

@@ -145,3 +145,29 @@ def test_a_run_is_finished_once_its_summary_is_newer_than_its_last_checkpoint(tm
     assert finished(str(tmp_path))
     os.utime(last, (time.time() + 2, time.time() + 2))  # resumed and saved again after that summary
     assert not finished(str(tmp_path))
+
+
+def test_learning_curves_are_drawn_from_the_runs_that_have_a_validation_history(tmp_path):
+    def history(run, bleus, entropies=None):
+        lines = []
+        for i, bleu in enumerate(bleus):
+            entry = {"step": 100 * (i + 1), "minutes": 0.5 * (i + 1), "dev_bleu": bleu}
+            if entropies:
+                entry["attention_entropy"] = entropies[i]
+            lines.append(json.dumps(entry) + "\n")
+        (run / "validations.jsonl").write_text("".join(lines))
+
+    old = write_run(tmp_path, "old", ["model=rnn_plain"], "2026-11-24T10:00:00", 20.0)
+    history(write_run(tmp_path, "att", ["model=rnn_bahdanau"], "2026-11-24T10:01:00", 30.0), [5, 12, 30], [3.0, 2, 1])
+    compare_report(str(tmp_path))
+    report = (tmp_path / "compare.md").read_text()
+    assert "## Learning curves" in report
+    assert "No validations.jsonl (trained before it was written): model=rnn_plain." in report
+    assert (tmp_path / "learning_curves.png").stat().st_size > 20_000
+    assert [e["dev_bleu"] for e in load_runs(str(tmp_path))[1]["history"]] == [5, 12, 30]
+
+    alone = tmp_path / "alone"  # no run with a history: no section, no figure
+    write_run(alone, "old", ["model=rnn_plain"], "2026-11-24T10:00:00", 20.0)
+    compare_report(str(alone))
+    assert "Learning curves" not in (alone / "compare.md").read_text() and not (alone / "learning_curves.png").exists()
+    assert old.exists()

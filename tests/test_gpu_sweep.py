@@ -70,6 +70,7 @@ def test_each_call_trains_the_next_run_without_a_record_and_collect_reports_them
     record = plan / "runs" / "rope"
     assert json.loads((record / "provenance.json").read_text())["commit"] == "abc1234"
     assert (record / "eval" / "test" / "hyp.txt").exists() and not list(record.rglob("*.pt"))
+    assert (record / "validations.jsonl").read_text().count('"dev_bleu"') >= 1  # its learning curve comes too
     assert not list(record.rglob("*.npz")) and not list(record.rglob("*.png"))  # attention files stay there
 
     # a later call (another session) sees the record in the plan folder and trains the next run
@@ -87,4 +88,4 @@ def test_each_call_trains_the_next_run_without_a_record_and_collect_reports_them
     rows = [line.split(" | ")[0] for line in report.split("\n## ")[0].splitlines() if line.startswith("| ")]
     assert rows[1:] == ["| rope", "| alibi"]  # the plan's order, each labelled by its name in the plan
     assert "(code abc1234, " in report and "(code def5678, " in report
-    assert (plan / "bleu_by_length.png").stat().st_size > 10_000
+    assert (plan / "bleu_by_length.png").stat().st_size > 10_000 and (plan / "learning_curves.png").exists()

@@ -1,10 +1,11 @@
 """``make compare``: the report over a Hydra multirun that trained and evaluated several models.
 
 Reads every run of a sweep folder (train_summary.json, eval/<split>/metrics.json, Hydra's record of
-the overrides, and provenance.json where ``scripts/gpu_check.sh compare`` trained the run on a lent
-machine) and writes, in the sweep folder or ``compare.out``, ``compare.md`` (one table row per run) and
-``bleu_by_length.png`` (test BLEU against source sentence length, all runs in one figure, as
-Bahdanau et al. 2014, Fig. 2), also logged to TensorBoard under ``<out>/tb``.
+the overrides, validations.jsonl, and provenance.json where ``scripts/gpu_check.sh compare`` trained the
+run on a lent machine) and writes, in the sweep folder or ``compare.out``, ``compare.md`` (one table row
+per run), ``bleu_by_length.png`` (test BLEU against source sentence length, all runs in one figure, as
+Bahdanau et al. 2014, Fig. 2) and ``learning_curves.png`` (dev BLEU per validation against updates and
+minutes, and the attention's entropy), also logged to TensorBoard under ``<out>/tb``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import os
 import yaml
 
 from app.errors import UserError
+from app.train.history import FILE as HISTORY_FILE
+from app.train.history import read_history
 from app.utils import atomic_write, atomic_write_text
 
 
@@ -39,7 +42,8 @@ def load_runs(sweep_dir: str, split: str = "test") -> list[dict]:
         provenance = json.load(open(provenance_path)) if os.path.exists(provenance_path) else {}
         with open(summary_path) as f, open(metrics_path) as g:
             summary, metrics = json.load(f), json.load(g)
-        runs.append(dict(dir=name, overrides=overrides, summary=summary, metrics=metrics, provenance=provenance))
+        run_files = dict(summary=summary, metrics=metrics, provenance=provenance, history=read_history(run))
+        runs.append(dict(dir=name, overrides=overrides, **run_files))
     if not runs:
         raise UserError(f"{sweep_dir}: no run with train_summary.json and eval/{split}/metrics.json")
     runs.sort(key=lambda r: (r["summary"].get("started", ""), r["dir"]))
@@ -169,6 +173,50 @@ def length_figure(runs: list[dict]):
     return fig
 
 
+def curves_figure(runs: list[dict]):
+    """Dev BLEU per validation against updates and against training minutes, and the dev attention's entropy
+    against updates: how fast each run learned and when its attention sharpened (runs with a history)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_time, sharpness) = plt.subplots(1, 3, figsize=(14, 4.2), dpi=110)
+    for r in runs:
+        h = r["history"]
+        if not h:
+            continue
+        line = by_step.plot([e["step"] for e in h], [e["dev_bleu"] for e in h], marker=".", label=r["label"])[0]
+        by_time.plot([e["minutes"] for e in h], [e["dev_bleu"] for e in h], marker=".", color=line.get_color())
+        attended = [(e["step"], e["attention_entropy"]) for e in h if "attention_entropy" in e]
+        if attended:
+            sharpness.plot(*zip(*attended), marker=".", color=line.get_color())
+    for ax, xlabel, ylabel in (
+        (by_step, "updates", "dev BLEU (greedy)"),
+        (by_time, "training minutes (validations included)", "dev BLEU (greedy)"),
+        (sharpness, "updates", "dev attention entropy (nats)"),
+    ):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    by_step.legend(fontsize=8)
+    fig.suptitle("Learning curves (every validation)")
+    fig.tight_layout()
+    return fig
+
+
+def curves_section(runs: list[dict]) -> str:
+    """Where the learning curves are, and which runs have no validation history to draw."""
+    if not any(r["history"] for r in runs):
+        return ""
+    missing = [r["label"] for r in runs if not r["history"]]
+    note = f" No {HISTORY_FILE} (trained before it was written): {', '.join(missing)}." if missing else ""
+    return (
+        "\n## Learning curves\n\n`learning_curves.png`: dev BLEU at every validation against updates and against "
+        f"training minutes, and the dev attention's entropy, from each run's {HISTORY_FILE}.{note}\n"
+    )
+
+
 def compare_report(sweep_dir: str, split: str = "test", out: str | None = None) -> str:
     """The report over the runs of ``sweep_dir``, written to ``out`` (default: the sweep folder)."""
     from torch.utils.tensorboard import SummaryWriter
@@ -180,14 +228,19 @@ def compare_report(sweep_dir: str, split: str = "test", out: str | None = None) 
     report = (
         f"# Comparison: {sweep_dir}\n\n{devices_note(runs)}{table}\n"
         f"## {split} BLEU by source length (words; sentences per bucket)\n\n"
-        f"{length_table(runs)}\n## Runs\n\n{commands(runs)}"
+        f"{length_table(runs)}{curves_section(runs)}\n## Runs\n\n{commands(runs)}"
     )
     atomic_write_text(os.path.join(out, "compare.md"), report)
     fig = length_figure(runs)
     atomic_write(os.path.join(out, "bleu_by_length.png"), lambda f: fig.savefig(f, format="png"))
+    curves = curves_figure(runs) if any(r["history"] for r in runs) else None
+    if curves is not None:
+        atomic_write(os.path.join(out, "learning_curves.png"), lambda f: curves.savefig(f, format="png"))
     with SummaryWriter(os.path.join(out, "tb")) as writer:
         writer.add_figure("compare/bleu_by_source_length", fig)
+        if curves is not None:
+            writer.add_figure("compare/learning_curves", curves)
         writer.add_text("compare/table", table)
     print(table)
-    print(f"wrote {out}/compare.md and bleu_by_length.png")
+    print(f"wrote {out}/compare.md and bleu_by_length.png" + (" and learning_curves.png" if curves is not None else ""))
     return table

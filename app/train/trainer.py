@@ -41,6 +41,7 @@ from app.report.board import training_results, write_hparams
 from app.train.closing_average import average_at_end, kept_snapshots, reserve_seconds
 from app.train.ema import ExponentialAverage
 from app.train.guided_alignment import AlignmentTargets, alignment_targets
+from app.train.history import history_entry, write_history
 from app.train.master_weights import MasterWeights
 from app.train.metrics_window import MetricsWindow, progress_postfix, report_skips
 from app.train.state import Progress, TrainingState, check_settings, resuming
@@ -126,6 +127,7 @@ class Trainer:
         self.bar = progress_bar(cfg.train, self.progress.step, self.main and not quiet)  # quiet: make bench
         self.loop_start = time.time() - self.progress.elapsed_seconds
         self.postfix: dict = {}  # what the bar shows after the step count
+        self.train_loss: Optional[float] = None  # of the last logged window, for the validation history
         self.postfix_at = 0.0  # when its time_left was last set
         self.estimate = RunEstimate(self.progress.step)
         self.parameters = count_parameters(model)
@@ -163,6 +165,9 @@ class Trainer:
             d = self.data
             model = self.state.served_model
             metrics = validate(model, d.dev, d.dev_links, d.tokenizer, self.cfg, self.writer, self.progress, closing)
+            p, lr = self.progress, self.scheduler.get_last_lr()[0]
+            p.history.append(history_entry(p.step, self.elapsed() / 60, p.tgt_tokens, lr, self.train_loss, metrics))
+            write_history(self.run_dir, p.history)
             if metrics["improved"]:  # the weights users evaluate, without the optimizer's state (last.pt has it)
                 self.checkpoints.submit(save_checkpoint, self.best_path, host_copy(self.state.snapshot()))
             if self.keep_best > 0:
@@ -235,6 +240,7 @@ class Trainer:
         report_skips(self.window, p, self.writer, self.cfg.train.max_bad_steps)
         if write_scalars:
             values = self.window.log(self.writer, p.step, lr=self.scheduler.get_last_lr()[0])
+            self.train_loss = values["loss"]
             self.postfix = progress_postfix(values, self.time_left())
             self.bar.set_postfix(self.postfix, refresh=False)
 

@@ -108,6 +108,7 @@ def validate(
             shape = attention_shape(samples.attention, cfg.viz.layer)
             writer.add_scalar("dev/attention_entropy", shape["entropy"], step)
             writer.add_scalar("dev/attention_monotonicity", shape["monotonicity"], step)
+            metrics.update(attention_entropy=shape["entropy"], attention_monotonicity=shape["monotonicity"])
     for key in ("loss", "ppl", "bleu", "chrf", "aer"):
         if key in metrics:
             writer.add_scalar(f"dev/{key}", metrics[key], step)
