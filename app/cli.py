@@ -48,7 +48,8 @@ def train_command(cfg: Config) -> None:
     from app.checkpoint import intact_checkpoints, intact_note
     from app.report.evaluate import evaluate_run, evaluated
     from app.train.state import finished
-    from app.train.trainer import resume_hint, train
+    from app.train.stop_rules import resume_hint
+    from app.train.trainer import train
 
     keep = cfg.train.auto_resume and finished(cfg.run_dir)
     if keep:

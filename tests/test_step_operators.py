@@ -15,10 +15,11 @@ from app.models import build_model
 from app.train.update import make_optimizer, train_step
 
 
-def operators_per_step(attention_dropout: float) -> float:
+def operators_per_step(attention_dropout: float, pos: str = "sinusoidal") -> float:
     torch.manual_seed(0)
     cfg = Config()  # the default Transformer: 6 + 6 layers, 8 heads, its dropouts
     cfg.model.d_model, cfg.model.ff_dim, cfg.model.attention_dropout = 64, 64, attention_dropout
+    cfg.model.pos = pos
     model = build_model(cfg.model, Vocab(64, 64))
     optimizer, scheduler = make_optimizer(model, cfg)
     src, tgt = torch.randint(4, 64, (2, 6)), torch.randint(4, 64, (2, 6))
@@ -37,3 +38,10 @@ def operators_per_step(attention_dropout: float) -> float:
 )
 def test_the_default_transformer_steps_with_no_more_operators_than_measured(attention_dropout, at_most):
     assert operators_per_step(attention_dropout) <= at_most
+
+
+def test_rope_adds_few_operators_to_a_step():
+    """RoPE turns the queries and keys of each self-attention in one rotation of three kernels: 192 operators more
+    than sinusoidal positions per step here. Rotating queries and keys apart, each by splitting its feature pairs
+    and stacking four products, took 568 more."""
+    assert operators_per_step(0.0, "rope") - operators_per_step(0.0) <= 200

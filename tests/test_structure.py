@@ -19,6 +19,7 @@ DEFERRED = {
             "app.report.evaluate",
             "app.train.state",
             "app.train.trainer",
+            "app.train.stop_rules",
             "app.decode.translate",
             "app.decode.export",
             "app.checkpoint",

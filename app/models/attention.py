@@ -103,14 +103,17 @@ class MultiHeadAttention(nn.Module):
         if self.self_attention:
             if key_value is not None and key_value is not query:
                 raise ValueError("a self-attention module attends over its own input: key_value must be None")
-            q, k, v = self.split_heads(self.qkv_proj(query), batch, self.heads + 2 * self.kv_heads).split(
-                [self.heads, self.kv_heads, self.kv_heads], dim=1
-            )
-        else:
-            q = self.split_heads(self.q_proj(query), batch, self.heads)
-            k, v = self.split_heads(
-                self.kv_proj(query if key_value is None else key_value), batch, 2 * self.kv_heads
-            ).chunk(2, dim=1)
+            qkv = self.split_heads(self.qkv_proj(query), batch, self.heads + 2 * self.kv_heads)
+            if rotation is None:
+                return qkv.split([self.heads, self.kv_heads, self.kv_heads], dim=1)
+            # queries and keys are neighbouring heads at the same positions: one rotation turns both
+            qk, v = qkv.split([self.heads + self.kv_heads, self.kv_heads], dim=1)
+            q, k = rotation(qk).split([self.heads, self.kv_heads], dim=1)
+            return q, k, v
+        q = self.split_heads(self.q_proj(query), batch, self.heads)
+        k, v = self.split_heads(
+            self.kv_proj(query if key_value is None else key_value), batch, 2 * self.kv_heads
+        ).chunk(2, dim=1)
         if rotation is not None:
             q, k = rotation(q), rotation(k)
         return q, k, v

@@ -66,16 +66,22 @@ class LearnedPositions(nn.Module):
 
 @dataclass
 class Rotation:
-    """RoPE angles m·θ_i for the positions m of some consecutive tokens: (T, d_head / 2) each."""
+    """RoPE angles m·θ_i for the positions m of some consecutive tokens, (T, d_head) each, laid out as the
+    features they turn: ``cos`` = (cos m·θ_0, cos m·θ_0, cos m·θ_1, ...), ``sin`` = (-sin m·θ_0, sin m·θ_0, ...)."""
 
     cos: torch.Tensor
     sin: torch.Tensor
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """Rotate each pair (x_2i, x_2i+1) of x (B, H, T, d_head) by its angle (Su et al. 2021, eq. 34)."""
-        x1, x2 = x.to(torch.promote_types(x.dtype, torch.float32)).unflatten(-1, (-1, 2)).unbind(-1)
-        rotated = torch.stack((x1 * self.cos - x2 * self.sin, x1 * self.sin + x2 * self.cos), dim=-1)
-        return rotated.flatten(-2).to(x.dtype)
+        """Rotate each pair (x_2i, x_2i+1) of x (B, H, T, d_head) by its angle (Su et al. 2021, eq. 34):
+
+            (x_2i cos − x_2i+1 sin,  x_2i+1 cos + x_2i sin) = x ⊙ cos + swap(x) ⊙ sin,
+
+        with swap exchanging the two features of each pair: three kernels, where each term apart took seven (a
+        Transformer step is host-bound; docs/benchmarking.md)."""
+        x_ = x.to(torch.promote_types(x.dtype, torch.float32))
+        swapped = x_.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+        return torch.addcmul(x_ * self.cos, swapped, self.sin).to(x.dtype)
 
 
 class Rotary(nn.Module):
@@ -103,7 +109,8 @@ class Rotary(nn.Module):
     def at(self, positions: torch.Tensor) -> Rotation:
         """The rotation of ``positions`` (a device tensor: a decoding step's position)."""
         angles = positions.float()[:, None] * self.inv_freq
-        return Rotation(angles.cos(), angles.sin())
+        sin = angles.sin()
+        return Rotation(angles.cos().repeat_interleave(2, -1), torch.stack((-sin, sin), -1).flatten(-2))
 
 
 def alibi_slopes(heads: int) -> torch.Tensor:

@@ -16,8 +16,8 @@ import os
 import yaml
 
 from app.errors import UserError
-from app.train.history import FILE as HISTORY_FILE
-from app.train.history import read_history
+from app.report.history import FILE as HISTORY_FILE
+from app.report.history import read_history
 from app.utils import atomic_write, atomic_write_text
 
 

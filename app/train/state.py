@@ -43,7 +43,7 @@ class Progress:
     tgt_tokens: int = 0
     skipped_steps: int = 0  # updates skipped for a non-finite loss or gradient
     validations: list = field(default_factory=list)  # [step, dev BLEU] of every validation
-    history: list = field(default_factory=list)  # a dict per validation: validations.jsonl (app/train/history.py)
+    history: list = field(default_factory=list)  # a dict per validation: validations.jsonl (app/report/history.py)
     started: str = ""  # when the run first started (ISO, local time); a resume keeps it
 
     def record_validation(self, bleu: float, seconds: float) -> bool:

@@ -2,7 +2,8 @@
 gracefully on SIGINT / SIGTERM, which ask training to save a checkpoint at the end of the current step.
 
 The first signal only sets a flag, so no step is cut in half and no checkpoint is torn; a second
-SIGINT (Ctrl-C twice) stops at once, as Python normally does.
+SIGINT (Ctrl-C twice) stops at once, as Python normally does. ``resume_hint`` is the command that continues
+a stopped run.
 """
 
 from __future__ import annotations
@@ -88,3 +89,15 @@ class StopRules:
         if step >= self.max_steps:
             return "max_steps"
         return f"time budget of {self.max_minutes} min" if out_of_time else None
+
+
+def resume_hint() -> str:
+    """The command that continues this run: the same Hydra overrides plus train.resume=true."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith(("train.resume=", "command="))]
+    except ValueError:  # not started through Hydra (tests)
+        overrides = []
+    nproc = f"NPROC={distributed.world_size()} " if distributed.launched() else ""
+    return f'make train {nproc}ARGS="{" ".join([*overrides, "train.resume=true"])}"'

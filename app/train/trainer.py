@@ -38,14 +38,14 @@ from app.errors import UserError
 from app.models import build_model, count_parameters
 from app.models.flops import FlopCounter, peak_flops
 from app.report.board import training_results, write_hparams
+from app.report.history import history_entry, write_history
 from app.train.closing_average import average_at_end, kept_snapshots, reserve_seconds
 from app.train.ema import ExponentialAverage
 from app.train.guided_alignment import AlignmentTargets, alignment_targets
-from app.train.history import history_entry, write_history
 from app.train.master_weights import MasterWeights
 from app.train.metrics_window import MetricsWindow, progress_postfix, report_skips
 from app.train.state import Progress, TrainingState, check_settings, resuming
-from app.train.stop_rules import StopRequest, StopRules, TrainingInterrupted
+from app.train.stop_rules import StopRequest, StopRules, TrainingInterrupted, resume_hint
 from app.train.summary import (
     CompileWatch,
     LoopClock,
@@ -378,18 +378,6 @@ def build_trainer(cfg: Config, model: Optional[nn.Module] = None, quiet: bool = 
     train = data.train
     schedule = training_schedule(cfg.train, train.src_lens, train.tgt_lens, world, rank, accum, device.type == "cuda")
     return Trainer(cfg, device, data, model, optimizer, scheduler, schedule, resume, quiet)
-
-
-def resume_hint() -> str:
-    """The command that continues this run: the same Hydra overrides plus train.resume=true."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith(("train.resume=", "command="))]
-    except ValueError:  # not started through Hydra (tests)
-        overrides = []
-    nproc = f"NPROC={distributed.world_size()} " if distributed.launched() else ""
-    return f'make train {nproc}ARGS="{" ".join([*overrides, "train.resume=true"])}"'
 
 
 def train(cfg: Config, model: Optional[nn.Module] = None) -> dict:
