@@ -77,8 +77,8 @@ class Rotation:
 
             (x_2i cos − x_2i+1 sin,  x_2i+1 cos + x_2i sin) = x ⊙ cos + swap(x) ⊙ sin,
 
-        with swap exchanging the two features of each pair: three kernels, where each term apart took seven (a
-        Transformer step is host-bound; docs/benchmarking.md)."""
+        with swap exchanging the two features of each pair: three kernels (and bf16's casts), where splitting the
+        pairs and stacking four products took seven; a Transformer step is host-bound (docs/benchmarking.md)."""
         x_ = x.to(torch.promote_types(x.dtype, torch.float32))
         swapped = x_.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
         return torch.addcmul(x_ * self.cos, swapped, self.sin).to(x.dtype)
