@@ -291,7 +291,7 @@ PYEOF
     ((pending == 0)) && echo "every run of $plan/plan.txt has its record in $plan/runs" | tee -a "$log"
     ;;
 collect)  # here, after the calls: PLAN=<folder> FROM=<the calls' files_at> unpacks each record into
-    # PLAN/runs/ and writes PLAN/compare.md and bleu_by_length.png over every record there
+    # PLAN/runs/ and writes PLAN/compare.md and its figures over every record there
     plan=${PLAN:?PLAN=<a folder with plan.txt>} from=${FROM:?FROM=<the folder holding the <name>.tar.gz of the calls>}
     mkdir -p "$plan/runs"
     for archive in "$from"/*.tar.gz; do

@@ -42,8 +42,16 @@ def load_runs(sweep_dir: str, split: str = "test") -> list[dict]:
         provenance = json.load(open(provenance_path)) if os.path.exists(provenance_path) else {}
         with open(summary_path) as f, open(metrics_path) as g:
             summary, metrics = json.load(f), json.load(g)
-        run_files = dict(summary=summary, metrics=metrics, provenance=provenance, history=read_history(run))
-        runs.append(dict(dir=name, overrides=overrides, **run_files))
+        runs.append(
+            {
+                "dir": name,
+                "overrides": overrides,
+                "summary": summary,
+                "metrics": metrics,
+                "provenance": provenance,
+                "history": read_history(run),
+            }
+        )
     if not runs:
         raise UserError(f"{sweep_dir}: no run with train_summary.json and eval/{split}/metrics.json")
     runs.sort(key=lambda r: (r["summary"].get("started", ""), r["dir"]))
@@ -175,7 +183,10 @@ def length_figure(runs: list[dict]):
 
 def curves_figure(runs: list[dict]):
     """Dev BLEU per validation against updates and against training minutes, and the dev attention's entropy
-    against updates: how fast each run learned and when its attention sharpened (runs with a history)."""
+    against updates: how fast each run learned and when its attention sharpened. None where no run has a
+    history."""
+    if not any(r["history"] for r in runs):
+        return None
     import matplotlib
 
     matplotlib.use("Agg")
@@ -233,7 +244,7 @@ def compare_report(sweep_dir: str, split: str = "test", out: str | None = None) 
     atomic_write_text(os.path.join(out, "compare.md"), report)
     fig = length_figure(runs)
     atomic_write(os.path.join(out, "bleu_by_length.png"), lambda f: fig.savefig(f, format="png"))
-    curves = curves_figure(runs) if any(r["history"] for r in runs) else None
+    curves = curves_figure(runs)
     if curves is not None:
         atomic_write(os.path.join(out, "learning_curves.png"), lambda f: curves.savefig(f, format="png"))
     with SummaryWriter(os.path.join(out, "tb")) as writer:
