@@ -15,14 +15,11 @@ import hydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from app import distributed
 from app.config import Config
 from app.config_load import config_error, load_config, register_configs
-from app.errors import DiskFull, UserError
+from app.errors import DiskFull, TrainingInterrupted, UserError, causes, disk_full
 from app.folder_lock import LOCK_FILE, FolderLock
 from app.run_record import FolderBefore
-from app.train.stop_rules import TrainingInterrupted
-from app.utils import causes, disk_full
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 # commands that belong to no run keep their log here and write no record of settings
@@ -45,6 +42,7 @@ def prepare_command(cfg: Config) -> None:
 
 
 def train_command(cfg: Config) -> None:
+    from app import distributed
     from app.checkpoint import intact_checkpoints, intact_note
     from app.report.evaluate import evaluate_run, evaluated
     from app.train.state import finished

@@ -17,7 +17,6 @@ import sys
 from datetime import datetime
 from typing import Optional
 
-from app import distributed
 from app.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -70,6 +69,8 @@ class FolderLock:
 
 def owner_record() -> dict:
     """Who holds a lock: this process, under torchrun also its launcher (the workers' parent)."""
+    from app import distributed  # torch: not before the command line's settings are checked (app/cli.py)
+
     record = {
         "pid": os.getpid(),
         "started": datetime.now().isoformat(sep=" ", timespec="seconds"),

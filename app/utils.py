@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import os
@@ -15,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from app.errors import DiskFull, UserError
+from app.errors import DiskFull, UserError, disk_full
 
 
 def stable_hash(obj) -> str:
@@ -53,21 +52,6 @@ def atomic_open(path: str, mode: str = "wb", size: int = 0):
             free = human_bytes(shutil.disk_usage(folder).free)
             raise DiskFull(f"{path}: no space left on its device to write it ({needs}{free} free)") from None
         raise
-
-
-def disk_full(err: BaseException) -> bool:
-    """Whether ``err`` comes of a full disk or quota, also when a library wrapped the OSError (torch.save
-    raises a RuntimeError whose context is the OSError)."""
-    return any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in causes(err))
-
-
-def causes(err: BaseException) -> list[BaseException]:
-    """``err`` and the exceptions it was raised from or while handling, outermost first."""
-    chain = []
-    while err is not None and err not in chain:
-        chain.append(err)
-        err = err.__cause__ or err.__context__
-    return chain
 
 
 def human_bytes(n: float) -> str:

@@ -27,8 +27,11 @@ DEFERRED = {
             "app.report.compare",
             "app.serve.server",
             "app.serve.bench",
+            "app.distributed",
         )
     },
+    # torch: a command line with a refused setting is told before torch is imported (two seconds on a CPU)
+    ("app.folder_lock", "app.distributed"): "torch",
 }
 
 

@@ -16,15 +16,6 @@ import torch
 
 from app import distributed
 from app.config import TrainConfig
-from app.errors import UserError
-
-
-class TrainingInterrupted(UserError):
-    """Training stopped on a signal after saving; the CLI exits with 128 + the signal number."""
-
-    def __init__(self, message: str, signum: int):
-        super().__init__(message)
-        self.exit_code = 128 + signum
 
 
 class StopRequest:

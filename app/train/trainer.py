@@ -34,7 +34,7 @@ from app.data.links import read_pharaoh
 from app.data.prefetch import Prefetcher
 from app.data.schedule import BatchSchedule, Update, accumulation_steps, training_schedule
 from app.data.tokenizer import Tokenizer
-from app.errors import UserError
+from app.errors import TrainingInterrupted, UserError
 from app.models import build_model, count_parameters
 from app.models.flops import FlopCounter, peak_flops
 from app.report.board import training_results, write_hparams
@@ -45,7 +45,7 @@ from app.train.guided_alignment import AlignmentTargets, alignment_targets
 from app.train.master_weights import MasterWeights
 from app.train.metrics_window import MetricsWindow, progress_postfix, report_skips
 from app.train.state import Progress, TrainingState, check_settings, resuming
-from app.train.stop_rules import StopRequest, StopRules, TrainingInterrupted, resume_hint
+from app.train.stop_rules import StopRequest, StopRules, resume_hint
 from app.train.summary import (
     CompileWatch,
     LoopClock,
