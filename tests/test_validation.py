@@ -96,6 +96,26 @@ def test_one_worker_serves_every_validation_and_a_dead_one_is_replaced_by_the_tr
     assert [e.step for e in after.Images("alignment/0/heads_layer0")] == [20]
 
 
+@pytest.mark.parametrize("eval_every, started", [(20, True), (0, False)])
+def test_training_starts_the_worker_before_it_loads_its_data(tiny, tmp_path, monkeypatch, eval_every, started):
+    """The worker's start-up (a fresh interpreter importing numpy, matplotlib and sacrebleu) runs beside the
+    loading of the data, not beside the first validation's decoding; a run without validations starts none."""
+    from app import host_worker as hw
+    from app.train import trainer as training
+
+    monkeypatch.setattr(hw, "_worker", None)  # a worker of this test's own, whatever earlier tests left
+    monkeypatch.setattr(hw, "_unavailable", False)
+    seen, load_data = [], training.load_data
+    monkeypatch.setattr(training, "load_data", lambda *a: seen.append(hw._worker is not None) or load_data(*a))
+    root, cfg, _, _ = tiny
+    monkeypatch.chdir(root)
+    trainer = training.build_trainer(compose_config(*TINY, f"run_dir={tmp_path}", f"train.eval_every={eval_every}"))
+    trainer.writer.close()
+    assert seen == [started] and (hw._worker is not None) == started
+    if hw._worker is not None:
+        hw._worker.close()
+
+
 WORKER_SCRIPT = """
 import os, sys, time
 from app.host_worker import host_worker, submit
@@ -167,6 +187,21 @@ def test_the_worker_reports_a_failed_job_and_ignores_ctrl_c():
     finally:
         worker.close()
     assert not worker._process.is_alive() and worker._process.exitcode == 0
+
+
+def test_the_worker_ends_without_collecting_what_its_imports_made(tmp_path):
+    """At its end the worker freezes the collector's objects, as ``python -m app`` does: the training process,
+    which waits for it at exit, does not wait while its shutdown collects what numpy and matplotlib made."""
+    from app.host_worker import HostWorker
+
+    out = tmp_path / "frozen"
+    probe = f"import atexit, gc; atexit.register(lambda: open({str(out)!r}, 'w').write(str(gc.get_freeze_count())))"
+    worker = HostWorker(preload=("app.report.plots",))
+    try:
+        assert worker.submit(exec, probe).result() is None
+    finally:
+        worker.close()
+    assert worker._process.exitcode == 0 and int(out.read_text()) > 10000
 
 
 def test_sending_a_large_job_does_not_wait_for_the_worker_and_closing_does_not_wait_for_unread_results():

@@ -56,7 +56,7 @@ from app.train.summary import (
     run_summary,
 )
 from app.train.update import compiled_for_training, make_optimizer, train_step
-from app.train.validation import validate
+from app.train.validation import validate, validation_worker
 from app.utils import amp_dtype, atomic_write_text, resolve_device, rng_state, seed_everything
 
 log = logging.getLogger(__name__)
@@ -372,6 +372,8 @@ def build_trainer(cfg: Config, model: Optional[nn.Module] = None, quiet: bool = 
     check_settings(cfg, last_path, world, resume)  # before any data work
     accum = accumulation_steps(cfg.train, world)
     seed_everything(cfg.train.seed)
+    if distributed.is_main() and cfg.train.eval_every > 0:
+        validation_worker(cfg)  # it starts up while the data loads
     data = load_data(cfg, distributed.is_main())
     model = (model if model is not None else build_model(cfg.model, data.tokenizer)).to(device)
     optimizer, scheduler = make_optimizer(model, cfg)
