@@ -283,7 +283,9 @@ json.dump({"plan": plan, "name": name, "commit": commit, "finished": finished}, 
 PYEOF
         # the record, under the plan's name for the run: not the checkpoints, not the attention files
         rm -rf "$record" && mkdir -p "$record/eval/test"
-        cp -r "$run_dir"/{train_summary.json,validations.jsonl,config.yaml,.hydra,train.log,provenance.json} "$record/" &&
+        # validations.jsonl where the run validated (a plan's run with train.eval_every=0 has none)
+        cp -r "$run_dir"/{train_summary.json,config.yaml,.hydra,train.log,provenance.json} "$record/" &&
+            { [ ! -e "$run_dir/validations.jsonl" ] || cp "$run_dir/validations.jsonl" "$record/"; } &&
             cp "$run_dir"/eval/test/{metrics.json,hyp.txt} "$record/eval/test/" &&
             tar czf "$OUT/$name.tar.gz" -C checkpoints/gpu_records "$name" &&
             echo "packed $OUT/$name.tar.gz" | tee -a "$log" || status=1
