@@ -152,9 +152,9 @@ def checkpoint_path(run_dir: str, which: str) -> str:
     return os.path.join(run_dir, f"{which}.pt")
 
 
-def check_compatible(state: dict, path: str, vocab: dict, model_cfg: ModelConfig) -> None:
-    """A checkpoint must match the run's vocabulary and model settings (those of its family); the error
-    names what differs."""
+def check_compatible(state: dict, path: str, vocab: dict, model_cfg: ModelConfig, free: tuple = ()) -> None:
+    """A checkpoint must match the run's vocabulary and model settings (those of its family) but the ``free``
+    ones; the error names what differs."""
     if state.get("vocab") != vocab:
         raise UserError(
             f"{path}: trained with another vocabulary ({state.get('vocab')} vs this run's {vocab}); "
@@ -164,7 +164,7 @@ def check_compatible(state: dict, path: str, vocab: dict, model_cfg: ModelConfig
     differ = [
         f"model.{k}={theirs.get(k)!r} there, {model_cfg.get(k)!r} here"
         for k in sorted(set(theirs) | set(model_cfg))
-        if theirs.get(k) != model_cfg.get(k)
+        if theirs.get(k) != model_cfg.get(k) and k not in free
     ]
     if differ:
         raise UserError(f"{path}: model settings differ from this run's: {'; '.join(differ)}")

@@ -96,6 +96,9 @@ class TokenizerConfig(Checked, section="tokenizer"):
     character_coverage: float = 1.0
     max_sentence_length: int = 8192
     input_sentence_size: int = 1_000_000  # sentences SentencePiece samples to train on (its memory: ~3 GB at 1 M)
+    # the folder of an existing SentencePiece model of these settings (another corpus's) that this corpus is
+    # tokenized with instead of training its own; train.init_from sets it to the run it starts from
+    dir: Optional[str] = None
 
 
 @dataclass
@@ -166,6 +169,9 @@ class TrainConfig(Checked, section="train"):
     log_every: int = 100
     patience: int = 10  # validations without a better dev BLEU before stopping; 0 = never
     resume: bool = False
+    # fine-tune: start from another run's weights (a run name, a run folder: its best.pt, or a .pt file) and its
+    # tokenizer, on this run's data and settings; optimizer, learning-rate schedule and step start afresh
+    init_from: Optional[str] = None
     # resume where last.pt exists, else start; a finished run (train_summary.json newer than last.pt) is
     # left as it is: what lets make compare continue a cut sweep or add runs to an existing one
     auto_resume: bool = False

@@ -105,6 +105,9 @@ def tokenized(data_dir: str, split: str, tokenizer: Tokenizer, num_proc: int = 0
 
     tsv = os.path.join(data_dir, f"{split}.tsv")
     stem = os.path.splitext(os.path.basename(tokenizer.src_path))[0]
+    if os.path.abspath(os.path.dirname(tokenizer.src_path)) != os.path.abspath(data_dir):
+        # another corpus's model (tokenizer.dir): its cache beside this corpus's own, never in its place
+        stem = f"{stem}-{file_hash(tokenizer.src_path)[:12]}"
     cache = os.path.join(data_dir, "tokenized", stem, split)
     if split not in SPLITS or not os.path.exists(tsv):
         there = [s for s in SPLITS if os.path.exists(os.path.join(data_dir, f"{s}.tsv"))]

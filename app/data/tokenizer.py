@@ -67,8 +67,9 @@ def _load(path: str) -> spm.SentencePieceProcessor:
 
 
 def model_paths(data_dir: str, cfg: TokenizerConfig) -> tuple[str, str]:
-    """Model files are named by their settings, so tokenizers of different sizes coexist per corpus."""
-    stem = os.path.join(data_dir, f"spm_{cfg.model_type}{cfg.vocab_size}")
+    """Model files are named by their settings, so tokenizers of different sizes coexist per corpus; they are
+    in the corpus folder ``data_dir``, or in ``tokenizer.dir`` where another corpus's model is used."""
+    stem = os.path.join(cfg.dir or data_dir, f"spm_{cfg.model_type}{cfg.vocab_size}")
     if cfg.joint:
         return f"{stem}.model", f"{stem}.model"
     return f"{stem}.src.model", f"{stem}.tgt.model"
@@ -106,11 +107,20 @@ def _train_one(sentences: Iterator[str], path: str, cfg: TokenizerConfig) -> Non
 
 def build_tokenizer(data_dir: str, cfg: TokenizerConfig, verify: bool = False) -> Tokenizer:
     """Train (or reuse) the SentencePiece model(s) for the prepared corpus in ``data_dir``; a model that
-    is damaged (app/data/cache.py; ``verify``: by its content hash) or does not load is trained again."""
-    train_path = os.path.join(data_dir, "train.tsv")
+    is damaged (app/data/cache.py; ``verify``: by its content hash) or does not load is trained again.
+    With ``tokenizer.dir``, the model(s) there, as they are: another corpus's, never retrained here."""
     src_path, tgt_path = model_paths(data_dir, cfg)
+    if cfg.dir:
+        missing = [p for p in dict.fromkeys((src_path, tgt_path)) if not os.path.exists(p)]
+        if missing:
+            name = os.path.basename(missing[0])
+            raise UserError(f"tokenizer.dir={cfg.dir}: no {name} there (these tokenizer settings)")
+        log.info("tokenizer: %s (tokenizer.dir), not trained on %s", src_path, data_dir)
+        return Tokenizer(src_path, tgt_path)
+    train_path = os.path.join(data_dir, "train.tsv")
     stamp_path = f"{src_path}.json"  # joint and separate models of one size keep separate stamps
-    key = stable_hash({"train": file_hash(train_path), "cfg": asdict(cfg)})
+    settings = {k: v for k, v in asdict(cfg).items() if k != "dir"}  # as before the setting: caches stay valid
+    key = stable_hash({"train": file_hash(train_path), "cfg": settings})
     if cached(stamp_path, key, [src_path, tgt_path], verify):
         try:
             tokenizer = Tokenizer(src_path, tgt_path)

@@ -45,6 +45,7 @@ class Progress:
     validations: list = field(default_factory=list)  # [step, dev BLEU] of every validation
     history: list = field(default_factory=list)  # a dict per validation: validations.jsonl (app/report/history.py)
     started: str = ""  # when the run first started (ISO, local time); a resume keeps it
+    init_from: Optional[dict] = None  # the checkpoint a fine-tuning run started from (app/train/init_from.py)
 
     def record_validation(self, bleu: float, seconds: float) -> bool:
         """Note a validation at the current step; returns whether its dev BLEU is the best so far."""

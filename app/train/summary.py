@@ -50,6 +50,8 @@ def run_summary(trainer, stop_reason: str) -> dict:
         summary["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     summary.update(parameters=count_parameters(trainer.model), amp=str(trainer.dtype or "fp32"))
     summary.update(ranks=s.world, accum_steps=s.accum)
+    if p.init_from:
+        summary["init_from"] = p.init_from
     if trainer.average:  # the closing average (app/train/closing_average.py): best_dev_bleu is best.pt's
         summary.update(average=trainer.average, best_dev_bleu=max(p.best_bleu, trainer.average["dev_bleu"]))
     if trainer.compiles.enabled:

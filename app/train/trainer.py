@@ -42,6 +42,7 @@ from app.report.history import history_entry, write_history
 from app.train.closing_average import average_at_end, kept_snapshots, reserve_seconds
 from app.train.ema import ExponentialAverage
 from app.train.guided_alignment import AlignmentTargets, alignment_targets
+from app.train.init_from import starting_point
 from app.train.master_weights import MasterWeights
 from app.train.metrics_window import MetricsWindow, progress_postfix, report_skips
 from app.train.state import Progress, TrainingState, check_settings, resuming
@@ -370,16 +371,20 @@ def build_trainer(cfg: Config, model: Optional[nn.Module] = None, quiet: bool = 
     last_path = os.path.join(cfg.run_dir, "last.pt")
     resume = resuming(cfg.train, last_path)
     check_settings(cfg, last_path, world, resume)  # before any data work
+    start = starting_point(cfg, resume)  # train.init_from: its tokenizer, then its weights
     accum = accumulation_steps(cfg.train, world)
     seed_everything(cfg.train.seed)
     if distributed.is_main() and cfg.train.eval_every > 0:
         validation_worker(cfg)  # it starts up while the data loads
     data = load_data(cfg, distributed.is_main())
     model = (model if model is not None else build_model(cfg.model, data.tokenizer)).to(device)
+    started = start.load_weights(model, data.tokenizer.fingerprint(), cfg) if start and not resume else None
     optimizer, scheduler = make_optimizer(model, cfg)
     train = data.train
     schedule = training_schedule(cfg.train, train.src_lens, train.tgt_lens, world, rank, accum, device.type == "cuda")
-    return Trainer(cfg, device, data, model, optimizer, scheduler, schedule, resume, quiet)
+    trainer = Trainer(cfg, device, data, model, optimizer, scheduler, schedule, resume, quiet)
+    trainer.progress.init_from = trainer.progress.init_from or started
+    return trainer
 
 
 def train(cfg: Config, model: Optional[nn.Module] = None) -> dict:

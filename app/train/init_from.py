@@ -1,0 +1,91 @@
+"""Fine-tuning: a run that starts from another run's weights (``train.init_from``) instead of random ones, as
+fairseq's ``--finetune-from-model`` and JoeyNMT's ``load_model`` with its resets do.
+
+What it takes from the run it starts from: the weights users get (``model`` of the checkpoint: the moving
+average where there is one) and the tokenizer (its SentencePiece model tokenizes this run's corpus:
+``tokenizer.dir``). What starts afresh: AdamW's moments, the learning-rate warm-up and schedule, the step
+count, the best dev BLEU and early stopping, the batch order. The model settings must be the same, but for
+the dropouts and the guided-alignment layer, which a fine-tuning run often changes."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Optional
+
+import torch
+
+from app.checkpoint import UnloadableCheckpoint, check_compatible, checkpoint_step, load_checkpoint
+from app.config import Config
+from app.config_load import config_from_dict
+from app.errors import UserError
+
+log = logging.getLogger(__name__)
+
+# model settings a fine-tuning run may change: they shape no weight
+FREE_SETTINGS = ("dropout", "attention_dropout", "activation_dropout", "align_layer")
+
+
+def start_checkpoint(init_from: str) -> str:
+    """The checkpoint ``train.init_from`` names: a ``.pt`` file, a run folder's best.pt, or that of the run of
+    that name (``checkpoints/<name>/best.pt``)."""
+    if init_from.endswith(".pt"):
+        path = init_from
+    elif os.path.isdir(init_from):
+        path = os.path.join(init_from, "best.pt")
+    else:
+        path = os.path.join("checkpoints", init_from, "best.pt")
+    if not os.path.isfile(path):
+        given = f"train.init_from={init_from}: {path} does not exist"
+        raise UserError(f"{given} (give a run name, a run folder or a .pt file)")
+    return path
+
+
+class StartingPoint:
+    """The checkpoint a fine-tuning run starts from, read once (memory-mapped: the weights are read when loaded)."""
+
+    def __init__(self, init_from: str):
+        self.path = start_checkpoint(init_from)
+        try:
+            self.state = load_checkpoint(self.path, mmap=True)
+        except UnloadableCheckpoint as err:
+            raise UserError(f"train.init_from={init_from}: {err}") from None
+        self.config = config_from_dict(self.state["config"])
+        self.step = checkpoint_step(self.state)
+
+    def tokenizer_dir(self) -> str:
+        """Where its SentencePiece model is: its corpus folder, or the folder it took its own from."""
+        return self.config.tokenizer.dir or self.config.data.dir
+
+    def adopt_tokenizer(self, cfg: Config) -> None:
+        """Tokenize ``cfg``'s corpus with this run's tokenizer: its settings, its folder (``tokenizer.dir``)."""
+        cfg.tokenizer = dataclasses.replace(self.config.tokenizer, dir=self.tokenizer_dir())
+
+    def load_weights(self, model: torch.nn.Module, vocab: dict, cfg: Config) -> dict:
+        """Its weights into ``model`` (of ``cfg.model``'s settings, on the tokenizer of fingerprint ``vocab``: its
+        own, unless its files changed since); returns what the run records of its start (train_summary.json
+        ``init_from``)."""
+        check_compatible(self.state, self.path, vocab, cfg.model, free=FREE_SETTINGS)
+        model.load_state_dict(self.state["model"])
+        log.info(
+            "fine-tuning from %s (step %d): its weights and its tokenizer in %s; optimizer, learning-rate schedule "
+            "and step start afresh",
+            self.path,
+            self.step,
+            self.tokenizer_dir(),
+        )
+        return {"checkpoint": self.path, "step": self.step}
+
+
+def starting_point(cfg: Config, resume: bool = False) -> Optional[StartingPoint]:
+    """The run ``train.init_from`` names, its tokenizer adopted by ``cfg`` (a resumed run too: it goes on
+    tokenizing as it began); None without the setting. A new run's model settings are checked here, before
+    any data work: a mismatch is told at once, not after a corpus is prepared."""
+    if not cfg.train.init_from:
+        return None
+    start = StartingPoint(cfg.train.init_from)
+    start.adopt_tokenizer(cfg)
+    if not resume:
+        check_compatible(start.state, start.path, start.state.get("vocab"), cfg.model, free=FREE_SETTINGS)
+    return start
