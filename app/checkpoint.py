@@ -161,6 +161,8 @@ def check_compatible(state: dict, path: str, vocab: dict, model_cfg: ModelConfig
             "use the tokenizer settings of that run or another name="
         )
     theirs, model_cfg = model_settings(state["config"]["model"]), model_settings(model_cfg)
+    if theirs.get("arch") != model_cfg.get("arch"):  # another family: its every setting differs, say only that
+        theirs, model_cfg = {"arch": theirs.get("arch")}, {"arch": model_cfg.get("arch")}
     differ = [
         f"model.{k}={theirs.get(k)!r} there, {model_cfg.get(k)!r} here"
         for k in sorted(set(theirs) | set(model_cfg))

@@ -171,6 +171,20 @@ def test_mismatched_checkpoint_names_what_differs():
         check_compatible(state, "x.pt", {"src": "a"}, RNNConfig(hidden=512, cell="lstm"))
     with pytest.raises(UserError, match="another vocabulary"):
         check_compatible(state, "x.pt", {"src": "b"}, RNNConfig(hidden=1024, cell="gru"))
+    # settings a caller leaves free (a fine-tuning run's dropout) are not compared
+    check_compatible(state, "x.pt", {"src": "a"}, RNNConfig(hidden=1024, cell="gru", dropout=0.0), free=("dropout",))
+    with pytest.raises(UserError, match="model.dropout=0.3 there, 0.0 here"):
+        check_compatible(state, "x.pt", {"src": "a"}, RNNConfig(hidden=1024, cell="gru", dropout=0.0))
+
+
+def test_a_checkpoint_of_another_family_names_only_the_family():
+    from app.config import TransformerConfig
+
+    state = {"vocab": {"src": "a"}, "config": {"model": {"arch": "rnn", "hidden": 1024, "cell": "gru"}}}
+    with pytest.raises(UserError, match=r"^x.pt: model settings differ from this run's: model.arch='rnn' there, "):
+        check_compatible(state, "x.pt", {"src": "a"}, TransformerConfig())
+    with pytest.raises(UserError, match=r"'transformer' here$"):
+        check_compatible(state, "x.pt", {"src": "a"}, TransformerConfig())
 
 
 def test_an_rnn_checkpoint_with_every_familys_keys_compares_only_rnn_settings():
