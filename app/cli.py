@@ -37,7 +37,10 @@ OWNING_COMMANDS = {
 
 def prepare_command(cfg: Config) -> None:
     from app.data.corpus import prepare_data
+    from app.train.init_from import StartingPoint
 
+    if cfg.train.init_from:  # the corpus tokenized as the fine-tuning run will read it
+        StartingPoint(cfg.train.init_from).adopt_tokenizer(cfg)
     prepare_data(cfg, verify=True)  # make data repairs whatever is damaged
 
 

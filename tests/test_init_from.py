@@ -49,6 +49,18 @@ def test_a_fine_tuning_run_starts_from_the_runs_weights_and_tokenizer(parent, mo
     assert len(caches) == 1 and caches[0].startswith("spm_unigram400-")
 
 
+def test_make_data_tokenizes_as_the_fine_tuning_run_will(parent, monkeypatch):
+    """``make data ARGS="... train.init_from=tiny"`` prepares what the fine-tuning run reads, and no tokenizer of
+    the corpus's own, whatever the model settings on its command line."""
+    from app.cli import prepare_command
+
+    monkeypatch.chdir(parent)
+    prepare_command(compose_config(*TINY, *OTHER, "data.name=other_prepared", "model.d_model=64", command="prepare"))
+    assert not list((parent / "data/other_prepared").glob("spm_*"))
+    caches = [p.name for p in (parent / "data/other_prepared/tokenized").iterdir()]
+    assert len(caches) == 1 and caches[0].startswith("spm_unigram400-")
+
+
 def test_a_run_of_other_model_settings_is_refused_naming_them(parent, monkeypatch):
     """At once: before the corpus is prepared and tokenized (minutes for a big one)."""
     from app.errors import UserError
