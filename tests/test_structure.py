@@ -28,6 +28,7 @@ DEFERRED = {
             "app.serve.server",
             "app.serve.bench",
             "app.distributed",
+            "app.train.init_from",
         )
     },
     # torch: a command line with a refused setting is told before torch is imported (two seconds on a CPU)
