@@ -124,19 +124,26 @@ def test_bleu_counted_once_gives_sacrebleus_numbers():
     assert stats.corpus([1, 2]) == sacrebleu.corpus_bleu(hyps[1:3], [refs[1:3]]).score
 
 
-def test_ter_in_the_host_worker_is_sacrebleus_ter():
-    """make eval's TER, computed in the host worker process, is sacrebleu's, with the seconds it took."""
+def test_ter_counted_in_parts_in_the_host_worker_is_sacrebleus_ter():
+    """make eval's TER, a share of the sentences counted in the host worker process and the rest here, is
+    sacrebleu's corpus TER, wherever the split is cut, with the seconds the worker's share took."""
     from app.host_worker import host_worker, submit
-    from app.report.scores import split_scores, timed_ter_score
+    from app.report.scores import split_scores, ter_of_statistics, ter_statistics
 
+    hyps, refs = HYPS + [REFS[1], "", "a b c"], REFS + [HYPS[1], "the end", ""]  # an empty hypothesis, reference
+    reference = score(hyps, refs)
+    expected = {"ter": reference["ter"], "ter_signature": reference["ter_signature"]}
     worker = host_worker(preload=("app.report.scores",))
     assert worker is not None
-    result, seconds = submit(worker, timed_ter_score, HYPS, REFS).result()
-    assert not worker.broken  # the worker computed it
-    reference = score(HYPS, REFS)
-    assert result == {"ter": reference["ter"], "ter_signature": reference["ter_signature"]} and seconds > 0
-    inline, _ = split_scores(HYPS, REFS, ["a b"] * 4, [10])
-    assert (inline["ter"], inline["ter_signature"]) == (result["ter"], result["ter_signature"])
+    for cut in range(len(hyps) + 1):
+        shared, shared_signature, seconds = submit(worker, ter_statistics, hyps[:cut], refs[:cut]).result()
+        rest, signature, _ = ter_statistics(hyps[cut:], refs[cut:])
+        assert ter_of_statistics(shared + rest, shared_signature or signature) == expected
+        assert (seconds > 0) == (cut > 0) and (shared_signature is None) == (cut == 0)
+    assert not worker.broken  # the worker counted its shares
+    assert ter_of_statistics(shared[:-1], expected["ter_signature"]) != expected  # a sentence fewer is not it
+    inline, _ = split_scores(hyps, refs, ["a b"] * len(hyps), [10])
+    assert (inline["ter"], inline["ter_signature"]) == (expected["ter"], expected["ter_signature"])
 
 
 def test_a_look_at_the_first_sentences_is_not_the_splits_evaluation(tmp_path):

@@ -1,7 +1,7 @@
 """Scores with sacrebleu: corpus BLEU, chrF and TER, each with its signature; BLEU by source length and of
 the longest sources; sentence BLEU. A split's BLEU statistics are counted once and every BLEU above is
-summed from them (``BleuStatistics``); TER, slow pure Python, can run in the host worker process
-(``timed_ter_score``) while the caller does other work."""
+summed from them (``BleuStatistics``); TER, slow pure Python, can be counted in parts (``ter_statistics``):
+a share in the host worker process while the caller does the rest."""
 
 from __future__ import annotations
 
@@ -123,8 +123,20 @@ def ter_score(hypotheses: list[str], references: list[str]) -> dict:
     return {"ter": round(result.score, 2), "ter_signature": str(metric.get_signature())}
 
 
-def timed_ter_score(hypotheses: list[str], references: list[str]) -> tuple[dict, float]:
-    """``ter_score`` and the seconds it took: what ``make eval`` runs in the host worker (app/host_worker.py),
-    sacrebleu's TER being pure Python, seconds for a thousand sentences on one core."""
-    start = time.perf_counter()
-    return ter_score(hypotheses, references), time.perf_counter() - start
+def ter_statistics(hypotheses: list[str], references: list[str]) -> tuple[list, Optional[str], float]:
+    """Each sentence's TER statistics (edits, reference words: what sacrebleu's ``corpus_score`` sums), the
+    metric's signature (None for no sentences) and the seconds they took. sacrebleu's TER is pure Python, seconds
+    for a thousand sentences on one core: ``make eval`` counts a share of the sentences in the host worker
+    (app/host_worker.py) and the rest itself."""
+    _check(hypotheses, references)
+    if not hypotheses:
+        return [], None, 0.0
+    start, metric = time.perf_counter(), TER()
+    stats = metric._extract_corpus_statistics(hypotheses, [references])
+    return stats, str(metric.get_signature()), time.perf_counter() - start
+
+
+def ter_of_statistics(stats: list, signature: str) -> dict:
+    """Corpus TER from the sentences' ``ter_statistics``, in the split's order, with its signature: the
+    number ``ter_score`` of the same sentences gives."""
+    return {"ter": round(TER()._aggregate_and_compute(stats).score, 2), "ter_signature": signature}
