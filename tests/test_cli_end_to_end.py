@@ -71,6 +71,9 @@ def test_eval_writes_hypotheses_and_sacrebleu_scores(workdir):
     assert len(hyps) == len(refs) == metrics["sentences"]
     assert metrics["bleu"] == pytest.approx(round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2))
     assert metrics["chrf"] == pytest.approx(round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2))
+    # TER counted in two parts, 60 % of the sentences in the host worker (no reference links here), is sacrebleu's
+    assert metrics["ter"] == pytest.approx(round(sacrebleu.corpus_ter(hyps, [refs]).score, 2))
+    assert metrics["ter_worker_share"] == round(round(0.6 * len(hyps)) / len(hyps), 3)
     assert metrics["bleu_signature"].startswith("nrefs:1|")
     step = torch.load(workdir / "checkpoints" / "tiny" / "best.pt", weights_only=True)["progress"]["step"]
     assert f"test (beam 5, length penalty 1.0; best.pt, step {step}): BLEU " in result.stdout
@@ -642,7 +645,9 @@ def test_a_corpus_with_reference_links_is_scored_and_guides_training(workdir):
     result = run_cli(workdir, "command=eval", "name=guided", "device=cpu", "decode.beam_size=1", "viz.eval_plots=1")
     assert result.returncode == 0, result.stderr[-3000:]
     out = workdir / "checkpoints" / "guided" / "eval" / "test"
-    alignment = json.loads((out / "metrics.json").read_text())["alignment"]
+    metrics = json.loads((out / "metrics.json").read_text())
+    alignment = metrics["alignment"]
+    assert metrics["ter_worker_share"] == 1.0  # all of TER beside the AER's forced passes
     assert alignment["gold"] == "data/linked/test.align" and alignment["chosen_on"] == "dev"
     assert alignment["view"] in alignment["aer_by_view"] and len(alignment["aer_by_view"]) == 1 * 2 + 1
     assert alignment["aer"] == alignment["aer_by_view"][alignment["view"]]

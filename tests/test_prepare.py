@@ -286,7 +286,10 @@ def test_tokenized_cache_is_built_once_and_reused(tmp_path, write_tsv, caplog):
     pairs = read_tsv(os.path.join(cfg.dir, "train.tsv"))
     assert train.src.to_pylist() == tokenizer.encode_src([p.src for p in pairs])
     assert train.tgt_lens == [len(ids) for ids in tokenizer.encode_tgt([p.tgt for p in pairs])]
-    assert load_split(cfg.dir, "train", tokenizer).ids == [p.id for p in pairs]
+    split = load_split(cfg.dir, "train", tokenizer)
+    assert split.ids == [p.id for p in pairs] and split.src == tokenizer.encode_src([p.src for p in pairs])
+    # lists, read once: a datasets Column reads Arrow again at every item (decoding and scoring read many)
+    assert all(type(c) is list for c in (split.ids, split.src_texts, split.tgt_texts, split.src, split.tgt))
 
     other = build_tokenizer(cfg.dir, TokenizerConfig(vocab_size=150))  # another tokenizer: its own cache
     assert load_tokenized(cfg.dir, "train", other).src.to_pylist() == other.encode_src([p.src for p in pairs])
