@@ -15,6 +15,7 @@ import glob
 import os
 import pickle
 import re
+import warnings
 import zipfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -94,10 +95,15 @@ def load_checkpoint(path: str, device: torch.device | str = "cpu", mmap: bool = 
     """A checkpoint's contents (``mmap``: its tensors mapped from the file, read when used)."""
     if not os.path.exists(path):
         raise UserError(f"{path}: checkpoint not found (train first, or check name=)")
-    try:
-        return torch.load(path, map_location=device, weights_only=True, mmap=mmap)
-    except Exception as err:
-        raise UnloadableCheckpoint(f"{path}: not a loadable checkpoint: {load_failure(path, err)}") from None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            state = torch.load(path, map_location=device, weights_only=True, mmap=mmap)
+        except Exception as err:  # torch's warnings about a file it cannot read go too: the line says why
+            raise UnloadableCheckpoint(f"{path}: not a loadable checkpoint: {load_failure(path, err)}") from None
+    for w in caught:  # those of a file that loads are torch's to say
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return state
 
 
 def load_failure(path: str, err: Exception) -> str:

@@ -3,6 +3,8 @@ and checkpoint safety: atomic writes, weights_only loading, rotation, mismatch e
 
 import os
 import shutil
+import warnings
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -151,6 +153,23 @@ def test_loading_refuses_a_malicious_pickle(tmp_path):
     with pytest.raises(UserError, match="not a loadable checkpoint"):
         load_checkpoint(str(tmp_path / "evil.pt"))
     assert not marker.exists()
+
+
+def test_a_file_torch_cannot_read_is_one_line_without_torchs_warnings(tmp_path, recwarn):
+    """Bytes that open like a pickle of an unknown protocol (1 in 256 random files) made torch warn about its
+    weights_only unpickler before our line; that warning goes with the refusal. A file that loads keeps torch's."""
+    (tmp_path / "garbled.pt").write_bytes(b"\x80\xb9" + bytes(range(256)) * 4)
+    with pytest.raises(UserError, match=r"garbled.pt: not a loadable checkpoint: not a file torch.save wrote$"):
+        load_checkpoint(str(tmp_path / "garbled.pt"))
+    assert [str(w.message) for w in recwarn] == []
+    save_checkpoint(str(tmp_path / "good.pt"), {"w": torch.ones(2)})
+
+    def load_warning(*args, **kwargs):
+        warnings.warn("kept", stacklevel=2)
+        return {"w": 1}
+
+    with pytest.warns(UserWarning, match="kept"), patch.object(torch, "load", side_effect=load_warning):
+        assert load_checkpoint(str(tmp_path / "good.pt")) == {"w": 1}
 
 
 def test_rotation_keeps_newest_and_best(tmp_path):
