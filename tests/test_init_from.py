@@ -85,6 +85,14 @@ def test_a_missing_starting_point_is_named(parent, monkeypatch, given):
         starting_point(cfg)
 
 
+def test_a_run_name_a_run_folder_and_a_file_name_their_checkpoints(parent, monkeypatch):
+    from app.train.init_from import start_checkpoint
+
+    monkeypatch.chdir(parent)
+    assert start_checkpoint("tiny") == start_checkpoint("checkpoints/tiny") == "checkpoints/tiny/best.pt"
+    assert start_checkpoint("checkpoints/tiny/last.pt") == "checkpoints/tiny/last.pt"
+
+
 def test_a_damaged_starting_point_is_named(parent, monkeypatch):
     from app.errors import UserError
     from app.train.init_from import starting_point

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from app.checkpoint import UnloadableCheckpoint, check_compatible, checkpoint_step, load_checkpoint
+from app.checkpoint import UnloadableCheckpoint, check_compatible, checkpoint_path, checkpoint_step, load_checkpoint
 from app.config import Config
 from app.config_load import config_from_dict
 from app.errors import UserError
@@ -32,10 +32,9 @@ def start_checkpoint(init_from: str) -> str:
     that name (``checkpoints/<name>/best.pt``)."""
     if init_from.endswith(".pt"):
         path = init_from
-    elif os.path.isdir(init_from):
-        path = os.path.join(init_from, "best.pt")
-    else:
-        path = os.path.join("checkpoints", init_from, "best.pt")
+    else:  # a run folder, or the name of one under checkpoints/ (the CLI's run_folder)
+        run_dir = init_from if os.path.isdir(init_from) else os.path.join("checkpoints", init_from)
+        path = checkpoint_path(run_dir, "best")
     if not os.path.isfile(path):
         given = f"train.init_from={init_from}: {path} does not exist"
         raise UserError(f"{given} (give a run name, a run folder or a .pt file)")
