@@ -249,6 +249,9 @@ class EvalConfig(Checked, section="eval"):
     # what the attention files and the explorer keep of a Transformer's attention: every layer's mean of heads and the
     # heads of viz.layer (layer), or of every layer (all: files 3 to 5 times the size)
     attention: str = choice("layer", "all")
+    # a Transformer's self-attention too (encoder: source over source; decoder: hypothesis over hypothesis), kept as
+    # the cross-attention is: one teacher-forced pass more, maps beside the cross-attention's in the files and explorer
+    self_attention: bool = True
 
 
 @dataclass

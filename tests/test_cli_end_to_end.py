@@ -62,7 +62,8 @@ def test_every_validation_is_a_line_of_the_runs_history(workdir):
 
 
 def test_eval_writes_hypotheses_and_sacrebleu_scores(workdir):
-    result = run_cli(workdir, "command=eval", "name=tiny", "device=cpu")
+    # without the self-attention's pass, beside which the host worker counts all of TER
+    result = run_cli(workdir, "command=eval", "name=tiny", "device=cpu", "eval.self_attention=false")
     assert result.returncode == 0, result.stderr[-3000:]
     out = workdir / "checkpoints" / "tiny" / "eval" / "test"
     metrics = json.loads((out / "metrics.json").read_text())
@@ -176,6 +177,7 @@ def test_rnn_presets_train_and_evaluate_through_the_cli(workdir, preset):
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((workdir / "checkpoints" / name / "eval" / "test" / "metrics.json").read_text())
     assert metrics["sentences"] > 0 and "bleu" in metrics
+    assert "self-attention" not in metrics["seconds"]  # an RNN has none: eval.self_attention has nothing to read
 
 
 def sweep_and_compare(workdir, sweep, *overrides) -> str:
@@ -418,9 +420,23 @@ def test_eval_writes_an_explorer_that_chromium_draws(workdir):
         )
         with Image.open(io.BytesIO(b.screenshot())) as image:
             drawn = image.convert("RGB").getpixel((int(x + 0.5 * cell), int(y + 0.5 * cell)))
+        b.evaluate("location.hash = 's=1&l=0&h=1&m=encoder'")  # its encoder's self-attention
+        b.wait_for("document.getElementById('view').dataset.shown === '1,0,1,encoder'", timeout=10)
+        assert (
+            b.evaluate("[...document.querySelectorAll('#ylabels .tok')].map(e => e.textContent)")
+            == rows[1]["src_tokens"]
+        )
+        x, y, cell = b.evaluate(
+            "(() => { const r = document.getElementById('heat').getBoundingClientRect();"
+            " return [r.x, r.y, heatmap.cell]; })()"
+        )
+        with Image.open(io.BytesIO(b.screenshot())) as image:
+            drawn_own = image.convert("RGB").getpixel((int(x + 1.5 * cell), int(y + 0.5 * cell)))
     maps = read_attention(str(out), 1)
     weight = maps["maps"][maps["views"].index("layer 0 head 1"), 0, 0]  # first hypothesis piece, first source piece
     assert all(abs(a - b) <= 1 for a, b in zip(drawn, viridis[round(weight * 255)])), (drawn, weight)
+    weight = maps["encoder"]["maps"][maps["encoder"]["views"].index("layer 0 head 1"), 0, 1]  # first over second
+    assert all(abs(a - b) <= 1 for a, b in zip(drawn_own, viridis[round(weight * 255)])), (drawn_own, weight)
 
 
 def test_eval_writes_alignment_heatmaps_and_attention_files(workdir):
@@ -429,6 +445,8 @@ def test_eval_writes_alignment_heatmaps_and_attention_files(workdir):
 
     out = workdir / "checkpoints" / "tiny" / "eval" / "test"
     assert run_cli(workdir, "command=eval", "name=tiny", "device=cpu", "viz.eval_plots=2").returncode == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["ter_worker_share"] == 1.0 and metrics["seconds"]["self-attention"] > 0  # TER beside the pass
     pngs = sorted(os.listdir(out / "alignments"))
     assert pngs == [f"000{i}{name}.png" for i in range(2) for name in ("", "_heads_layer0", "_layers")]
     with Image.open(out / "alignments" / "0000.png") as image:
@@ -447,6 +465,14 @@ def test_eval_writes_alignment_heatmaps_and_attention_files(workdir):
             assert maps.dtype == np.uint8 and maps.shape == (3, len(row["hyp_tokens"]), len(row["src_tokens"]))
             # rows sum to 1 within the rounding of each weight to 1/255
             assert np.abs(maps.sum(-1) / 255 - 1).max() <= len(row["src_tokens"]) / 510
+            # the self-attention (eval.self_attention, on by default): the encoder's over the source, the decoder's
+            # over the hypothesis (causal), the same views
+            for kind, tokens in (("encoder", row["src_tokens"]), ("decoder", row["hyp_tokens"])):
+                own = archive[row[kind]["array"]]
+                assert row[kind]["array"] == f"{row['array']}.{kind}" and row[kind]["views"] == row["views"]
+                assert own.dtype == np.uint8 and own.shape == (3, len(tokens), len(tokens))
+                assert np.abs(own.sum(-1) / 255 - 1).max() <= len(tokens) / 510
+            assert not np.triu(archive[row["decoder"]["array"]], 1).any()
 
 
 @pytest.mark.parametrize(
@@ -507,9 +533,10 @@ def test_eval_of_the_first_sentences_says_it_is_a_subset(workdir):
     gold.write_text("".join(line + "\n" for line in right + wrong))
     hparams_before = len(tensorboard(run).Scalars("hparams/test_bleu"))
     args = ["command=eval", "name=tiny", "device=cpu", "decode.beam_size=1", "viz.eval_plots=0"]
-    result = run_cli(workdir, *args, f"eval.max_sentences={n}", f"eval.gold_align={gold}")
+    result = run_cli(workdir, *args, f"eval.max_sentences={n}", f"eval.gold_align={gold}", "eval.self_attention=false")
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"(first {n} of {len(refs)} sentences: a subset, not the split's score;" in result.stdout
+    assert "self-attention" not in result.stdout  # eval.self_attention=false: no pass, no stage
     out = run / "eval" / "test"
     metrics = json.loads((out / "metrics.json").read_text())
     assert (metrics["sentences"], metrics["split_sentences"]) == (n, len(refs))
@@ -520,8 +547,10 @@ def test_eval_of_the_first_sentences_says_it_is_a_subset(workdir):
     assert alignment["aer"] == 0.0 and alignment["links"] == sum(len(t.split()) for _, _, t in refs[:n])
     index = [json.loads(line) for line in (out / "alignments.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [row["id"] for row in index] == [r[0] for r in refs[:n]]
+    assert not any("encoder" in row or "decoder" in row for row in index)
     _, meta, sentences = read_explorer(out / "alignments.html")
     assert len(sentences) == n and meta["sentences"] == metrics["subset"]
+    assert all(s["own"] is None for s in sentences)
     events = tensorboard(run)
     assert [e.value for e in events.Scalars(f"eval/test_first{n}/bleu")][-1] == pytest.approx(metrics["bleu"])
     assert len(events.Scalars("hparams/test_bleu")) == hparams_before  # a subset is not the test score

@@ -43,10 +43,11 @@ def peaked_attention(rng, layers: int, heads: int, tgt: int, src: int) -> np.nda
 
 
 def synthetic_records(
-    n: int, layers: int = 6, heads: int = 8, lengths=(25, 55), seed: int = 0, forced: bool = False
+    n: int, layers: int = 6, heads: int = 8, lengths=(25, 55), seed: int = 0, forced: bool = False, own: bool = False
 ) -> list[ExplorerRecord]:
     """n sentences of pseudo-word pieces with peaked_attention maps (synthetic, not a model's); with
-    ``forced`` also a reference of its own length, its forced attention and diagonal word links."""
+    ``forced`` also a reference of its own length, its forced attention and diagonal word links; with ``own``
+    self-attention maps of the same kind (the decoder's cut to its causal part)."""
     rng = np.random.default_rng(seed)
     vocab = np.array([f"▁w{i}" for i in range(4000)] + ["s", "ed", "ing", "ly", "▁,", "▁."])
     records = []
@@ -78,6 +79,10 @@ def synthetic_records(
             sure = {(w, w) for w in range(min(src_words, ref_words)) if rng.random() < 0.7}
             maybe = {(w, w + 1) for w in range(min(src_words, ref_words - 1)) if rng.random() < 0.2}
             record.links = (sure, sure | maybe)
+        if own:
+            record.encoder_attention = peaked_attention(rng, layers, heads, src_len, src_len)
+            causal = peaked_attention(rng, layers, heads, tgt_len, tgt_len) * np.tril(np.ones((tgt_len, tgt_len)))
+            record.decoder_attention = (causal / causal.sum(-1, keepdims=True)).astype(np.float32)
         records.append(record)
     return records
 
@@ -102,19 +107,27 @@ def kept_views(attention, layer: int = -1, keep: str = "layer") -> np.ndarray:
 def read_explorer(path) -> tuple[str, dict, list[dict]]:
     """(page, meta, sentences) of an explorer file, each sentence with its uint8 "maps" (views, tgt, src):
     the heads of its headLayers, then each layer's mean (an RNN: one map); and its "ref" (when it has
-    forced attention) with the reference rows' "maps"."""
+    forced attention) with the reference rows' "maps"; and its "own" (self-attention, when kept): the "encoder" and
+    "decoder" maps (views, src, src) and (views, tgt, tgt)."""
     page = Path(path).read_text(encoding="utf-8")
 
     def script(name):
         return re.search(rf'<script id="{name}" type="[^"]+">(.*?)</script>', page, re.DOTALL).group(1)
 
     sentences, maps = json.loads(script("sentences")), script("maps")
+
+    def decoded(at) -> np.ndarray:
+        start, length = at
+        return np.frombuffer(zlib.decompress(untext7(maps[start : start + length])), np.uint8)
+
     for sent in sentences:
         for rows in filter(None, (sent, sent["ref"])):
-            start, length = rows["at"]
-            data = np.frombuffer(zlib.decompress(untext7(maps[start : start + length])), np.uint8)
             views = 1 if sent["rnn"] else len(sent["headLayers"]) * sent["heads"] + sent["layers"]
-            rows["maps"] = data.reshape(views, len(rows["tgt"]), len(sent["src"]))
+            rows["maps"] = decoded(rows["at"]).reshape(views, len(rows["tgt"]), len(sent["src"]))
+        for kind, side in (("encoder", len(sent["src"])), ("decoder", len(sent["tgt"]))):
+            if own := (sent["own"] or {}).get(kind):
+                views = len(own["headLayers"]) * sent["heads"] + own["layers"]
+                own["maps"] = decoded(own["at"]).reshape(views, side, side)
     return page, json.loads(script("meta-data")), sentences
 
 
@@ -125,6 +138,16 @@ REF_PERM = [0, 1, 1, 2]  # sentence 1's forced reference, layer 1, head 2: refer
 # sure Y-And, dijo-said; possible (only) dijo-And. As read_pharaoh reads them: possible includes sure.
 LINKS = ({(0, 0), (1, 1)}, {(0, 0), (1, 1), (1, 0)})
 SURE_CELLS, POSSIBLE_CELLS = [[0, 0], [1, 1], [2, 1]], [[0, 1]]  # (reference piece, source piece)
+# sentence 2's self-attention (24 source, 22 hypothesis pieces), 3 encoder layers: encoder layer 2 head 1, each
+# source piece attends to the next (the last to itself); decoder layer 1 head 0, each position to the input it reads
+# last (its own column t: <s> for the first, then the piece before the one it writes)
+ENC_NEXT = [min(s + 1, 23) for s in range(24)]
+
+
+def causal_rows(rng, *shape) -> np.ndarray:
+    """Random (..., T, T) rows over the keys 0..t only."""
+    w = np.exp(rng.normal(0, 1.5, shape)) * np.tril(np.ones(shape[-2:]))
+    return (w / w.sum(-1, keepdims=True)).astype(np.float32)
 
 
 def known_records() -> list[ExplorerRecord]:
@@ -134,6 +157,8 @@ def known_records() -> list[ExplorerRecord]:
     second = softmax_rows(rng, 2, 3, 3, 3)
     forced = softmax_rows(rng, 2, 3, 4, 3)
     forced[1, 2] = np.eye(3)[REF_PERM]
+    encoder, decoder = softmax_rows(rng, 3, 3, 24, 24), causal_rows(rng, 2, 3, 22, 22)
+    encoder[2, 1], decoder[1, 0] = np.eye(24)[ENC_NEXT], np.eye(22)
     return [
         ExplorerRecord(
             "Gen.1.1",
@@ -158,7 +183,7 @@ def known_records() -> list[ExplorerRecord]:
             ref_attention=forced,
             links=LINKS,
         ),
-        # a larger map: its text uses (nearly) every 7-bit value, the escaped three included
+        # a larger map: its text uses (nearly) every 7-bit value, the escaped three included; with self-attention
         ExplorerRecord(
             "Gen.1.10",
             [f"▁s{i}" for i in range(23)] + ["</s>"],
@@ -168,6 +193,8 @@ def known_records() -> list[ExplorerRecord]:
             "and the sky",
             "and the firmament",
             50.0,
+            encoder_attention=encoder,
+            decoder_attention=decoder,
         ),
         ExplorerRecord("Gen.1.9", ["▁a", "</s>"], ["▁b", "</s>"], softmax_rows(rng, 2, 3, 2, 2), "a", "b", "b", None),
     ]
@@ -246,12 +273,33 @@ def test_a_sentence_without_forced_attention_has_no_reference_rows(tmp_path):
     write_explorer(str(path), records, "test", {})
     _, _, sentences = read_explorer(path)
     assert [s["ref"] is None for s in sentences] == [True, False, True, True]
-    blobs = [s["at"] for s in sentences] + [sentences[1]["ref"]["at"]]
+    own = [sentences[2]["own"][kind]["at"] for kind in ("encoder", "decoder")]
+    blobs = [s["at"] for s in sentences] + [sentences[1]["ref"]["at"]] + own
     assert sum(length for _, length in blobs) == len(
         re.search(
             r'<script id="maps" type="text/plain">(.*?)</script>', path.read_text(encoding="utf-8"), re.DOTALL
         ).group(1)
     )
+
+
+def test_self_attention_maps_follow_the_sentences_own_in_its_layers(tmp_path):
+    """The encoder's (source x source, its own 3 layers) and the decoder's (hypothesis x hypothesis) self-attention:
+    a blob each after the sentence's cross-attention, the views kept as of the cross-attention (viz.layer's heads of
+    each stack, then every layer's mean; every head of every layer with keep="all")."""
+    records = known_records()
+    for keep, encoder_heads, decoder_heads in (("layer", [2], [1]), ("all", [0, 1, 2], [0, 1])):
+        path = tmp_path / f"{keep}.html"
+        write_explorer(str(path), records, "test", {}, keep=keep)
+        sentences = read_explorer(path)[2]
+        assert [s["own"] is None for s in sentences] == [True, True, False, True]
+        own, record = sentences[2]["own"], records[2]
+        assert (own["encoder"]["layers"], own["encoder"]["headLayers"]) == (3, encoder_heads)
+        assert (own["decoder"]["layers"], own["decoder"]["headLayers"]) == (2, decoder_heads)
+        for kind, weights in (("encoder", record.encoder_attention), ("decoder", record.decoder_attention)):
+            assert np.abs(own[kind]["maps"] / 255 - kept_views(weights, -1, keep)).max() <= 1 / 510 + 1e-6
+        assert own["encoder"]["at"][0] == sum(sentences[2]["at"]) and own["decoder"]["at"][0] == sum(
+            own["encoder"]["at"]
+        )
 
 
 def test_reference_word_links_become_the_cells_of_their_pieces(tmp_path):
@@ -343,7 +391,7 @@ def test_data_that_looks_like_markup_or_placeholders_stays_data(tmp_path):
 
 def test_bad_records_are_refused(tmp_path):
     path = str(tmp_path / "explorer.html")
-    good, linked = vars(known_records()[0]), vars(known_records()[1])
+    good, linked, own = vars(known_records()[0]), vars(known_records()[1]), vars(known_records()[2])
     refused = {
         "expected": [
             {**good, "attention": good["attention"][..., :3]},
@@ -360,10 +408,17 @@ def test_bad_records_are_refused(tmp_path):
             {**linked, "links": ({(2, 0)}, {(2, 0)})},  # source word 2 is </s>: not a word
             {**linked, "links": ({(0, 2)}, {(0, 2)})},
         ],  # "And said" has 2 words, not 3 (pieces)
+        "come together": [
+            {**own, "decoder_attention": None},
+            {**own, "attention": own["attention"][1, 2], "encoder_attention": None},  # an RNN has none
+        ],
+        "encoder_attention of shape": [{**own, "encoder_attention": own["encoder_attention"][..., :23]}],
+        "decoder_attention of shape": [{**own, "decoder_attention": own["encoder_attention"]}],  # 24 x 24, not 22
+        "has 2 heads, the attention 3": [{**own, "decoder_attention": own["decoder_attention"][:, :2]}],
     }
     for message, records in refused.items():
         for record in records:
-            with pytest.raises(ValueError, match=message):
+            with pytest.raises(ValueError, match=message.replace("(", r"\(")):
                 write_explorer(path, [record], "t", {})
     assert not os.path.exists(path)
 
@@ -401,6 +456,21 @@ def cell_center(b, t: int, s: int) -> tuple[float, float]:
         " return [r.x, r.y, heatmap.cell]; })()"
     )
     return x + (s + 0.5) * cell, y + (t + 0.5) * cell
+
+
+def cell_colours(b, cells: list[tuple[int, int]]) -> dict[tuple[int, int], tuple]:
+    """The colour drawn in the middle of each (row, column) cell, the view scrolled to the rows below the window."""
+    colours, height = {}, b.evaluate("innerHeight")
+    while missing := [c for c in cells if c not in colours]:
+        y = cell_center(b, *missing[0])[1]
+        if not 0 <= y < height:
+            b.evaluate(f"document.getElementById('view').scrollTop += {y - 100}")
+        png = snapshot(b)
+        for cell in missing:
+            x, y = cell_center(b, *cell)
+            if 0 <= y < height:
+                colours[cell] = pixel(png, x, y)
+    return colours
 
 
 def label_alphas(b, axis: str) -> list[float]:
@@ -446,10 +516,13 @@ def test_explorer_in_chromium(browser, tmp_path):
     assert b.evaluate("document.querySelector('.item.selected').dataset.i") == "0"
 
     # the browser inflates every map set to the bytes Python wrote (escaped characters included)
-    assert b.evaluate(
-        "Promise.all(SENTENCES.flatMap((s, i) => [loadMaps(i), ...(s.ref ? [loadMaps(i, true)] : [])])"
-        ".map(p => p.then(m => Array.from(m))))"
-    ) == [rows["maps"].ravel().tolist() for s in sentences for rows in filter(None, (s, s["ref"]))]
+    own = "...(s.own ? [loadMaps(i, 'encoder'), loadMaps(i, 'decoder')] : [])"
+    sets = f"[loadMaps(i), ...(s.ref ? [loadMaps(i, 'reference')] : []), {own}]"
+    assert b.evaluate(f"Promise.all(SENTENCES.flatMap((s, i) => {sets}).map(p => p.then(m => Array.from(m))))") == [
+        maps["maps"].ravel().tolist()
+        for s in sentences
+        for maps in filter(None, (s, s["ref"], *(s["own"] or {}).values()))
+    ]
     b.evaluate("inflated.clear()")
 
     # pixels: a weight of 1 in the top colour of the scale, 0 in the bottom one
@@ -495,8 +568,8 @@ def test_explorer_in_chromium(browser, tmp_path):
     shown(b, "1,0,mean,hypothesis")
     assert b.evaluate("location.hash") == "#s=1&l=0&h=mean"
     assert not b.evaluate("document.getElementById('rows').hidden")
-    assert texts(b, "#rows button") == ["hypothesis", "reference (forced)"]
-    assert texts(b, "#rows .active") == ["hypothesis"]
+    assert texts(b, "#rows button") == ["cross: hypothesis", "cross: reference (forced)"]
+    assert texts(b, "#rows .active") == ["cross: hypothesis"]
     assert texts(b, "#ylabels .tok") == records[1].tgt_tokens
     assert "reference (forced) rows" in texts(b, "#legend")[0]
     assert not b.evaluate("inflated.has('1r')")  # the forced maps wait until they are shown
@@ -516,12 +589,12 @@ def test_explorer_in_chromium(browser, tmp_path):
 
     assert sum(all_red(3).values()) == 0
 
-    # the reference rows: forced attention, the links outlined (sure solid, possible dashed), r=1 in the hash
-    b.click(*b.center("#rows button[data-value='true']"))
+    # the reference rows: forced attention, the links outlined (sure solid, possible dashed), m=ref in the hash
+    b.click(*b.center("#rows button[data-value='reference']"))
     shown(b, "1,0,mean,reference")
-    assert b.evaluate("location.hash") == "#s=1&l=0&h=mean&r=1"
+    assert b.evaluate("location.hash") == "#s=1&l=0&h=mean&m=ref"
     assert b.evaluate("inflated.has('1r')")
-    assert texts(b, "#rows .active") == ["reference (forced)"]
+    assert texts(b, "#rows .active") == ["cross: reference (forced)"]
     assert texts(b, "#ylabels .tok") == records[1].ref_tokens
     assert texts(b, "#title small")[0].endswith("3 source × 4 reference (forced) pieces")
     assert texts(b, "#corner")[0].startswith("reference (forced) ↓")
@@ -549,19 +622,53 @@ def test_explorer_in_chromium(browser, tmp_path):
     b.hover(*b.center("#xlabels .tok:nth-child(2)"))  # "▁dijo" is attended by both pieces of "said"
     assert label_alphas(b, "y") == [0.0, 1.0, 1.0, 0.0]
 
-    # a sentence without forced attention shows its hypothesis (no r in the hash); a typed hash with r=1
-    # opens the reference rows again, and the hypothesis button goes back
+    # a sentence without forced attention shows its hypothesis (no m in the hash); a typed hash with r=1 (as
+    # addresses said before m=) opens the reference rows again, and the hypothesis button goes back
     b.click(*b.center(".item[data-i='0']"))
     shown(b, "0,1,2,hypothesis")
     assert b.evaluate("location.hash") == "#s=0&l=1&h=2"
     assert b.evaluate("document.getElementById('rows').hidden")
     b.evaluate("location.hash = 's=1&l=0&h=mean&r=1'")
     shown(b, "1,0,mean,reference")
-    b.click(*b.center("#rows button[data-value='false']"))
+    b.click(*b.center("#rows button[data-value='hypothesis']"))
     shown(b, "1,0,mean,hypothesis")
     assert b.evaluate("location.hash") == "#s=1&l=0&h=mean"
     assert texts(b, "#ylabels .tok") == records[1].tgt_tokens
     assert sum(all_red(3).values()) == 0
+
+    # sentence 2's self-attention: the encoder's over the source (its own 3 layers), the decoder's over <s> and the
+    # hypothesis pieces but the last (causal); layer and head kept where the stack has them
+    b.evaluate("location.hash = 's=2&l=2&h=1&m=encoder'")
+    shown(b, "2,2,1,encoder")
+    assert texts(b, "#rows button") == ["cross: hypothesis", "encoder self", "decoder self"]
+    assert texts(b, "#layers button") == ["0", "1", "2"]  # the encoder's 3 layers; the decoder has 2
+    assert texts(b, "#xlabels .tok") == texts(b, "#ylabels .tok") == records[2].src_tokens
+    assert texts(b, "#corner") == ["source ↓  source →"]
+    assert texts(b, "#readout")[0].startswith("encoder self-attention: each source piece over the source")
+    cells = [(t, s) for t in range(24) for s in (ENC_NEXT[t], (ENC_NEXT[t] + 5) % 24)]
+    for (t, s), rgb in cell_colours(b, cells).items():
+        assert close(rgb, VIRIDIS[255] if ENC_NEXT[t] == s else VIRIDIS[0]), (t, s)
+    b.evaluate("document.getElementById('view').scrollTop = 0")
+    b.click(*b.center("#rows button[data-value='decoder']"))
+    shown(b, "2,1,1,decoder")  # layer 2 is not the decoder's: its last layer, whose heads are kept
+    assert b.evaluate("location.hash") == "#s=2&l=1&h=1&m=decoder"
+    assert texts(b, "#xlabels .tok") == ["<s>", *records[2].tgt_tokens[:-1]]
+    assert texts(b, "#ylabels .tok") == records[2].tgt_tokens
+    assert texts(b, "#title small")[0].endswith("22 hypothesis (read) × 22 hypothesis (writing) pieces")
+    b.click(*b.center("#heads button[data-value='0']"))
+    shown(b, "2,1,0,decoder")
+    cells = [(t, s) for t in range(22) for s in {0, t, min(t + 1, 21)}]
+    for (t, s), rgb in cell_colours(b, cells).items():
+        assert close(rgb, VIRIDIS[255] if s == t else VIRIDIS[0]), (t, s)
+    b.evaluate("document.getElementById('view').scrollTop = 0")  # back to the buttons
+    b.hover(*cell_center(b, 3, 3))
+    assert texts(b, "#readout") == ["‘▁t3’ → ‘▁t2’: 1.000"]  # the position writing ▁t3 reads ▁t2 (the input before)
+    inflated = b.evaluate("[...inflated.keys()]")
+    assert {"2e", "2d"} <= set(inflated) and "2" not in inflated  # only the maps shown are inflated
+    b.click(*b.center(".item[data-i='0']"))  # a sentence without self-attention: its hypothesis
+    shown(b, "0,1,0,hypothesis")
+    b.evaluate("location.hash = 's=1&l=0&h=mean'")
+    shown(b, "1,0,mean,hypothesis")
 
     # search over source / hypothesis / reference
     b.click(*b.center("#search"))
@@ -661,14 +768,15 @@ def test_screenshot_for_the_readme(browser, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("forced", [False, True], ids=["hypothesis", "hypothesis+forced"])
-def test_a_full_test_set_opens_quickly(browser, tmp_path, capsys, forced):
+@pytest.mark.parametrize("maps", ["hypothesis", "forced", "self"], ids=["hypothesis", "hypothesis+forced", "+self"])
+def test_a_full_test_set_opens_quickly(browser, tmp_path, capsys, maps):
     """1000 sentences, 6 layers x 8 heads, 25-55 source pieces (synthetic peaked attention, not a
-    model's), with or without every sentence's forced reference maps: the file stays under 8 MB a map
-    set and the first heatmap shows within seconds, as opening parses only the list; the forced maps
-    are inflated when their rows are first shown."""
-    records = synthetic_records(1000, forced=forced)
-    floats = sum(r.attention.size + (0 if r.ref_attention is None else r.ref_attention.size) for r in records)
+    model's), with or without every sentence's forced reference maps or self-attention: the file stays under 8 MB
+    a map set and the first heatmap shows within seconds, as opening parses only the list; the other maps are
+    inflated when they are first shown."""
+    records = synthetic_records(1000, forced=maps == "forced", own=maps == "self")
+    sets = ("attention", "ref_attention", "encoder_attention", "decoder_attention")
+    floats = sum(getattr(r, name).size for r in records for name in sets if getattr(r, name) is not None)
     path = tmp_path / "explorer.html"
     start = time.perf_counter()
     write_explorer(str(path), records, "1000 sentences", {"model": "transformer"})
@@ -678,17 +786,18 @@ def test_a_full_test_set_opens_quickly(browser, tmp_path, capsys, forced):
     shown(browser, "999,5,3,hypothesis")
     first_render_ms = browser.evaluate("window.explorerReady")
     timed = "(async () => {{ const t = performance.now(); await show({}); return performance.now() - t; }})()"
-    switch_ms = browser.evaluate(timed.format("500, 2, 'mean', false"))
+    switch_ms = browser.evaluate(timed.format("500, 2, 'mean', 'hypothesis'"))
     report = (
-        f"\n{len(records)} sentences, {floats / 1e6:.1f} M floats{' (with forced maps)' * forced}:"
+        f"\n{len(records)} sentences, {floats / 1e6:.1f} M floats ({maps} maps):"
         f" {megabytes:.1f} MB written in {write_seconds:.1f} s; first heatmap {first_render_ms:.0f} ms after"
         f" navigation; another sentence {switch_ms:.0f} ms"
     )
-    if forced:
-        reference_ms = browser.evaluate(timed.format("500, 2, 'mean', true"))
-        assert browser.evaluate("document.getElementById('view').dataset.shown") == "500,2,mean,reference"
-        report += f"; its reference rows {reference_ms:.0f} ms"
+    others = {"forced": ["reference"], "self": ["encoder", "decoder"]}.get(maps, [])
+    for other in others:
+        other_ms = browser.evaluate(timed.format(f"500, 2, 'mean', '{other}'"))
+        assert browser.evaluate("document.getElementById('view').dataset.shown") == f"500,2,mean,{other}"
+        report += f"; its {other} maps {other_ms:.0f} ms"
     with capsys.disabled():
         print(report)
-    assert megabytes < 8 * (1 + forced)  # the heads of one layer and every layer's mean (make eval's default)
+    assert megabytes < 8 * (1 + len(others))  # the heads of one layer and every layer's mean (make eval's default)
     assert first_render_ms < 5000

@@ -101,7 +101,7 @@ class CountingEngine:
     def encode(self, texts):
         return list(texts)
 
-    def translate(self, src, beam_size, n_best, attention):
+    def translate(self, src, beam_size, n_best, attention, self_attention=False):
         self.calls += 1
         if POISON in src:
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
@@ -171,7 +171,11 @@ BAD_INPUT = [
     (b'{"text": "Hola", "beam_size": 2, "n_best": 3}', 422, "n_best: 3; choose 1 to beam_size (2)"),
     (b'{"text": "Hola", "n_best": 0}', 422, "n_best: 0"),
     (b'{"text": "Hola", "attention": "yes"}', 422, "attention: Input should be a valid boolean"),
-    (b'{"text": "Hola", "beam": 5}', 422, "beam: an unknown field (known: text, beam_size, n_best, attention)"),
+    (
+        b'{"text": "Hola", "beam": 5}',
+        422,
+        "beam: an unknown field (known: text, beam_size, n_best, attention, self_attention)",
+    ),
     (json.dumps({"text": ["x" * 40] * 3, "pad": "y" * 1_000_000}).encode(), 413, "a body of"),
 ]
 
@@ -332,6 +336,43 @@ def test_attention_of_every_hypothesis_with_its_views_and_links(served):
 
 
 @pytest_slow
+def test_self_attention_of_the_encoder_and_of_every_hypothesis(served, workdir, monkeypatch):
+    """self_attention: the encoder's maps over the source pieces + EOS, and per hypothesis the decoder's over <s> and
+    its pieces (causal), every head and each layer's mean: the model's own weights, computed here in-process from
+    the same tokens."""
+    from app.data.tokenizer import BOS, EOS
+    from app.decode.trained import load_trained
+
+    body = {"text": LINES[:2], "n_best": 2, "attention": True, "self_attention": True}
+    status, answer = request(served.port, "POST", "/translate", body)
+    assert status == 200, answer
+    TranslateResponse.model_validate(answer)
+    monkeypatch.chdir(workdir)  # the run's paths are the project's, relative
+    trained = load_trained(str(workdir / "checkpoints" / "tiny"), "best", torch.device("cpu"), "serve.checkpoint")
+    piece_id = trained.tokenizer.tgt.piece_to_id
+    views = ["layer 0 head 0", "layer 0 head 1", "layer 0 mean"]
+    for line, translation in zip(LINES, answer["translations"]):
+        own, columns = translation["self_attention"], translation["attention"]["columns"]
+        assert own["scale"] == 255 and own["encoder"]["views"] == own["decoder"]["views"] == views
+        assert (own["encoder"]["layers"], own["encoder"]["heads"], own["encoder"]["head_layers"]) == (1, 2, [0])
+        encoder = torch.tensor(own["encoder"]["maps"], dtype=torch.float32) / 255
+        assert encoder.shape == (3, len(columns), len(columns))
+        src = torch.tensor([trained.tokenizer.encode_src([line])[0] + [EOS]])
+        for hyp, decoder in zip(translation["hypotheses"], own["decoder"]["hypotheses"]):
+            assert decoder["columns"] == ["<s>"] + hyp["target_pieces"]
+            maps = torch.tensor(decoder["maps"], dtype=torch.float32) / 255
+            assert maps.shape == (3, len(hyp["target_pieces"]) + 1, len(decoder["columns"]))
+            assert torch.all(torch.triu(maps, 1) == 0)  # causal: no position reads a later input
+            expected = trained.model.self_attention(
+                src, torch.tensor([[BOS] + [piece_id(p) for p in hyp["target_pieces"]]])
+            )
+            assert (maps[:2] - expected.decoder[0, 0]).abs().max() <= 1 / 510 + 1e-6
+            assert (encoder[:2] - expected.encoder[0, 0]).abs().max() <= 1 / 510 + 1e-6
+    plain = request(served.port, "POST", "/translate", {"text": LINES[0], "attention": True})[1]
+    assert "self_attention" not in plain["translations"][0]  # only when asked for
+
+
+@pytest_slow
 def test_the_ctranslate2_export_is_served_as_make_translate_decodes_it(workdir, served):
     """translate.engine=ct2: the run's export (make export) behind the same API, its best hypotheses those of
     make translate with the same engine, its attention the export's one map (a layer's mean of heads)."""
@@ -346,12 +387,14 @@ def test_the_ctranslate2_export_is_served_as_make_translate_decodes_it(workdir, 
         assert "engine ct2" in server.lines[-2]
         status, info = request(server.port, "GET", "/info")
         assert status == 200 and info["engine"] == "ct2"
-        status, answer = request(server.port, "POST", "/translate", {"text": LINES, "attention": True})
+        body = {"text": LINES, "attention": True, "self_attention": True}
+        status, answer = request(server.port, "POST", "/translate", body)
         assert status == 200, answer
         assert [t["hypotheses"][0]["text"] for t in answer["translations"]] == expected.stdout.splitlines()
         for translation in answer["translations"]:
             a = translation["attention"]
             assert a["views"] == ["attention"] and a["hypotheses"][0]["rows"][-1] == "</s>"
+            assert translation["self_attention"] is None  # the export returns nothing of it
         status, _ = request(server.port, "POST", "/translate", {"text": "", "beam_size": 5})
         assert status == 422 and request(server.port, "GET", "/health")[0] == 200  # refused, still serving
     finally:
@@ -475,14 +518,15 @@ def test_the_page_translates_and_draws_the_attention_with_the_explorers_code(ser
 
     b = browser
     translate_on_page(b, served, LINES[0] + "\n" + LINES[1], n_best=2)
-    status, answer = request(served.port, "POST", "/translate", {"text": LINES[:2], "n_best": 2, "attention": True})
+    body = {"text": LINES[:2], "n_best": 2, "attention": True, "self_attention": True}
+    status, answer = request(served.port, "POST", "/translate", body)
     first = answer["translations"][0]
     assert texts(b, "#results .hyp .text") == [
         h["text"] or "(empty)" for t in answer["translations"] for h in t["hypotheses"]
     ]
     assert texts(b, "#xlabels .tok") == first["attention"]["columns"]
     assert texts(b, "#ylabels .tok") == first["attention"]["hypotheses"][0]["rows"]
-    assert b.evaluate("document.getElementById('view').dataset.shown") == "0,0,0,mean"  # the last layer, mean
+    assert b.evaluate("document.getElementById('view').dataset.shown") == "0,0,0,mean,cross"  # the last layer, mean
     assert texts(b, "#layers button") == ["0"] and texts(b, "#heads button") == ["mean", "0", "1"]
 
     def check_pixels(maps):  # every cell in the colour of its weight (the page's copy of the API's maps)
@@ -494,7 +538,7 @@ def test_the_page_translates_and_draws_the_attention_with_the_explorers_code(ser
     check_pixels(first["attention"]["hypotheses"][0]["maps"][2])
     # a head: its own map; hover a cell: its weight in the readout
     b.click(*b.center("#heads button[data-value='1']"))
-    b.wait_for("document.getElementById('view').dataset.shown === '0,0,0,1'")
+    b.wait_for("document.getElementById('view').dataset.shown === '0,0,0,1,cross'")
     check_pixels(first["attention"]["hypotheses"][0]["maps"][1])
     b.hover(*cell_center(b, 0, 0))
     weight = first["attention"]["hypotheses"][0]["maps"][1][0][0] / 255
@@ -513,10 +557,25 @@ def test_the_page_translates_and_draws_the_attention_with_the_explorers_code(ser
 
     # the second hypothesis of the second line: its own rows and maps
     b.click(*b.center(".hyp[data-line='1'][data-hyp='1']"))
-    b.wait_for("document.getElementById('view').dataset.shown === '1,1,0,1'")
+    b.wait_for("document.getElementById('view').dataset.shown === '1,1,0,1,cross'")
     second = answer["translations"][1]["attention"]["hypotheses"][1]
     assert texts(b, "#ylabels .tok") == second["rows"]
     check_pixels(second["maps"][1])
+
+    # its encoder's self-attention (source over source) and its own decoder self-attention (over <s> and its pieces)
+    assert texts(b, "#maps button") == ["cross", "encoder self", "decoder self"]
+    own, columns = answer["translations"][1]["self_attention"], answer["translations"][1]["attention"]["columns"]
+    b.click(*b.center("#maps button[data-value='encoder']"))
+    b.wait_for("document.getElementById('view').dataset.shown === '1,1,0,1,encoder'")
+    assert texts(b, "#xlabels .tok") == texts(b, "#ylabels .tok") == columns
+    assert texts(b, "#corner") == ["source ↓  source →"]
+    check_pixels(own["encoder"]["maps"][1])
+    b.click(*b.center("#maps button[data-value='decoder']"))
+    b.wait_for("document.getElementById('view').dataset.shown === '1,1,0,1,decoder'")
+    assert texts(b, "#xlabels .tok") == own["decoder"]["hypotheses"][1]["columns"]
+    assert texts(b, "#ylabels .tok") == second["rows"]
+    check_pixels(own["decoder"]["hypotheses"][1]["maps"][1])
+    assert "decoder self-attention" in texts(b, "#readout")[0]
 
 
 @pytest_slow

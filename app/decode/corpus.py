@@ -151,16 +151,45 @@ def forced_attention(
     length-sorted batches: (tgt, src) or (layers, heads, tgt, src) on the host, the rows of the target
     tokens and EOS, the columns of the source tokens and EOS. What reference alignments are scored
     against: they link source and *reference* words. None for a model without attention."""
-    was_training = model.training
-    model.eval()
-    for batch in sorted_batches(src, tgt, batch_tokens):
-        on_device = batch.to(device)
+    for batch, on_device in teacher_forced(model, src, tgt, device, batch_tokens):
         with autocast(device, amp_dtype):
             _, attention = model.decode(model.encode(on_device.src), on_device.tgt_in, need_attention=True)
         if attention is None:
-            model.train(was_training)
             return
         attention = attention.float().cpu()
         for j, i in enumerate(batch.index.tolist()):
             yield i, attention[j, ..., : len(tgt[i]) + 1, : len(src[i]) + 1]
-    model.train(was_training)
+
+
+@torch.no_grad()
+def forced_self_attention(
+    model,
+    src: list[list[int]],
+    tgt: list[list[int]],
+    device: torch.device,
+    batch_tokens: int,
+    amp_dtype: Optional[torch.dtype] = None,
+) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """(index, encoder, decoder) self-attention of every pair, the target fed (a model with self-attention:
+    ``model.self_attention``), on the host: encoder (layers, heads, src, src) over the source tokens and EOS;
+    decoder (layers, heads, tgt, tgt), its rows the positions that write the target tokens and EOS, its columns
+    the inputs they read (BOS and the target tokens)."""
+    for batch, on_device in teacher_forced(model, src, tgt, device, batch_tokens):
+        with autocast(device, amp_dtype):
+            weights = model.self_attention(on_device.src, on_device.tgt_in)
+        encoder, decoder = weights.encoder.float().cpu(), weights.decoder.float().cpu()
+        for j, i in enumerate(batch.index.tolist()):
+            s, t = len(src[i]) + 1, len(tgt[i]) + 1
+            yield i, encoder[j, ..., :s, :s], decoder[j, ..., :t, :t]
+
+
+def teacher_forced(model, src: list[list[int]], tgt: list[list[int]], device: torch.device, batch_tokens: int):
+    """(batch, its tensors on ``device``) of the pairs in length-sorted batches, the model in evaluation mode
+    meanwhile (its mode restored after)."""
+    was_training = model.training
+    model.eval()
+    try:
+        for batch in sorted_batches(src, tgt, batch_tokens):
+            yield batch, batch.to(device)
+    finally:
+        model.train(was_training)

@@ -2,13 +2,15 @@
 
     encode(src, src_mask)             -> Memory
     decode(memory, tgt_in)            -> logits (B, T, V), attention (B, layers, heads, T, S) | None
+    self_attention(src, tgt_in)       -> SelfAttention: encoder (B, layers, heads, S, S), decoder (.., T, T)
     start(memory, beam, steps)        -> DecoderState for ``beam`` consecutive rows per sentence
     step(memory, prev_tokens, state)  -> logits (rows, V), attention (rows, layers, heads, 1, S) | None, state
 
 ``step`` keeps each decoder layer's self-attention keys/values in a cache allocated once and written in
 place, and the encoder memory's cross-attention keys/values, projected once per sentence (all layers in one
 matrix multiply) and shared by its beams, whose queries attend together. A decoding step costs one
-token's worth of compute per layer (docs/benchmarking.md, "Decoding speed").
+token's worth of compute per layer (docs/benchmarking.md, "Decoding speed"). The layers:
+app/models/transformer_layers.py.
 
 Variants from the literature are settings of this one implementation (docs/transformer_variants.md):
 model.pos (sinusoidal | learned | rope | alibi, app/models/positions.py), model.norm_type (layernorm |
@@ -28,11 +30,10 @@ from torch import nn
 
 from app.config import TransformerConfig
 from app.data.tokenizer import PAD
-from app.models.attention import MultiHeadAttention, attention_weights, band_mask
-from app.models.decoder_state import DecoderState, Projection, StepWeights, beam_queries, beam_rows, grouped_queries
+from app.models.attention import MultiHeadAttention, band_mask
+from app.models.decoder_state import DecoderState, Projection
 from app.models.positions import ALiBi, LearnedPositions, Rotary, Rotation, SinusoidalPositions
-
-NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}
+from app.models.transformer_layers import DecoderLayer, EncoderLayer, make_norm
 
 
 @dataclass
@@ -45,162 +46,15 @@ class Memory:
         return Memory(self.states.index_select(0, index), self.src_mask.index_select(0, index))
 
 
-class FeedForward(nn.Sequential):
-    def __init__(self, d_model: int, ff_dim: int, dropout: float, activation: str):
-        act = {"relu": nn.ReLU(), "gelu": nn.GELU()}[activation]
-        super().__init__(nn.Linear(d_model, ff_dim), act, nn.Dropout(dropout), nn.Linear(ff_dim, d_model))
+@dataclass
+class SelfAttention:
+    """A teacher-forced pass's self-attention weights (rows sum to 1, masked keys exactly 0). ``encoder``
+    (B, enc_layers, heads, S, S): each source token over the source; ``decoder`` (B, dec_layers, heads, T, T):
+    each target position (its row: the token it predicts) over the inputs so far (its columns: BOS and the
+    target tokens before it), causal: zero above the diagonal."""
 
-
-def make_norm(cfg: TransformerConfig) -> nn.Module:
-    """LayerNorm (Ba et al. 2016) or RMSNorm (Zhang & Sennrich 2019): x / RMS(x) · g, no centring, no bias."""
-    return NORMS[cfg.norm_type](cfg.d_model, eps=1e-5)
-
-
-class Sublayer(nn.Module):
-    """Residual wrapper: pre-norm x + f(N(x)) or post-norm N(x + f(x)), N = LayerNorm or RMSNorm."""
-
-    def __init__(self, cfg: TransformerConfig):
-        super().__init__()
-        self.norm, self.dropout, self.pre_norm = make_norm(cfg), nn.Dropout(cfg.dropout), cfg.norm == "pre"
-
-    def forward(self, x: torch.Tensor, fn) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        out, extra = fn(self.norm(x) if self.pre_norm else x)
-        x = x + self.dropout(out)
-        return (x if self.pre_norm else self.norm(x)), extra
-
-    def residual(self, x: torch.Tensor, fn, with_extra: bool = False):
-        """``forward`` in inference (no dropout), for a decoding step: ``fn(h, x)`` returns x + f(h), its last
-        projection adding the residual x."""
-        out = fn(self.norm(x) if self.pre_norm else x, x)
-        out, extra = out if with_extra else (out, None)
-        out = out if self.pre_norm else self.norm(out)
-        return (out, extra) if with_extra else out
-
-
-def attention(cfg: TransformerConfig, self_attention: bool) -> MultiHeadAttention:
-    return MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.kv_heads, self_attention)
-
-
-class EncoderLayer(nn.Module):
-    """Self-attention and feed-forward over the source's (B·S, D) rows."""
-
-    def __init__(self, cfg: TransformerConfig):
-        super().__init__()
-        self.self_attn = attention(cfg, self_attention=True)
-        self.ff = FeedForward(cfg.d_model, cfg.ff_dim, cfg.activation_dropout, cfg.activation)
-        self.attn_block = Sublayer(cfg)
-        self.ff_block = Sublayer(cfg)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        batch: int,
-        mask: torch.Tensor,
-        rotation: Optional[Rotation] = None,
-        bias: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
-        x, _ = self.attn_block(x, lambda h: self.self_attn(h, mask=mask, rotation=rotation, bias=bias, batch=batch))
-        x, _ = self.ff_block(x, lambda h: (self.ff(h), None))
-        return x
-
-
-class DecoderLayer(nn.Module):
-    """Causal self-attention, attention to the source, feed-forward: over the target's (B·T, D) rows."""
-
-    def __init__(self, cfg: TransformerConfig):
-        super().__init__()
-        self.self_attn = attention(cfg, self_attention=True)
-        self.cross_attn = attention(cfg, self_attention=False)
-        self.ff = FeedForward(cfg.d_model, cfg.ff_dim, cfg.activation_dropout, cfg.activation)
-        self.self_block = Sublayer(cfg)
-        self.cross_block = Sublayer(cfg)
-        self.ff_block = Sublayer(cfg)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        batch: int,
-        memory: torch.Tensor,
-        key_mask: torch.Tensor,
-        need_weights: bool = False,
-        rotation: Optional[Rotation] = None,
-        bias: Optional[torch.Tensor] = None,
-    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """The whole target, causal (``step`` decodes one token), over the source's (B·S, D) ``memory`` rows.
-        Positions (RoPE rotation, ALiBi bias) enter self-attention only: cross-attention has none."""
-        x, _ = self.self_block(x, lambda h: self.self_attn(h, causal=True, rotation=rotation, bias=bias, batch=batch))
-        x, weights = self.cross_block(
-            x, lambda h: self.cross_attn(h, memory, mask=key_mask, need_weights=need_weights, batch=batch)
-        )
-        x, _ = self.ff_block(x, lambda h: (self.ff(h), None))
-        return x, weights
-
-    def step_weights(self, onednn: bool = False, dtype: Optional[torch.dtype] = None) -> StepWeights:
-        """The layer's projections for decoding steps (read from the parameters when a decoding starts; ``dtype``:
-        autocast's, if on)."""
-        a, c, ff = self.self_attn, self.cross_attn, self.ff
-
-        def projection(*linears: nn.Linear, activation: str = "none") -> Projection:
-            weight, bias = torch.cat([lin.weight for lin in linears]), torch.cat([lin.bias for lin in linears])
-            return Projection(weight, bias, onednn, dtype, activation)
-
-        return StepWeights(
-            projection(a.qkv_proj),
-            projection(a.out_proj),
-            projection(c.q_proj),
-            projection(c.out_proj),
-            projection(ff[0], activation="gelu" if isinstance(ff[1], nn.GELU) else "relu"),
-            projection(ff[3]),
-        )
-
-    def step(
-        self,
-        x: torch.Tensor,
-        cache: tuple[torch.Tensor, torch.Tensor],
-        cross: tuple[torch.Tensor, torch.Tensor],
-        state: DecoderState,
-        weights: StepWeights,
-        span: int,
-        self_mask: Optional[torch.Tensor],
-        rotation: Optional[Rotation],
-        need_weights: bool,
-    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """One token per row, x (rows, D), in inference: the keys and values of x go into the ``cache``'s
-        (keys, values), (rows, kv_heads, capacity, d_head) each, at ``state.position``; its query attends over
-        the first ``span`` positions (``self_mask``: ALiBi's float bias, or None), then over the source's
-        ``cross`` keys and values (sentences, kv_heads, S, d_head)."""
-        heads, kv_heads, d_head = self.self_attn.heads, self.self_attn.kv_heads, self.self_attn.d_head
-        rows = x.size(0)
-
-        def attend_self(h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-            qkv = weights.qkv(h).view(rows, heads + 2 * kv_heads, 1, d_head)
-            if rotation is None:
-                q, new_k, new_v = qkv.split([heads, kv_heads, kv_heads], 1)
-            else:  # RoPE: queries and keys turn by the angle of their position, values do not
-                qk, new_v = qkv.split([heads + kv_heads, kv_heads], 1)
-                q, new_k = rotation(qk).split([heads, kv_heads], 1)
-            keys, values = cache
-            keys.index_copy_(2, state.position, new_k)
-            values.index_copy_(2, state.position, new_v)
-            k, v = (keys, values) if span == keys.size(2) else (keys.narrow(2, 0, span), values.narrow(2, 0, span))
-            context = F.scaled_dot_product_attention(grouped_queries(q, kv_heads), k, v, attn_mask=self_mask)
-            return weights.self_out(context.reshape(rows, -1), residual)
-
-        def attend_source(h: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-            q = beam_queries(weights.cross_q(h), state.beam, kv_heads, d_head)
-            k, v = cross
-            if need_weights:
-                attention = attention_weights(q @ k.transpose(-2, -1) / math.sqrt(d_head), state.key_mask)
-                context = attention @ v
-                attention = beam_rows(attention, state.beam, kv_heads).view(rows, heads, 1, -1)
-            else:
-                context, attention = F.scaled_dot_product_attention(q, k, v, attn_mask=state.key_mask), None
-            return weights.cross_out(beam_rows(context, state.beam, kv_heads), residual), attention
-
-        x = self.self_block.residual(x, attend_self)
-        x, attention = self.cross_block.residual(x, attend_source, with_extra=True)
-        x = self.ff_block.residual(x, lambda h, residual: weights.ff_out(weights.ff_in(h), residual))
-        return x, attention
+    encoder: torch.Tensor
+    decoder: torch.Tensor
 
 
 class Transformer(nn.Module):
@@ -265,6 +119,12 @@ class Transformer(nn.Module):
         return rotation, bias
 
     def encode(self, src: torch.Tensor, src_mask: Optional[torch.Tensor] = None) -> Memory:
+        return self.encoder_pass(src, src_mask)[0]
+
+    def encoder_pass(
+        self, src: torch.Tensor, src_mask: Optional[torch.Tensor] = None, need_weights: bool = False
+    ) -> tuple[Memory, Optional[torch.Tensor]]:
+        """The memory and, with ``need_weights``, every layer's self-attention (B, layers, heads, S, S)."""
         src_mask = src != PAD if src_mask is None else src_mask
         mask = src_mask[:, None, None, :]
         if self.cfg.window:
@@ -274,28 +134,48 @@ class Transformer(nn.Module):
             mask = mask & (band_mask(src.size(1), self.cfg.window, src.device) | padding)
         rotation, bias = self.relative_positions(0, src.size(1))
         x = self.embed(self.src_embed, src)  # the layers work on (B·S, D) rows: no linear layer reshapes
+        weights = []
         for layer in self.encoder:
-            x = layer(x, src.size(0), mask, rotation, bias)
-        return Memory(self.enc_norm(x).view(src.shape + (-1,)), src_mask)
+            x, layer_weights = layer(x, src.size(0), mask, rotation, bias, need_weights=need_weights)
+            weights.append(layer_weights)
+        memory = Memory(self.enc_norm(x).view(src.shape + (-1,)), src_mask)
+        return memory, torch.stack(weights, dim=1) if need_weights else None
 
     def decode(self, memory: Memory, tgt_in: torch.Tensor, need_attention: bool = False, layer: Optional[int] = None):
         """Teacher-forced logits and, with ``need_attention``, every layer's cross-attention; with
         ``layer`` instead, that layer's alone (batch, heads, tgt, src): the others keep the fast kernels."""
+        only = None if layer is None else layer % len(self.decoder)
+        x, attention, _ = self.decoder_pass(memory, tgt_in, lambda i: need_attention or i == only)
+        logits = self.out_proj(self.dec_norm(x)).view(tgt_in.shape + (-1,))
+        if need_attention:
+            return logits, torch.stack(attention, dim=1)
+        return logits, None if only is None else attention[only]
+
+    def decoder_pass(self, memory: Memory, tgt_in: torch.Tensor, cross_weights, need_self_weights: bool = False):
+        """The decoder's last (B·T, D) rows, per layer its cross-attention weights (B, heads, T, S) where
+        ``cross_weights(layer index)`` asks for them (else None), and with ``need_self_weights`` its
+        self-attention weights (B, heads, T, T)."""
         batch = tgt_in.size(0)
         x = self.embed(self.tgt_embed, tgt_in)  # (B·T, D) rows, as the encoder's
         source = memory.states.flatten(0, 1)
         key_mask = memory.src_mask[:, None, None, :]
         rotation, bias = self.relative_positions(0, tgt_in.size(1))
-        only = None if layer is None else layer % len(self.decoder)
-        attention = []
+        cross, own = [], []
         for i, block in enumerate(self.decoder):
-            weigh = need_attention or i == only
-            x, weights = block(x, batch, source, key_mask, need_weights=weigh, rotation=rotation, bias=bias)
-            attention.append(weights)
-        logits = self.out_proj(self.dec_norm(x)).view(tgt_in.shape + (-1,))
-        if need_attention:
-            return logits, torch.stack(attention, dim=1)
-        return logits, None if only is None else attention[only]
+            x, weights, self_weights = block(
+                x, batch, source, key_mask, cross_weights(i), rotation, bias, need_self_weights=need_self_weights
+            )
+            cross.append(weights)
+            own.append(self_weights)
+        return x, cross, own
+
+    @torch.no_grad()
+    def self_attention(self, src: torch.Tensor, tgt_in: torch.Tensor) -> SelfAttention:
+        """The self-attention of the encoder over ``src`` and of the decoder fed ``tgt_in`` (teacher forcing):
+        what the attention views show beside the cross-attention. No logits are computed."""
+        memory, encoder = self.encoder_pass(src, need_weights=True)
+        _, _, decoder = self.decoder_pass(memory, tgt_in, lambda i: False, need_self_weights=True)
+        return SelfAttention(encoder, torch.stack(decoder, dim=1))
 
     @torch.no_grad()
     def start(self, memory: Memory, beam: int = 1, steps: Optional[int] = None, onednn: bool = False) -> DecoderState:

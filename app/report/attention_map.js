@@ -118,10 +118,11 @@ class AttentionMap {
     for (const id of ['xlabels', 'ylabels', 'overlay']) this.$(id).addEventListener('mouseleave', () => this.setFocus(null));
   }
 
-  // Draw one view. info: { src, rnn, layers, heads, headLayers } (the sentence); rows: the row tokens; maps: the
-  // uint8 maps of those rows; l, h: the layer and head (or 'mean'); links: { kind: [[row, column], ...] } or null;
-  // rowsName: what the rows are (corner label); hint: the readout when nothing is hovered; legend: HTML below
-  draw({ info, rows, maps, l, h, links = null, rowsName = 'target', hint = '', legend = '' }) {
+  // Draw one view. info: { src, rnn, layers, heads, headLayers } (the sentence; src: the column tokens); rows: the
+  // row tokens; maps: the uint8 maps of those rows; l, h: the layer and head (or 'mean'); links: { kind: [[row,
+  // column], ...] } or null; rowsName, columnsName: what the rows and columns are (corner label); hint: the readout
+  // when nothing is hovered; legend: HTML below
+  draw({ info, rows, maps, l, h, links = null, rowsName = 'target', columnsName = 'source', hint = '', legend = '' }) {
     const S = info.src.length, T = rows.length;
     Object.assign(this, { src: info.src, rows, links, focus: null, hint, l, h });
     this.view = viewOf(maps, info, T, S, l, h);
@@ -153,7 +154,7 @@ class AttentionMap {
       Object.assign(el.style, { height: `${cell}px`, lineHeight: `${cell}px`, fontSize: font });
       return el;
     }));
-    this.$('corner').textContent = `${rowsName} ↓  source →`;
+    this.$('corner').textContent = `${rowsName} ↓  ${columnsName} →`;
 
     // the heatmap: one pixel per cell, scaled up without smoothing
     const pixels = new ImageData(S, T);

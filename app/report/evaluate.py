@@ -33,7 +33,7 @@ from app.report.board import log_eval
 from app.report.explorer import evaluation_records, write_explorer
 from app.report.plots import alignment_figure, figures, png_bytes
 from app.report.scores import split_scores, ter_of_statistics, ter_statistics
-from app.report.split_pass import SentenceRecord, sentence_records
+from app.report.split_pass import SentenceRecord, add_self_attention, sentence_records
 from app.utils import Stopwatch, atomic_write, atomic_write_text, resolve_device
 
 METRIC_NAMES = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER"}
@@ -43,11 +43,11 @@ METRIC_NAMES = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER"}
 TER_WORKER_SHARE = 0.6
 
 
-def ter_worker_share(gold_path: Optional[str], attention: bool) -> float:
-    """How much of TER the host worker counts: all of it beside the AER's forced passes (reference links and a
-    model with attention: 14 s for the quick model's test and dev splits, longer than TER), else
-    TER_WORKER_SHARE."""
-    return 1.0 if gold_path and attention else TER_WORKER_SHARE
+def ter_worker_share(gold_path: Optional[str], attention: bool, own: bool = False) -> float:
+    """How much of TER the host worker counts: all of it beside a teacher-forced pass, the AER's (reference links and
+    a model with attention: 14 s for the quick model's test and dev splits, longer than TER) or the self-attention's
+    (``own``: 4-6 s of the quick model's test split), else TER_WORKER_SHARE."""
+    return 1.0 if (gold_path and attention) or own else TER_WORKER_SHARE
 
 
 def evaluated(cfg: Config) -> bool:
@@ -78,12 +78,14 @@ def evaluate_run(cfg: Config) -> dict:
             hyps = trained.translate(data.src, cfg.decode, progress=True, need_attention=True)
     texts = trained.tokenizer.decode_tgt(hyps.tokens)
     gold_path = cfg.eval.gold_align or reference_links(trained.config.data.dir, cfg.eval.split)
+    own = hyps.attention is not None and self_attention(cfg, trained)
     with clock("score"):  # TER of most sentences in the host worker, on another core, while the rest is written
         worker = host_worker(preload=("app.report.scores",)) if cfg.viz.worker else None
-        cut = round(ter_worker_share(gold_path, hyps.attention is not None) * len(texts)) if worker else 0
+        share = ter_worker_share(gold_path, hyps.attention is not None, own)
+        cut = round(share * len(texts)) if worker else 0
         ter = submit(worker, ter_statistics, texts[:cut], data.tgt_texts[:cut])
     out_dir = os.path.join(cfg.run_dir, "eval", cfg.eval.split)
-    print_plan(cfg, data, split_size, hyps.attention is not None, gold_path, clock)
+    print_plan(cfg, data, split_size, hyps.attention is not None, own, gold_path, clock)
     with clock("score"):
         metrics, bleu = split_scores(texts, data.tgt_texts, data.src_texts, list(cfg.eval.length_buckets), ter=False)
     metrics.update(subset_stats(len(data), split_size))
@@ -95,12 +97,21 @@ def evaluate_run(cfg: Config) -> dict:
         if forced:
             metrics["alignment"] = forced.result
     records = []  # each sentence's record, built once: every output below reads them (app/report/split_pass.py)
+    views = dict(keep=cfg.eval.attention, layer=cfg.viz.layer)  # what the files and the explorer keep of a map
     with clock("files"):
         atomic_write_text(os.path.join(out_dir, "hyp.txt"), "".join(t + "\n" for t in texts))
         if hyps.attention is not None:  # of the hypotheses' attention, the map plots show (viz.layer)
             metrics["attention"] = attention_shape(hyps.attention, cfg.viz.layer)
-            views = dict(keep=cfg.eval.attention, layer=cfg.viz.layer, references=forced is not None)
-            records = sentence_records(data, hyps, trained.tokenizer, progress="attention views", **views)
+            refs = forced is not None
+            progress = "attention views"
+            records = sentence_records(data, hyps, trained.tokenizer, references=refs, progress=progress, **views)
+    if own:
+        with clock("self-attention"):  # one teacher-forced pass of every hypothesis, without logits
+            batch_tokens = cfg.decode.cuda_batch_tokens if trained.device.type == "cuda" else cfg.decode.batch_tokens
+            passes = (trained.model, data.src, hyps.tokens, trained.device, batch_tokens, trained.dtype)
+            add_self_attention(records, *passes, progress="self-attention", **views)
+    if records:
+        with clock("files"):
             write_alignments(out_dir, records, cfg, metrics.get("alignment"))
     if hyps.attention is not None:
         with clock("heatmaps"):
@@ -125,6 +136,12 @@ def evaluate_run(cfg: Config) -> dict:
     atomic_write_text(os.path.join(out_dir, "metrics.json"), json.dumps(metrics, indent=2))
     print_report(metrics, out_dir, tb, trained.step, ct2, hyps.attention is not None, clock)
     return metrics
+
+
+def self_attention(cfg: Config, trained: TrainedModel) -> bool:
+    """Whether the evaluation keeps the self-attention too: ``eval.self_attention``, a model that has one, decoded by
+    it (a CTranslate2 export returns one map of its cross-attention, nothing of its self-attention)."""
+    return cfg.eval.self_attention and cfg.eval.engine == "torch" and hasattr(trained.model, "self_attention")
 
 
 def check_settings(cfg: Config) -> None:
@@ -157,10 +174,18 @@ def tensorboard_config(cfg: Config, metrics: dict) -> Config:
 
 
 def print_plan(
-    cfg: Config, data: ParallelData, split_size: int, has_attention: bool, gold_path: Optional[str], clock: Stopwatch
+    cfg: Config,
+    data: ParallelData,
+    split_size: int,
+    has_attention: bool,
+    own: bool,
+    gold_path: Optional[str],
+    clock: Stopwatch,
 ) -> None:
-    """What is left once the hypotheses exist: long work shows its own progress bar."""
+    """What is left once the hypotheses exist (``own``: the self-attention too): long work shows its own progress
+    bar."""
     what = ["scores (TER in a worker process)"] + ["AER against the reference links"] * bool(gold_path)
+    what += ["the self-attention of every hypothesis (eval.self_attention)"] * own
     if has_attention:
         plots = min(cfg.viz.eval_plots, len(data))
         what += [f"attention files, {plots} heatmap{'s' * (plots != 1)}, the explorer"]
@@ -261,7 +286,7 @@ def write_alignments(out_dir: str, records: list[SentenceRecord], cfg: Config, a
                 entry["layer"] = cfg.viz.layer % r.stored.layers  # the layer the plots show
             if alignment:
                 entry["alignment_view"] = {"view": alignment["view"], "chosen_on": alignment["chosen_on"]}
-            yield entry, r.stored
+            yield entry, r.stored, r.self_attention or {}
 
     write_attention_files(out_dir, sentences())
 

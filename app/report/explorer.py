@@ -4,7 +4,9 @@ with hover highlighting and the view in the URL hash (#s=<index>&l=<layer>&h=<he
 
 A sentence shows the attention that produced its hypothesis and, where the corpus has reference word
 links, also the attention read while forcing the reference through the decoder (rows: reference pieces),
-with the links outlined over it; a toggle switches the rows.
+with the links outlined over it; of a Transformer also its self-attention: the encoder's (source over source)
+and the decoder's (each position writing a hypothesis piece over the pieces it has read, causal). Buttons
+switch between these maps (``m=ref|encoder|decoder`` in the hash).
 
 Everything is inline (no network); the map's drawing code is app/report/attention_map.js, shared with make
 serve's page. A sentence's maps are the views ``app.report.attention_files.store_attention``
@@ -52,6 +54,11 @@ class ExplorerRecord:
     ``app.data.links.read_pharaoh`` reads a line (possible includes sure) or as
     ``{"sure": ..., "possible": ...}``; the page outlines the cells of their pieces (sure solid, the
     possible-only ones dashed).
+
+    ``encoder_attention``, ``decoder_attention`` (optional, a Transformer's, both or neither): its self-attention,
+    (layers, heads, src, src) over ``src_tokens`` and (layers, heads, tgt, tgt) with the rows of ``tgt_tokens``
+    and the columns of the decoder's inputs (BOS and ``tgt_tokens`` but the last), with the heads of
+    ``attention``.
     """
 
     id: str
@@ -65,6 +72,8 @@ class ExplorerRecord:
     ref_tokens: list[str] | None = None
     ref_attention: Any = None
     links: Any = None
+    encoder_attention: Any = None  # a Transformer's encoder self-attention (layers, heads, src, src), or its views
+    decoder_attention: Any = None  # its decoder self-attention (layers, heads, tgt, tgt): rows as tgt_tokens
 
 
 def _stored(record_id: str, attention, rows: list[str], cols: list[str], name: str, layer: int, keep: str):
@@ -119,8 +128,31 @@ def link_cells(record: ExplorerRecord) -> dict | None:
     return {"sure": cells(sure), "possible": cells(possible - sure)}
 
 
-def _reference(record: ExplorerRecord, stored: StoredAttention, blobs: list[str], layer: int, keep: str):
-    """The page's entry for the forced attention (its blob appended to ``blobs``), or None."""
+def _self_attention(record: ExplorerRecord, stored: StoredAttention, place, layer: int, keep: str):
+    """The page's entries of the self-attention maps (``place``d in the maps block), or None."""
+    given = {"encoder": record.encoder_attention, "decoder": record.decoder_attention}
+    if all(weights is None for weights in given.values()):
+        return None
+    if any(weights is None for weights in given.values()) or not stored.layers:
+        raise ValueError(
+            f"sentence {record.id}: encoder_attention and decoder_attention come together, from a Transformer "
+            "(its attention has layers and heads)"
+        )
+    axes = {"encoder": (record.src_tokens, record.src_tokens), "decoder": (record.tgt_tokens, record.tgt_tokens)}
+    entries = {}
+    for kind, weights in given.items():
+        own = _stored(record.id, weights, *axes[kind], f"{kind}_attention", layer, keep)
+        if own.heads != stored.heads:
+            raise ValueError(
+                f"sentence {record.id}: {kind}_attention has {own.heads} heads, the attention {stored.heads}: both "
+                "come from the same model"
+            )
+        entries[kind] = {"layers": own.layers, "headLayers": own.head_layers, "at": place(own)}
+    return entries
+
+
+def _reference(record: ExplorerRecord, stored: StoredAttention, place, layer: int, keep: str):
+    """The page's entry for the forced attention (``place``d in the maps block), or None."""
     if record.ref_attention is None:
         if record.ref_tokens is not None or record.links is not None:
             raise ValueError(
@@ -136,8 +168,7 @@ def _reference(record: ExplorerRecord, stored: StoredAttention, blobs: list[str]
             f"sentence {record.id}: ref_attention has {ref.layers or 'an RNN map of'} layers x {ref.heads} heads, "
             f"the attention {stored.layers} x {stored.heads}: both come from the same model"
         )
-    blobs.append(_blob(ref))
-    return {"tgt": list(record.ref_tokens), "links": link_cells(record)}
+    return {"tgt": list(record.ref_tokens), "links": link_cells(record), "at": place(ref)}
 
 
 def write_explorer(
@@ -153,11 +184,18 @@ def write_explorer(
     ``meta`` (model, checkpoint, split, corpus BLEU, alignment...) is shown as key: value pairs in the
     header. ``layer`` and ``keep``: which heads a Transformer's maps keep
     (app.report.attention_files.store_attention)."""
-    sentences, blobs, offset = [], [], 0
+    sentences, blobs, end = [], [], 0
+
+    def place(stored: StoredAttention) -> list[int]:
+        """The maps' blob appended to the maps block; its slice of the block, [start, length]."""
+        nonlocal end
+        blobs.append(_blob(stored))
+        end += len(blobs[-1])
+        return [end - len(blobs[-1]), len(blobs[-1])]
+
     for record in records:
         record = record if isinstance(record, ExplorerRecord) else ExplorerRecord(**record)
         stored = _stored(record.id, record.attention, record.tgt_tokens, record.src_tokens, "attention", layer, keep)
-        blobs.append(_blob(stored))
         sent = {
             "id": str(record.id),
             "src": list(record.src_tokens),
@@ -173,10 +211,9 @@ def write_explorer(
             "headLayers": stored.head_layers,  # maps: these layers' heads, then each layer's mean
             "rnn": stored.layers == 0,  # one map: no layer/head selectors
         }
-        sent["at"], offset = [offset, len(blobs[-1])], offset + len(blobs[-1])  # its slice of the maps block
-        if ref := _reference(record, stored, blobs, layer, keep):  # rows: the reference pieces, forced
-            ref["at"], offset = [offset, len(blobs[-1])], offset + len(blobs[-1])
-        sent["ref"] = ref
+        sent["at"] = place(stored)  # its slice of the maps block
+        sent["ref"] = _reference(record, stored, place, layer, keep)  # rows: the reference pieces, forced
+        sent["own"] = _self_attention(record, stored, place, layer, keep)  # the encoder's, then the decoder's
         sentences.append(sent)
 
     def script_json(value) -> str:  # JSON that cannot close the <script> element it sits in
@@ -212,7 +249,8 @@ def evaluation_records(
     records (app.report.split_pass.SentenceRecord: pieces and the kept views of the attention that produced
     each hypothesis) and, when ``forced`` (evaluate.ForcedAlignment) is given, the forced attention of the
     reference with its links (those inside the sentence's words: a gold file made for other text scores
-    its links as misses, but they have no cell to draw)."""
+    its links as misses, but they have no cell to draw); the views of the self-attention where the records have
+    them."""
     for r in records:
         i = r.index
         record = ExplorerRecord(
@@ -225,6 +263,8 @@ def evaluation_records(
             reference=data.tgt_texts[i],
             bleu=bleu[i],
         )
+        own = r.self_attention or {}
+        record.encoder_attention, record.decoder_attention = own.get("encoder"), own.get("decoder")
         if forced is not None:
             record.ref_tokens = r.ref_pieces
             record.ref_attention = forced.attention[i]

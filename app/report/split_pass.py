@@ -9,9 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import torch
 from tqdm import tqdm
 
 from app.data.tokenizer import EOS
+from app.decode.corpus import forced_self_attention
 from app.report.attention_files import StoredAttention, store_attention
 
 
@@ -20,7 +22,9 @@ class SentenceRecord:
     """One decoded sentence as every output reads it. ``index``: its place in the split; ``attention``: what
     produced the hypothesis, (tgt, src) or (layers, heads, tgt, src), None for a model without attention;
     ``stored``: the views of it the attention files and the explorer keep; ``ref_pieces``: the reference's
-    pieces, the rows of its forced attention (both when asked for)."""
+    pieces, the rows of its forced attention (both when asked for); ``self_attention``: the views kept of a
+    Transformer's encoder and decoder self-attention over the sentence and its hypothesis ({"encoder": ...,
+    "decoder": ...}, when asked for: ``add_self_attention``)."""
 
     index: int
     id: str
@@ -29,6 +33,7 @@ class SentenceRecord:
     attention: Any = None
     stored: Optional[StoredAttention] = None
     ref_pieces: Optional[list[str]] = None
+    self_attention: Optional[dict[str, StoredAttention]] = None
 
 
 def sentence_records(
@@ -62,3 +67,25 @@ def sentence_records(
             )
         )
     return records
+
+
+def add_self_attention(
+    records: list[SentenceRecord],
+    model,
+    src: list[list[int]],
+    hyps: list[list[int]],
+    device: torch.device,
+    batch_tokens: int,
+    amp_dtype: Optional[torch.dtype] = None,
+    keep: str = "layer",
+    layer: int = -1,
+    progress: str = "",
+) -> None:
+    """Fill each record's ``self_attention`` with the views ``keep`` keeps (as of the cross-attention) of the
+    model's self-attention over ``src[i]`` and, fed it (teacher forcing, one pass without logits), over the
+    hypothesis ``hyps[n]`` (in the order of ``records``): the decoder's weights are those that wrote it."""
+    sources = [src[r.index] for r in records]
+    passes = forced_self_attention(model, sources, hyps, device, batch_tokens, amp_dtype)
+    for n, encoder, decoder in tqdm(passes, progress, len(records), leave=False, unit="sentence", disable=not progress):
+        views = (store_attention(weights, layer, keep) for weights in (encoder, decoder))
+        records[n].self_attention = dict(zip(("encoder", "decoder"), views))

@@ -44,7 +44,8 @@ def validation_message(err: RequestValidationError) -> tuple[int, str]:
         return 400, f"malformed JSON: {first.get('ctx', {}).get('error', first.get('msg'))}"
     where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or "the body"
     unknown = first["type"] == "extra_forbidden"
-    message = "an unknown field (known: text, beam_size, n_best, attention)" if unknown else first["msg"]
+    known = ", ".join(TranslateRequest.model_fields)
+    message = f"an unknown field (known: {known})" if unknown else first["msg"]
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return 422, f"{where}: {message}{more}"
 
@@ -52,9 +53,8 @@ def validation_message(err: RequestValidationError) -> tuple[int, str]:
 def create_app(engine: Engine, limits: ServeConfig, default_beam: int) -> FastAPI:
     """The application serving ``engine``; requests batched as ``limits`` (serve.*) says."""
 
-    def decode(sources: list[list[int]], key: tuple[int, int, bool]) -> list[dict[str, Any]]:
-        beam_size, n_best, attention = key
-        return engine.translate(sources, beam_size, n_best, attention)
+    def decode(sources: list[list[int]], key: tuple[int, int, bool, bool]) -> list[dict[str, Any]]:
+        return engine.translate(sources, *key)
 
     batcher = Batcher(decode, limits.batch_wait_ms / 1000, limits.max_batch_lines)
 
@@ -106,11 +106,12 @@ def create_app(engine: Engine, limits: ServeConfig, default_beam: int) -> FastAP
     @app.post("/translate")
     async def translate(body: TranslateRequest) -> JSONResponse:
         """Translate ``text`` (a line or a list of lines): per line its hypotheses, best first, with their scores
-        and pieces, and with ``attention`` each hypothesis' cross-attention (app.serve.engine.attention_entry)."""
+        and pieces, with ``attention`` each hypothesis' cross-attention (app.serve.engine.attention_entry), with
+        ``self_attention`` the encoder's and each hypothesis' decoder's self-attention (self_attention_entry)."""
         start = time.monotonic()
         lines, beam_size = check_request(body, limits, default_beam)
         sources = engine.encode(lines)
-        results = await batcher.submit(sources, (beam_size, body.n_best, body.attention))
+        results = await batcher.submit(sources, (beam_size, body.n_best, body.attention, body.self_attention))
         return JSONResponse({"translations": results, "seconds": round(time.monotonic() - start, 4)})
 
     @app.get("/health")
@@ -123,7 +124,7 @@ def create_app(engine: Engine, limits: ServeConfig, default_beam: int) -> FastAP
         decoding calls made so far (lines / calls: how many lines a call decoded on average)."""
         return {
             **engine.info,
-            "defaults": {"beam_size": default_beam, "n_best": 1, "attention": False},
+            "defaults": {"beam_size": default_beam, "n_best": 1, "attention": False, "self_attention": False},
             "limits": {
                 "max_lines": limits.max_lines,
                 "max_chars": limits.max_chars,

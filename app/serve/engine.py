@@ -9,7 +9,8 @@ an n-best list, the attention read while forcing that hypothesis through the dec
 A CTranslate2 export returns the best hypothesis' map only (one layer's mean of heads). Each map becomes the
 views app.report.attention_files.store_attention keeps (every head of every layer, each layer's mean), and the
 word links read from each view (app.report.aer.hard_alignments: the most attended source word of every target
-word)."""
+word). Self-attention, when asked for (a Transformer on the torch engine): the encoder's over the source, and
+the decoder's over each hypothesis, read while forcing it through the decoder, kept as the same views."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch
 from app.config import Config, DecodeConfig
 from app.data.links import piece_links
 from app.data.tokenizer import Tokenizer
-from app.decode.corpus import forced_attention
+from app.decode.corpus import forced_attention, forced_self_attention
 from app.decode.search import check_source_lengths
 from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.models import count_parameters
@@ -50,9 +51,13 @@ class Engine:
         check_source_lengths(self.trained.model if self.trained else self.translator, src)
         return src
 
-    def translate(self, src: list[list[int]], beam_size: int, n_best: int, attention: bool) -> list[dict[str, Any]]:
+    def translate(
+        self, src: list[list[int]], beam_size: int, n_best: int, attention: bool, self_attention: bool = False
+    ) -> list[dict[str, Any]]:
         """One decoding call for every sentence of ``src``: per sentence its source pieces, its hypotheses (text,
-        score, target pieces; best first) and, with ``attention``, the attention of each hypothesis."""
+        score, target pieces; best first) and, with ``attention``, the attention of each hypothesis; with
+        ``self_attention`` too, the self-attention of the encoder and of each hypothesis (``self_attention_entry``:
+        None where the model has none)."""
         decode = dataclasses.replace(self.decode, beam_size=beam_size, n_best=n_best)
         hyps = self.translator.translate(src, decode, need_attention=attention)
         results = []
@@ -68,7 +73,30 @@ class Engine:
             maps = self.hypothesis_attention(src, hyps, [[t for t, _ in r] for r in (hyps.nbest or [])])
             for i, result in enumerate(results):
                 result["attention"] = attention_entry(result, maps[i]) if maps else None
+        if self_attention:
+            nbest = [[t for t, _ in r] for r in hyps.nbest] if hyps.nbest is not None else [[t] for t in hyps.tokens]
+            own = self.hypothesis_self_attention(src, nbest)
+            for i, result in enumerate(results):
+                result["self_attention"] = self_attention_entry(result, *own[i]) if own else None
         return results
+
+    def hypothesis_self_attention(self, src: list[list[int]], nbest: list[list[list[int]]]) -> list[tuple]:
+        """Per sentence (its encoder's self-attention, [each hypothesis' decoder self-attention]), read while
+        forcing each hypothesis through the decoder; [] for a model without self-attention (or an export)."""
+        t = self.trained
+        if t is None or not hasattr(t.model, "self_attention"):
+            return []
+        pairs = [(i, k) for i in range(len(src)) for k in range(len(nbest[i]))]
+        batch_tokens = self.decode.cuda_batch_tokens if t.device.type == "cuda" else self.decode.batch_tokens
+        passes = forced_self_attention(
+            t.model, [src[i] for i, _ in pairs], [nbest[i][k] for i, k in pairs], t.device, batch_tokens, t.dtype
+        )
+        own = [[None, [None] * len(nbest[i])] for i in range(len(src))]
+        for j, encoder, decoder in passes:
+            i, k = pairs[j]
+            own[i][0] = encoder  # the same for every hypothesis of the sentence
+            own[i][1][k] = decoder
+        return [tuple(o) for o in own]
 
     def pieces(self, tokens: list[int]) -> list[str]:
         return self.tokenizer.tgt_pieces(tokens)
@@ -116,6 +144,25 @@ def attention_entry(result: dict[str, Any], maps: list[Optional[torch.Tensor]]) 
             }
         )
     return entry
+
+
+def self_attention_entry(result: dict[str, Any], encoder: torch.Tensor, decoders: list[torch.Tensor]) -> dict[str, Any]:
+    """The API's self-attention of one sentence, as integer maps (weight × scale, rounded: within 1/510) of the views
+    kept (every head of every layer, then each layer's mean): ``encoder`` with its maps over the source pieces + EOS
+    (rows and columns: the attention's ``columns``); ``decoder`` with, per hypothesis, its ``columns`` (the inputs it
+    read: <s> and its pieces), and its maps (rows: the hypothesis' pieces + EOS, as its attention's rows)."""
+
+    def views(weights) -> dict[str, Any]:
+        stored = store_attention(weights, keep="all")
+        meta = {"layers": stored.layers, "heads": stored.heads, "head_layers": stored.head_layers}
+        return {**meta, "views": stored.names, "maps": stored.maps.tolist()}
+
+    hypotheses = []
+    for hypothesis, weights in zip(result["hypotheses"], decoders):
+        entry = views(weights)
+        hypotheses.append({"columns": ["<s>"] + hypothesis["target_pieces"], "maps": entry.pop("maps")})
+    decoder = {k: v for k, v in views(decoders[0]).items() if k != "maps"}
+    return {"scale": SCALE, "encoder": views(encoder), "decoder": {**decoder, "hypotheses": hypotheses}}
 
 
 def load_engine(cfg: Config) -> Engine:

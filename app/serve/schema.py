@@ -12,7 +12,8 @@ from app.config import ServeConfig
 
 class TranslateRequest(BaseModel):
     """``text``: one line or a list of lines; ``beam_size`` (unset: decode.beam_size), ``n_best`` hypotheses per
-    line, ``attention``: each hypothesis' cross-attention, its views and the word links read from them."""
+    line, ``attention``: each hypothesis' cross-attention, its views and the word links read from them;
+    ``self_attention``: a Transformer's self-attention, the encoder's and each hypothesis' decoder's."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -20,6 +21,7 @@ class TranslateRequest(BaseModel):
     beam_size: Optional[StrictInt] = None
     n_best: StrictInt = 1
     attention: StrictBool = False
+    self_attention: StrictBool = False
 
     def lines(self) -> list[str]:
         return [self.text] if isinstance(self.text, str) else list(self.text)
@@ -35,6 +37,7 @@ class Translation(BaseModel):
     source_pieces: list[str]
     hypotheses: list[Hypothesis]
     attention: Optional[dict[str, Any]] = None  # app.serve.engine.attention_entry
+    self_attention: Optional[dict[str, Any]] = None  # app.serve.engine.self_attention_entry
 
 
 class TranslateResponse(BaseModel):

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from app.config import CUDA_GRAPH_MODES, Config
 from app.data.tokenizer import PAD
-from app.models.transformer import DecoderLayer, EncoderLayer
+from app.models.transformer_layers import DecoderLayer, EncoderLayer
 from app.train.guided_alignment import guided_alignment_loss
 from app.train.master_weights import MasterWeights
 from app.utils import autocast

@@ -1,8 +1,10 @@
 // make serve's page: the lines of the text box to POST /translate, the hypotheses with their scores, and the chosen
-// hypothesis' cross-attention drawn by the explorer's code (AttentionMap, /static/attention_map.js).
+// hypothesis' cross-attention drawn by the explorer's code (AttentionMap, /static/attention_map.js); of a
+// Transformer also the encoder's self-attention and the hypothesis' decoder self-attention (the "map" buttons).
 'use strict';
 const $ = id => document.getElementById(id);
-const page = { data: null, lines: [], line: 0, hyp: 0, l: null, h: null };
+const page = { data: null, lines: [], line: 0, hyp: 0, l: null, h: null, map: 'cross' };
+const MAP_LABELS = { cross: 'cross', encoder: 'encoder self', decoder: 'decoder self' };
 const heatmap = new AttentionMap($('attention-map'), (l, h) => { Object.assign(page, { l, h }); drawMap(); });
 const LEGEND = 'outlined: <span class="sure">▭ word links read from this map</span> ' +
   '(each target word to the source word it attends to most, pieces summed into words)';
@@ -31,7 +33,10 @@ async function loadInfo() {
 async function translate() {
   const lines = $('text').value.split('\n').map(s => s.trim()).filter(Boolean);
   if (!lines.length) return status('type a sentence to translate', true);
-  const body = { text: lines, beam_size: Number($('beam').value), n_best: Number($('nbest').value), attention: true };
+  const body = {
+    text: lines, beam_size: Number($('beam').value), n_best: Number($('nbest').value), attention: true,
+    self_attention: true,
+  };
   status('translating…');
   const response = await fetch('/translate', {
     method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body),
@@ -71,11 +76,16 @@ function drawMap() {
   const score = hyp.score == null ? '' : ` · score ${hyp.score.toFixed(3)}`;
   $('title').replaceChildren(`line ${page.line + 1}, hypothesis ${page.hyp + 1}`, element('small', hyp.text + score));
   const attention = translation.attention, maps = attention?.hypotheses[page.hyp];
+  const own = translation.self_attention;
+  const kinds = ['cross', ...(own && maps ? ['encoder', 'decoder'] : [])];
+  if (!kinds.includes(page.map)) page.map = 'cross';
+  drawButtons($('maps'), 'map', kinds, page.map, k => { page.map = k; drawMap(); }, kinds.length < 2,
+    k => MAP_LABELS[k]);
   $('attention-map').hidden = !maps;
   if (!maps) {
     $('title').append(element('small', attention ? '(the export returns the best hypothesis\' attention only)'
       : '(this model has no attention)'));
-  } else {
+  } else if (page.map === 'cross') {
     const info = {
       src: attention.columns, rnn: attention.layers === 0, layers: Math.max(attention.layers, 1),
       heads: Math.max(attention.heads, 1), headLayers: attention.head_layers,
@@ -86,8 +96,24 @@ function drawMap() {
       links: { read: maps.cells[mapIndex(info, page.l, page.h)] }, rowsName: 'hypothesis',
       hint: `${attention.views[mapIndex(info, page.l, page.h)]} · hover a token or a cell`, legend: LEGEND,
     });
+  } else {
+    const set = own[page.map], encoder = page.map === 'encoder', hypothesis = set.hypotheses?.[page.hyp];
+    const info = {
+      src: encoder ? attention.columns : hypothesis.columns, rnn: false, layers: set.layers, heads: set.heads,
+      headLayers: set.head_layers,
+    };
+    [page.l, page.h] = chosenView(info, page.l, page.h);
+    const weights = Uint8Array.from((encoder ? set : hypothesis).maps.flat(2));
+    heatmap.draw({
+      info, rows: encoder ? attention.columns : maps.rows, maps: weights, l: page.l, h: page.h,
+      rowsName: encoder ? 'source' : 'hypothesis (writing)',
+      columnsName: encoder ? 'source' : 'hypothesis (read)',
+      hint: `${set.views[mapIndex(info, page.l, page.h)]} · ` + (encoder
+        ? 'encoder self-attention: each source piece over the source'
+        : 'decoder self-attention: the position writing each piece over the pieces it has read (causal)'),
+    });
   }
-  $('view').dataset.shown = `${page.line},${page.hyp},${page.l},${page.h}`;
+  $('view').dataset.shown = `${page.line},${page.hyp},${page.l},${page.h},${page.map}`;
   window.serveReady = performance.now();
 }
 
