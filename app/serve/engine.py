@@ -157,12 +157,12 @@ def self_attention_entry(result: dict[str, Any], encoder: torch.Tensor, decoders
         meta = {"layers": stored.layers, "heads": stored.heads, "head_layers": stored.head_layers}
         return {**meta, "views": stored.names, "maps": stored.maps.tolist()}
 
-    hypotheses = []
-    for hypothesis, weights in zip(result["hypotheses"], decoders):
-        entry = views(weights)
-        hypotheses.append({"columns": ["<s>"] + hypothesis["target_pieces"], "maps": entry.pop("maps")})
-    decoder = {k: v for k, v in views(decoders[0]).items() if k != "maps"}
-    return {"scale": SCALE, "encoder": views(encoder), "decoder": {**decoder, "hypotheses": hypotheses}}
+    decoded = [views(weights) for weights in decoders]
+    hypotheses = [
+        {"columns": ["<s>"] + hypothesis["target_pieces"], "maps": entry.pop("maps")}
+        for hypothesis, entry in zip(result["hypotheses"], decoded)
+    ]
+    return {"scale": SCALE, "encoder": views(encoder), "decoder": {**decoded[0], "hypotheses": hypotheses}}
 
 
 def load_engine(cfg: Config) -> Engine:
