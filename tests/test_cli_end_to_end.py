@@ -370,6 +370,8 @@ def test_eval_logs_scores_figures_samples_and_hparams_into_the_runs_tensorboard(
         assert [(e.step, round(e.value, 2)) for e in events.Scalars(f"eval/test/{key}")][-1] == (step, metrics[key])
     expected = {f"eval/test/alignment/{i}/{name}" for i in range(2) for name in ("alignment", "layers", "heads_layer0")}
     assert expected <= set(events.Tags()["images"])  # (an earlier eval of this module may have shown more sentences)
+    own = {f"eval/test/alignment/{i}/{kind}_self" for i in range(2) for kind in ("encoder", "decoder")}
+    assert own <= set(events.Tags()["images"]) and events.Images("eval/test/alignment/1/decoder_self")[-1].step == step
     assert events.Images("eval/test/alignment/0/heads_layer0")[-1].step == step
     samples = text_at(events, "eval/test/samples", step)
     assert "**best by sentence BLEU**" in samples and "**worst by sentence BLEU**" in samples

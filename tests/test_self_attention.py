@@ -148,3 +148,25 @@ def test_attention_files_keep_the_self_attention_beside_the_cross_attention(tmp_
     assert "encoder" not in second and second["maps"].shape == (7, 5, 6)
     with np.load(tmp_path / "alignments.npz") as archive:  # numpy alone reads them, under the names the index gives
         assert sorted(archive.files) == ["0", "0.decoder", "0.encoder", "1"]
+
+
+def test_tensorboards_figures_of_a_sentence_add_each_layers_mean_of_its_self_attention():
+    from app.report.board import alignment_figures
+    from app.report.split_pass import SentenceRecord
+
+    rng = np.random.default_rng(1)
+    # cross-attention (2 layers, 4 heads, 4 target, 3 source pieces); a 3-layer encoder's, the decoder's (causal)
+    cross, encoder = rng.random((2, 4, 4, 3)), rng.random((3, 4, 3, 3))
+    decoder = np.tril(rng.random((2, 4, 4, 4)))
+    cross, encoder, decoder = (a / a.sum(-1, keepdims=True) for a in (cross, encoder, decoder))
+    record = SentenceRecord(0, "Gen.1.1", ["▁a", "▁b", "</s>"], ["▁x", "▁y", "▁z", "</s>"], cross)
+    record.self_attention = {"encoder": store_attention(encoder), "decoder": store_attention(decoder)}
+    specs = alignment_figures("eval/test/alignment", [record], -1)
+    assert {"eval/test/alignment/0/encoder_self", "eval/test/alignment/0/decoder_self"} <= set(specs)
+    maps, columns, rows, titles, _ = specs["eval/test/alignment/0/decoder_self"]
+    assert (columns, rows) == (["<s>", "▁x", "▁y", "▁z"], record.hyp_pieces)
+    assert titles == ["decoder self-attention, layer 0 mean", "decoder self-attention, layer 1 mean"]
+    assert np.abs(maps - decoder.mean(1)).max() <= 1 / 510 + 1e-6
+    maps, columns, rows, titles, _ = specs["eval/test/alignment/0/encoder_self"]
+    assert columns == rows == record.src_pieces and maps.shape == (3, 3, 3)
+    assert np.abs(maps - encoder.mean(1)).max() <= 1 / 510 + 1e-6

@@ -83,6 +83,15 @@ def figure_views(attention, layer: int = -1, every_layer: bool = False) -> dict[
     return out
 
 
+def self_attention_axes(kind: str, src_pieces: list[str], tgt_pieces: list[str]) -> tuple[list[str], list[str]]:
+    """(rows, columns) of a Transformer's self-attention map of ``kind``, given the source's and the target's pieces
+    (each with its ``</s>``): the encoder's source over the source; the decoder's positions, named by the piece
+    each writes, over the inputs they read (``<s>`` and the target's pieces before the last)."""
+    if kind == "encoder":
+        return src_pieces, src_pieces
+    return tgt_pieces, ["<s>", *tgt_pieces[:-1]]
+
+
 def attention_entropy(weights) -> float:
     """Mean entropy (nats) of the attention rows: low when each target token looks at few source tokens."""
     w = np.maximum(as_array(weights), np.float32(1e-12))

@@ -9,7 +9,8 @@ import os
 import random
 
 from app.config import Config
-from app.report.attention_views import figure_views
+from app.report.attention_files import SCALE
+from app.report.attention_views import figure_views, mean_name, self_attention_axes
 from app.report.plots import TENSORBOARD_WIDTH, draw_pngs, tensorboard_tokens
 
 # declared in every run's HPARAMS record, so that runs trained and evaluated at different times share columns
@@ -49,11 +50,17 @@ def write_hparams(writer, cfg: Config, metrics: dict, step: int) -> None:
 def alignment_figures(tag: str, records: list, layer: int, every_layer: bool = False) -> dict:
     """``<tag>/<n>/<figure>`` -> what app.report.plots.draw_pngs draws, sized for the IMAGES tab, for each
     sentence record of ``records`` (app.report.split_pass.SentenceRecord): numbers and strings, drawable in a
-    worker process."""
+    worker process. A record with the self-attention (make eval's) also has ``encoder_self`` and ``decoder_self``
+    (each layer's mean of heads: rows over columns, as the explorer draws them)."""
     specs = {}
     for n, r in enumerate(records):
         for name, (maps, titles) in figure_views(r.attention, layer, every_layer).items():
             specs[f"{tag}/{n}/{name}"] = (maps, r.src_pieces, r.hyp_pieces, titles, TENSORBOARD_WIDTH)
+        for kind, stored in (r.self_attention or {}).items():  # make eval's: each layer's mean of heads
+            means = [stored.names.index(mean_name(i)) for i in range(stored.layers)]
+            rows, columns = self_attention_axes(kind, r.src_pieces, r.hyp_pieces)
+            titles = [f"{kind} self-attention, {stored.names[i]}" for i in means]
+            specs[f"{tag}/{n}/{kind}_self"] = (stored.maps[means] / SCALE, columns, rows, titles, TENSORBOARD_WIDTH)
     return specs
 
 

@@ -29,6 +29,7 @@ from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.models import count_parameters
 from app.report.aer import hard_alignments
 from app.report.attention_files import SCALE, store_attention
+from app.report.attention_views import self_attention_axes
 from app.utils import resolve_device
 
 
@@ -159,7 +160,10 @@ def self_attention_entry(result: dict[str, Any], encoder: torch.Tensor, decoders
 
     decoded = [views(weights) for weights in decoders]
     hypotheses = [
-        {"columns": ["<s>"] + hypothesis["target_pieces"], "maps": entry.pop("maps")}
+        {
+            "columns": self_attention_axes("decoder", [], hypothesis["target_pieces"] + ["</s>"])[1],
+            "maps": entry.pop("maps"),
+        }
         for hypothesis, entry in zip(result["hypotheses"], decoded)
     ]
     return {"scale": SCALE, "encoder": views(encoder), "decoder": {**decoded[0], "hypotheses": hypotheses}}
