@@ -408,32 +408,24 @@ def test_eval_writes_an_explorer_that_chromium_draws(workdir):
         b.open(out / "alignments.html", "s=1&l=0&h=1")
         b.wait_for("document.getElementById('view').dataset.shown === '1,0,1,hypothesis'", timeout=10)
         assert b.evaluate("SENTENCES.length") == len(rows)
-        assert (
-            b.evaluate("[...document.querySelectorAll('#ylabels .tok')].map(e => e.textContent)")
-            == rows[1]["hyp_tokens"]
-        )
-        assert (
-            b.evaluate("[...document.querySelectorAll('#xlabels .tok')].map(e => e.textContent)")
-            == rows[1]["src_tokens"]
-        )
-        x, y, cell = b.evaluate(
-            "(() => { const r = document.getElementById('heat').getBoundingClientRect();"
-            " return [r.x, r.y, heatmap.cell]; })()"
-        )
-        with Image.open(io.BytesIO(b.screenshot())) as image:
-            drawn = image.convert("RGB").getpixel((int(x + 0.5 * cell), int(y + 0.5 * cell)))
+
+        def labels(axis: str) -> list[str]:
+            return b.evaluate(f"[...document.querySelectorAll('#{axis}labels .tok')].map(e => e.textContent)")
+
+        def colour(t: int, s: int) -> tuple:  # in the middle of the cell (t, s) of the map shown
+            x, y, cell = b.evaluate(
+                "(() => { const r = document.getElementById('heat').getBoundingClientRect();"
+                " return [r.x, r.y, heatmap.cell]; })()"
+            )
+            with Image.open(io.BytesIO(b.screenshot())) as image:
+                return image.convert("RGB").getpixel((int(x + (s + 0.5) * cell), int(y + (t + 0.5) * cell)))
+
+        assert labels("y") == rows[1]["hyp_tokens"] and labels("x") == rows[1]["src_tokens"]
+        drawn = colour(0, 0)
         b.evaluate("location.hash = 's=1&l=0&h=1&m=encoder'")  # its encoder's self-attention
         b.wait_for("document.getElementById('view').dataset.shown === '1,0,1,encoder'", timeout=10)
-        assert (
-            b.evaluate("[...document.querySelectorAll('#ylabels .tok')].map(e => e.textContent)")
-            == rows[1]["src_tokens"]
-        )
-        x, y, cell = b.evaluate(
-            "(() => { const r = document.getElementById('heat').getBoundingClientRect();"
-            " return [r.x, r.y, heatmap.cell]; })()"
-        )
-        with Image.open(io.BytesIO(b.screenshot())) as image:
-            drawn_own = image.convert("RGB").getpixel((int(x + 1.5 * cell), int(y + 0.5 * cell)))
+        assert labels("y") == labels("x") == rows[1]["src_tokens"]
+        drawn_own = colour(0, 1)
     maps = read_attention(str(out), 1)
     weight = maps["maps"][maps["views"].index("layer 0 head 1"), 0, 0]  # first hypothesis piece, first source piece
     assert all(abs(a - b) <= 1 for a, b in zip(drawn, viridis[round(weight * 255)])), (drawn, weight)

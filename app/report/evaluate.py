@@ -107,8 +107,8 @@ def evaluate_run(cfg: Config) -> dict:
             records = sentence_records(data, hyps, trained.tokenizer, references=refs, progress=progress, **views)
     if own:
         with clock("self-attention"):  # one teacher-forced pass of every hypothesis, without logits
-            batch_tokens = cfg.decode.cuda_batch_tokens if trained.device.type == "cuda" else cfg.decode.batch_tokens
-            passes = (trained.model, data.src, hyps.tokens, trained.device, batch_tokens, trained.dtype)
+            # batches as the AER's forced passes: a batch's maps grow with its sentences' squared lengths
+            passes = (trained.model, data.src, hyps.tokens, trained.device, cfg.decode.batch_tokens, trained.dtype)
             add_self_attention(records, *passes, progress="self-attention", **views)
     if records:
         with clock("files"):
