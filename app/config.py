@@ -249,9 +249,6 @@ class EvalConfig(Checked, section="eval"):
     # what the attention files and the explorer keep of a Transformer's attention: every layer's mean of heads and the
     # heads of viz.layer (layer), or of every layer (all: files 3 to 5 times the size)
     attention: str = choice("layer", "all")
-    # a Transformer's self-attention too (encoder: source over source; decoder: hypothesis over hypothesis), kept as
-    # the cross-attention is: one teacher-forced pass more, maps beside the cross-attention's in the files and explorer
-    self_attention: bool = True
 
 
 @dataclass
@@ -293,6 +290,10 @@ class VizConfig:
     layer: int = -1  # Transformer layer whose heads are shown, kept in alignments.npz and the explorer
     # validation's dev scoring and heatmaps, and make eval's TER, in a process beside (app/host_worker.py)
     worker: bool = True
+    # a Transformer's self-attention too (encoder: source over source; decoder: hypothesis over hypothesis), read by a
+    # teacher-forced pass: beside the cross-attention in make eval's files, explorer and TensorBoard figures, and in
+    # the figures of every validation
+    self_attention: bool = True
 
 
 @dataclass

@@ -63,7 +63,7 @@ def test_every_validation_is_a_line_of_the_runs_history(workdir):
 
 def test_eval_writes_hypotheses_and_sacrebleu_scores(workdir):
     # without the self-attention's pass, beside which the host worker counts all of TER
-    result = run_cli(workdir, "command=eval", "name=tiny", "device=cpu", "eval.self_attention=false")
+    result = run_cli(workdir, "command=eval", "name=tiny", "device=cpu", "viz.self_attention=false")
     assert result.returncode == 0, result.stderr[-3000:]
     out = workdir / "checkpoints" / "tiny" / "eval" / "test"
     metrics = json.loads((out / "metrics.json").read_text())
@@ -177,7 +177,7 @@ def test_rnn_presets_train_and_evaluate_through_the_cli(workdir, preset):
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((workdir / "checkpoints" / name / "eval" / "test" / "metrics.json").read_text())
     assert metrics["sentences"] > 0 and "bleu" in metrics
-    assert "self-attention" not in metrics["seconds"]  # an RNN has none: eval.self_attention has nothing to read
+    assert "self-attention" not in metrics["seconds"]  # an RNN has none: viz.self_attention has nothing to read
 
 
 def sweep_and_compare(workdir, sweep, *overrides) -> str:
@@ -324,8 +324,9 @@ def hparams_record(events) -> dict:
 def test_training_logs_alignment_images_and_scalars_to_tensorboard(workdir, monkeypatch):
     events = tensorboard(workdir / "checkpoints" / "tiny")
     images = set(events.Tags()["images"])
-    for i in range(2):  # a 1-layer model: its layer's heads in one figure
+    for i in range(2):  # a 1-layer model: its layer's heads in one figure; its self-attention (viz.self_attention)
         assert {f"alignment/{i}/alignment", f"alignment/{i}/layers", f"alignment/{i}/heads_layer0"} <= images
+        assert {f"alignment/{i}/encoder_self", f"alignment/{i}/decoder_self"} <= images
     steps = [e.step for e in events.Images("alignment/0/alignment")]
     assert 20 in steps and 40 in steps  # one per validation: the slider shows alignment emerging
     # the scalars of the validation at step 40: greedy decoding of the 2 dev sentences shown, by that model
@@ -459,7 +460,7 @@ def test_eval_writes_alignment_heatmaps_and_attention_files(workdir):
             assert maps.dtype == np.uint8 and maps.shape == (3, len(row["hyp_tokens"]), len(row["src_tokens"]))
             # rows sum to 1 within the rounding of each weight to 1/255
             assert np.abs(maps.sum(-1) / 255 - 1).max() <= len(row["src_tokens"]) / 510
-            # the self-attention (eval.self_attention, on by default): the encoder's over the source, the decoder's
+            # the self-attention (viz.self_attention, on by default): the encoder's over the source, the decoder's
             # over the hypothesis (causal), the same views
             for kind, tokens in (("encoder", row["src_tokens"]), ("decoder", row["hyp_tokens"])):
                 own = archive[row[kind]["array"]]
@@ -527,10 +528,10 @@ def test_eval_of_the_first_sentences_says_it_is_a_subset(workdir):
     gold.write_text("".join(line + "\n" for line in right + wrong))
     hparams_before = len(tensorboard(run).Scalars("hparams/test_bleu"))
     args = ["command=eval", "name=tiny", "device=cpu", "decode.beam_size=1", "viz.eval_plots=0"]
-    result = run_cli(workdir, *args, f"eval.max_sentences={n}", f"eval.gold_align={gold}", "eval.self_attention=false")
+    result = run_cli(workdir, *args, f"eval.max_sentences={n}", f"eval.gold_align={gold}", "viz.self_attention=false")
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"(first {n} of {len(refs)} sentences: a subset, not the split's score;" in result.stdout
-    assert "self-attention" not in result.stdout  # eval.self_attention=false: no pass, no stage
+    assert "self-attention" not in result.stdout  # viz.self_attention=false: no pass, no stage
     out = run / "eval" / "test"
     metrics = json.loads((out / "metrics.json").read_text())
     assert (metrics["sentences"], metrics["split_sentences"]) == (n, len(refs))

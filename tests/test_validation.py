@@ -66,7 +66,8 @@ def test_the_worker_gives_the_scores_tables_and_images_of_the_training_process(t
         assert worked[0][key] == inline[0][key], key
     images = {tag for tag in here.Tags()["images"]}
     assert images == set(there.Tags()["images"])
-    assert {f"alignment/{n}/{name}" for n in range(3) for name in ("alignment", "layers", "heads_layer0")} <= images
+    figures = ("alignment", "layers", "heads_layer0", "encoder_self", "decoder_self")
+    assert {f"alignment/{n}/{name}" for n in range(3) for name in figures} <= images
     for tag in images:
         [a], [b] = here.Images(tag), there.Images(tag)
         assert a.step == b.step == 10 and a.encoded_image_string == b.encoded_image_string, tag
@@ -76,6 +77,13 @@ def test_the_worker_gives_the_scores_tables_and_images_of_the_training_process(t
         assert [e.step for e in there.Scalars(tag)] == [10], tag
     seconds = worked[0]["seconds"]
     assert seconds["host"] == pytest.approx(seconds["total"] - seconds["forward"] - seconds["decode"], abs=0.02)
+
+
+def test_the_self_attention_figures_are_drawn_only_when_asked(tiny, monkeypatch):
+    monkeypatch.setattr(tiny[1].viz, "self_attention", False)
+    _, events_ = run_validation(tiny, "no_self_attention", worker=False)
+    images = set(events_.Tags()["images"])
+    assert "alignment/0/alignment" in images and not any(tag.endswith("_self") for tag in images)
 
 
 def test_one_worker_serves_every_validation_and_a_dead_one_is_replaced_by_the_training_process(tiny, monkeypatch):

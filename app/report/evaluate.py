@@ -139,9 +139,9 @@ def evaluate_run(cfg: Config) -> dict:
 
 
 def self_attention(cfg: Config, trained: TrainedModel) -> bool:
-    """Whether the evaluation keeps the self-attention too: ``eval.self_attention``, a model that has one, decoded by
+    """Whether the evaluation keeps the self-attention too: ``viz.self_attention``, a model that has one, decoded by
     it (a CTranslate2 export returns one map of its cross-attention, nothing of its self-attention)."""
-    return cfg.eval.self_attention and cfg.eval.engine == "torch" and hasattr(trained.model, "self_attention")
+    return cfg.viz.self_attention and cfg.eval.engine == "torch" and hasattr(trained.model, "self_attention")
 
 
 def check_settings(cfg: Config) -> None:
@@ -185,7 +185,7 @@ def print_plan(
     """What is left once the hypotheses exist (``own``: the self-attention too): long work shows its own progress
     bar."""
     what = ["scores (TER in a worker process)"] + ["AER against the reference links"] * bool(gold_path)
-    what += ["the self-attention of every hypothesis (eval.self_attention)"] * own
+    what += ["the self-attention of every hypothesis (viz.self_attention)"] * own
     if has_attention:
         plots = min(cfg.viz.eval_plots, len(data))
         what += [f"attention files, {plots} heatmap{'s' * (plots != 1)}, the explorer"]

@@ -28,7 +28,7 @@ from app.report.attention_views import attention_shape
 from app.report.board import alignment_figures, sample_table, tensorboard_sentences, write_pngs
 from app.report.plots import draw_pngs
 from app.report.scores import score, sentence_bleu
-from app.report.split_pass import sentence_records
+from app.report.split_pass import add_self_attention, sentence_records
 from app.train.update import sequence_loss
 from app.utils import Stopwatch, amp_dtype, autocast
 
@@ -91,6 +91,10 @@ def validate(
             samples = decode_corpus(model, src, device, greedy, amp_dtype=dtype, need_attention=True)
         if samples.attention is not None:  # a model with attention: the one pass's records, only for TensorBoard
             records = sentence_records(dev, samples, tokenizer, chosen)
+            if cfg.viz.self_attention and hasattr(model, "self_attention"):  # a Transformer's, of these sentences
+                with clock("forward"):
+                    batch = (model, dev.src, samples.tokens, device, cfg.decode.batch_tokens, dtype)
+                    add_self_attention(records, *batch, keep="layer", layer=cfg.viz.layer)
             drawing = submit(worker, draw_pngs, alignment_figures("alignment", records, cfg.viz.layer))
     with clock("forward"):
         metrics = dev_loss(model, dev, cfg, device, dtype)
