@@ -439,9 +439,14 @@ def test_eval_writes_alignment_heatmaps_and_attention_files(workdir):
     from PIL import Image
 
     out = workdir / "checkpoints" / "tiny" / "eval" / "test"
-    assert run_cli(workdir, "command=eval", "name=tiny", "device=cpu", "viz.eval_plots=2").returncode == 0
+    result = run_cli(workdir, "command=eval", "name=tiny", "device=cpu", "viz.eval_plots=2")
+    assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["ter_worker_share"] == 1.0 and metrics["seconds"]["self-attention"] > 0  # TER beside the pass
+    for kind in ("encoder", "decoder"):  # what each of the 2 heads of the 1 layer did over the split
+        [heads] = metrics["self_attention_heads"][kind]
+        assert len(heads) == 2 and all(0 < h["confidence"] <= 1 and sum(h["offsets"].values()) <= 1 for h in heads)
+        assert re.search(rf"^  {kind} self-attention heads: confidence \d\.\d\d; positional: ", result.stdout, re.M)
     pngs = sorted(os.listdir(out / "alignments"))
     assert pngs == [f"000{i}{name}.png" for i in range(2) for name in ("", "_heads_layer0", "_layers")]
     with Image.open(out / "alignments" / "0000.png") as image:

@@ -170,3 +170,39 @@ def test_tensorboards_figures_of_a_sentence_add_each_layers_mean_of_its_self_att
     maps, columns, rows, titles, _ = specs["eval/test/alignment/0/encoder_self"]
     assert columns == rows == record.src_pieces and maps.shape == (3, 3, 3)
     assert np.abs(maps - encoder.mean(1)).max() <= 1 / 510 + 1e-6
+
+
+def test_head_roles_know_a_positional_head_from_a_diffuse_one():
+    """Known answers (app/report/head_roles.py): a head putting all of each piece's weight on the piece before
+    (the first piece on itself) is positional at -1 for 19 of 20 pieces, with confidence 1; a head spreading each
+    row evenly over the 4 pieces after 16 others has confidence 1/4 and no position of its own."""
+    from app.report.head_roles import HeadRoles, summary
+
+    pieces = 20
+    previous = np.eye(pieces)[np.maximum(np.arange(pieces) - 1, 0)]
+    spread = np.zeros((pieces, pieces))
+    for i in range(pieces):
+        spread[i, [(i + k) % pieces for k in (5, 6, 7, 8)]] = 1 / 4
+    roles = HeadRoles()
+    roles.add(np.stack([previous, spread])[None])  # (1 layer, 2 heads, pieces, pieces)
+    roles.add(np.stack([previous, spread])[None])  # a second sentence: the same counts again
+    [[first, second]] = roles.result()
+    assert first == {"confidence": 1.0, "offsets": {"-1": 0.95, "0": 0.05, "+1": 0.0}, "positional": -1}
+    assert second["confidence"] == 0.25 and second["positional"] is None
+    assert summary(roles.result()) == "confidence 0.62; positional: layer 0 head 0 (-1, 95%)"
+    assert HeadRoles().result() == []
+
+
+def test_make_evals_pass_counts_every_head_of_both_stacks():
+    from app.report.split_pass import SentenceRecord, add_self_attention
+
+    model = tiny_model()
+    src = [[5, 6, 7, 8], [9, 10]]
+    hyps = [[11, 12, 13], [14]]
+    records = [SentenceRecord(i, str(i), [], []) for i in range(2)]
+    roles = add_self_attention(records, model, src, hyps, torch.device("cpu"), 64)
+    assert (roles["encoder"].pieces, roles["decoder"].pieces) == (5 + 3, 4 + 2)  # each with its </s>
+    encoder, decoder = roles["encoder"].result(), roles["decoder"].result()
+    assert (len(encoder), len(encoder[0]), len(decoder), len(decoder[0])) == (2, 4, 3, 4)
+    assert all(h["offsets"]["+1"] == 0.0 for row in decoder for h in row)  # causal: never the next input
+    assert all(set(r.self_attention) == {"encoder", "decoder"} for r in records)

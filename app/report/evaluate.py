@@ -31,6 +31,7 @@ from app.report.attention_files import write_attention_files
 from app.report.attention_views import attention_shape, attention_views, figure_views
 from app.report.board import log_eval
 from app.report.explorer import evaluation_records, write_explorer
+from app.report.head_roles import summary as head_summary
 from app.report.plots import alignment_figure, figures, png_bytes
 from app.report.scores import split_scores, ter_of_statistics, ter_statistics
 from app.report.split_pass import SentenceRecord, add_self_attention, sentence_records
@@ -109,7 +110,8 @@ def evaluate_run(cfg: Config) -> dict:
         with clock("self-attention"):  # one teacher-forced pass of every hypothesis, without logits
             # batches as the AER's forced passes: a batch's maps grow with its sentences' squared lengths
             passes = (trained.model, data.src, hyps.tokens, trained.device, cfg.decode.batch_tokens, trained.dtype)
-            add_self_attention(records, *passes, progress="self-attention", **views)
+            roles = add_self_attention(records, *passes, progress="self-attention", **views)
+            metrics["self_attention_heads"] = {kind: heads.result() for kind, heads in roles.items()}
     if records:
         with clock("files"):
             write_alignments(out_dir, records, cfg, metrics.get("alignment"))
@@ -230,6 +232,8 @@ def print_report(metrics: dict, out_dir: str, tb: str, step: int, ct2, has_atten
             f"  alignment vs {a['gold']}: AER {a['aer']:.4f}  precision {a['precision']:.4f}  "
             f"recall {a['recall']:.4f}  ({alignment_view(a)})"
         )
+    for kind, heads in metrics.get("self_attention_heads", {}).items():  # confidence: the mean of largest weights
+        print(f"  {kind} self-attention heads: {head_summary(heads)}")
     if ct2:
         print(
             f"  decoded by CTranslate2 ({ct2.model_dir}, {ct2.info['quantization']}): its attention is the mean of the "
@@ -271,6 +275,8 @@ def explorer_meta(cfg: Config, trained: TrainedModel, metrics: dict) -> dict:
     }
     if a := metrics.get("alignment"):
         meta["AER"] = f"{a['aer']:.3f} ({alignment_view(a)})"
+    for kind, heads in metrics.get("self_attention_heads", {}).items():
+        meta[f"{kind} heads"] = head_summary(heads)
     return meta
 
 

@@ -15,6 +15,7 @@ from tqdm import tqdm
 from app.data.tokenizer import EOS
 from app.decode.corpus import forced_self_attention
 from app.report.attention_files import StoredAttention, store_attention
+from app.report.head_roles import HeadRoles
 
 
 @dataclass
@@ -80,12 +81,17 @@ def add_self_attention(
     keep: str = "layer",
     layer: int = -1,
     progress: str = "",
-) -> None:
+) -> dict[str, HeadRoles]:
     """Fill each record's ``self_attention`` with the views ``keep`` keeps (as of the cross-attention) of the
     model's self-attention over ``src[i]`` and, fed it (teacher forcing, one pass without logits), over the
-    hypothesis ``hyps[n]`` (in the order of ``records``): the decoder's weights are those that wrote it."""
+    hypothesis ``hyps[n]`` (in the order of ``records``): the decoder's weights are those that wrote it. Returns
+    what every head of the encoder and of the decoder did over these sentences (app/report/head_roles.py)."""
     sources = [src[r.index] for r in records]
     passes = forced_self_attention(model, sources, hyps, device, batch_tokens, amp_dtype)
-    for n, encoder, decoder in tqdm(passes, progress, len(records), leave=False, unit="sentence", disable=not progress):
-        views = (store_attention(weights, layer, keep) for weights in (encoder, decoder))
-        records[n].self_attention = dict(zip(("encoder", "decoder"), views))
+    roles = {"encoder": HeadRoles(), "decoder": HeadRoles()}
+    for n, *weights in tqdm(passes, progress, len(records), leave=False, unit="sentence", disable=not progress):
+        records[n].self_attention = {}
+        for (kind, heads), w in zip(roles.items(), weights):
+            records[n].self_attention[kind] = store_attention(w, layer, keep)
+            heads.add(w)
+    return roles
