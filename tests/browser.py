@@ -3,8 +3,9 @@ browser reads JSON commands, each ended by a NUL byte, on its file descriptor 3 
 events on its descriptor 4 (--remote-debugging-pipe).
 
 Also a command line that photographs an explorer file for the README:
-    python tests/browser.py checkpoints/<run>/eval/test/explorer.html docs/explorer.png ["s=3&l=5&h=mean&r=1"]
-(the hash: sentence, layer, head or mean; r=1 shows a sentence's reference rows, forced, with its links), and
+    python tests/browser.py checkpoints/<run>/eval/test/alignments.html docs/explorer.png ["s=3&l=5&h=mean&m=ref"]
+(the hash: sentence, layer, head or mean; m=ref shows a sentence's reference rows, forced, with its links, m=encoder
+and m=decoder a Transformer's self-attention), and
 one that photographs make serve's page after translating a text:
     python tests/browser.py --serve http://127.0.0.1:8000/ docs/serve.png "En el principio creó Dios ..."
 """
@@ -232,7 +233,7 @@ def explorer_screenshot(
     max_bytes: int = 300_000,
 ) -> int:
     """Photograph an explorer file for a README: the view of ``hash`` (default: the first sentence, last
-    layer, mean of heads, hypothesis rows; "&r=1": the reference rows, forced, with its links) with a row
+    layer, mean of heads, hypothesis rows; "&m=ref": the reference rows, forced, with its links) with a row
     token hovered, so its highlight shows. A PNG over
     ``max_bytes`` is reduced to 256 colours. Returns the file's size in bytes."""
     own = browser is None

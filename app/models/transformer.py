@@ -21,6 +21,7 @@ encoder self-attention).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
@@ -151,7 +152,13 @@ class Transformer(nn.Module):
             return logits, torch.stack(attention, dim=1)
         return logits, None if only is None else attention[only]
 
-    def decoder_pass(self, memory: Memory, tgt_in: torch.Tensor, cross_weights, need_self_weights: bool = False):
+    def decoder_pass(
+        self,
+        memory: Memory,
+        tgt_in: torch.Tensor,
+        cross_weights: Callable[[int], bool],
+        need_self_weights: bool = False,
+    ) -> tuple[torch.Tensor, list[Optional[torch.Tensor]], list[Optional[torch.Tensor]]]:
         """The decoder's last (B·T, D) rows, per layer its cross-attention weights (B, heads, T, S) where
         ``cross_weights(layer index)`` asks for them (else None), and with ``need_self_weights`` its
         self-attention weights (B, heads, T, T)."""
