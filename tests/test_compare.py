@@ -20,7 +20,7 @@ from app.train.stop_rules import StopRules
 BUCKETS = [("0-10", 3, 20.0), ("10-20", 5, 10.0), ("20+", 1, None)]  # the last has too few words for BLEU
 
 
-def write_run(sweep, folder, overrides, started, bleu, buckets=BUCKETS, attention=None):
+def write_run(sweep, folder, overrides, started, bleu, buckets=BUCKETS, attention=None, heads=None):
     run = sweep / folder
     (run / ".hydra" / "train").mkdir(parents=True)
     (run / "eval" / "test").mkdir(parents=True)
@@ -38,6 +38,8 @@ def write_run(sweep, folder, overrides, started, bleu, buckets=BUCKETS, attentio
     metrics.update(decoding="beam 5, length penalty 1.0", decode_seconds=1.2, sentences_per_s=800.0, device="cpu")
     if attention:
         metrics["attention"] = attention
+    if heads:
+        metrics["self_attention_heads"] = heads
     (run / "eval" / "test" / "metrics.json").write_text(json.dumps(metrics))
     return run
 
@@ -83,12 +85,26 @@ def test_report_has_the_columns_the_length_table_and_the_commands(tmp_path):
     assert att[header.index("updates")] == "1,234"
     assert att[header.index("attention entropy")] == "1.235" and att[header.index("monotonicity")] == "0.875"
     assert plain[header.index("attention entropy")] == "-"  # no attention: no figure, not a zero
+    assert plain[header.index("positional heads enc, dec")] == "-"  # no self-attention
     assert "| run | 0-10 (3) | 10-20 (5) | 20+ (1) |" in report
     assert (
         "| model=rnn_plain | 40.00 | 30.00 | - |" in report and "| model=rnn_bahdanau | 50.00 | 40.00 | - |" in report
     )
     assert "- `plain`: `python -m app command=train model=rnn_plain`" in report
     assert (tmp_path / "bleu_by_length.png").stat().st_size > 10_000
+
+
+def test_a_transformers_positional_self_attention_heads_are_counted(tmp_path):
+    def head(positional):
+        return {"confidence": 0.5, "offsets": {"-1": 0.95, "0": 0.0, "+1": 0.0}, "positional": positional}
+
+    heads = {"encoder": [[head(-1), head(None)], [head(1), head(None)]], "decoder": [[head(None), head(None)]]}
+    write_run(tmp_path, "t", ["command=train", "model=transformer"], "2026-11-24T10:00:00", 30.0, heads=heads)
+    compare_report(str(tmp_path))
+    report = (tmp_path / "compare.md").read_text()
+    header = next(line for line in report.splitlines() if line.startswith("| run | params")).split(" | ")
+    row = next(line for line in report.splitlines() if line.startswith("| model=transformer")).split(" | ")
+    assert row[header.index("positional heads enc, dec")] == "2/4, 0/2"
 
 
 def test_runs_trained_on_other_devices_are_named_above_the_table_and_the_report_goes_to_out(tmp_path):

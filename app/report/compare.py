@@ -16,6 +16,7 @@ import os
 import yaml
 
 from app.errors import UserError
+from app.report.head_roles import positional_count
 from app.report.history import FILE as HISTORY_FILE
 from app.report.history import read_history
 from app.utils import atomic_write, atomic_write_text
@@ -98,12 +99,19 @@ COLUMNS = [  # (header, cell of a run)
     ("BLEU longest 10 %", lambda r: _cell(r["metrics"].get("bleu_longest_10pct"), ".2f")),
     ("attention entropy", lambda r: _cell(r["metrics"].get("attention", {}).get("entropy"), ".3f")),
     ("monotonicity", lambda r: _cell(r["metrics"].get("attention", {}).get("monotonicity"), ".3f")),
+    ("positional heads enc, dec", lambda r: positional_heads(r["metrics"].get("self_attention_heads"))),
     ("decoding", lambda r: r["metrics"]["decoding"]),
     ("decode s", lambda r: f"{r['metrics']['decode_seconds']}"),
     ("sent/s", lambda r: f"{r['metrics']['sentences_per_s']}"),
     ("KV cache MiB", lambda r: _cell(r["metrics"].get("kv_cache_mib"), ".3f")),
     ("device", lambda r: r["metrics"]["device"]),
 ]
+
+
+def positional_heads(heads: dict | None) -> str:
+    """``3/48, 5/48``: the positional self-attention heads of the encoder and the decoder (app/report/head_roles.py),
+    "-" for a run without (an RNN, or evaluated without viz.self_attention)."""
+    return ", ".join(positional_count(heads[kind]) for kind in ("encoder", "decoder")) if heads else "-"
 
 
 def markdown_table(runs: list[dict]) -> str:

@@ -74,3 +74,8 @@ def summary(heads: list[list[dict]]) -> str:
         if h["positional"] is not None
     ]
     return f"confidence {confidence:.2f}; positional: {', '.join(positional) or 'none'}"
+
+
+def positional_count(heads: list[list[dict]]) -> str:
+    """``3/48``: how many of the heads of ``HeadRoles.result()`` are positional."""
+    return f"{sum(h['positional'] is not None for row in heads for h in row)}/{sum(map(len, heads))}"
