@@ -38,6 +38,8 @@ def test_cached_steps_equal_teacher_forced_decode(variant):
     memory = m.encode(SRC)
     logits, attention = m.decode(memory, TGT_IN, need_attention=True)
     assert logits.shape == (2, 4, 20)
+    none, same = m.decode(memory, TGT_IN, need_attention=True, need_logits=False)  # the forced passes' call
+    assert none is None and (same is None if attention is None else torch.equal(same, attention))
     state = None
     for t in range(4):
         step_logits, step_attention, state = m.step(memory, TGT_IN[:, t], state, need_attention=True)

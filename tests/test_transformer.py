@@ -48,6 +48,8 @@ def test_decode_shapes_and_cross_attention_distribution(norm):
     assert torch.allclose(attention.sum(-1), torch.ones(2, 2, 2, 4), atol=1e-5)
     fast, none = model.decode(memory, tgt_in)
     assert none is None and torch.allclose(fast, logits, atol=1e-5)
+    no_logits, same = model.decode(memory, tgt_in, need_attention=True, need_logits=False)  # what forced passes ask
+    assert no_logits is None and torch.equal(same, attention)
 
 
 def test_source_padding_does_not_change_translation_scores():

@@ -153,7 +153,8 @@ def forced_attention(
     against: they link source and *reference* words. None for a model without attention."""
     for batch, on_device in teacher_forced(model, src, tgt, device, batch_tokens):
         with autocast(device, amp_dtype):
-            _, attention = model.decode(model.encode(on_device.src), on_device.tgt_in, need_attention=True)
+            memory = model.encode(on_device.src)
+            _, attention = model.decode(memory, on_device.tgt_in, need_attention=True, need_logits=False)
         if attention is None:
             return
         attention = attention.float().cpu()

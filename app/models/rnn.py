@@ -313,9 +313,11 @@ class RNNSeq2Seq(nn.Module):
         attention = getattr(self.decoder, "attention", None)
         return RNNMemory(states, src_mask, summary, attention.prepare(states) if attention is not None else None)
 
-    def decode(self, memory: RNNMemory, tgt_in: torch.Tensor, need_attention: bool = False):
+    def decode(self, memory: RNNMemory, tgt_in: torch.Tensor, need_attention: bool = False, need_logits: bool = True):
+        """Teacher-forced logits and, with ``need_attention``, the attention (batch, tgt, src). ``need_logits=False``
+        returns None for them, as the Transformer does (the recurrent decoder computes them in its loop anyway)."""
         logits, attention, _ = self.decoder(memory, tgt_in, self.decoder.initial_state(memory), need_attention)
-        return logits, attention
+        return logits if need_logits else None, attention
 
     def start(self, memory: RNNMemory, beam: int = 1, steps: Optional[int] = None, onednn: bool = False) -> RNNState:
         """The decoding state of ``beam`` consecutive rows per sentence of ``memory`` (``steps`` and ``onednn``: the

@@ -142,12 +142,20 @@ class Transformer(nn.Module):
         memory = Memory(self.enc_norm(x).view(src.shape + (-1,)), src_mask)
         return memory, torch.stack(weights, dim=1) if need_weights else None
 
-    def decode(self, memory: Memory, tgt_in: torch.Tensor, need_attention: bool = False, layer: Optional[int] = None):
+    def decode(
+        self,
+        memory: Memory,
+        tgt_in: torch.Tensor,
+        need_attention: bool = False,
+        layer: Optional[int] = None,
+        need_logits: bool = True,
+    ):
         """Teacher-forced logits and, with ``need_attention``, every layer's cross-attention; with
-        ``layer`` instead, that layer's alone (batch, heads, tgt, src): the others keep the fast kernels."""
+        ``layer`` instead, that layer's alone (batch, heads, tgt, src): the others keep the fast kernels.
+        ``need_logits=False``: the attention alone, without the output layer (logits None)."""
         only = None if layer is None else layer % len(self.decoder)
         x, attention, _ = self.decoder_pass(memory, tgt_in, lambda i: need_attention or i == only)
-        logits = self.out_proj(self.dec_norm(x)).view(tgt_in.shape + (-1,))
+        logits = self.out_proj(self.dec_norm(x)).view(tgt_in.shape + (-1,)) if need_logits else None
         if need_attention:
             return logits, torch.stack(attention, dim=1)
         return logits, None if only is None else attention[only]
