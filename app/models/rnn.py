@@ -134,7 +134,8 @@ class RNNEncoder(nn.Module):
 
 
 class RNNDecoder(nn.Module):
-    """What the three decoders share: target embeddings, the RNN, the vocabulary projection.
+    """What the three decoders share: target embeddings, the RNN, the vocabulary projection (``out_proj``, which
+    the model applies to what ``forward`` returns: the output layer's inputs, (B, T, out_dim)).
     ``loops``: whether it runs target positions one ``loop_step`` at a time (what train.compile compiles);
     ``loop_dims``: per argument of ``loop_step``, the dimensions that vary between batches (batch, source
     length), which a compiled step takes as symbols from its first call on. ``loop_step`` gets the RNN's
@@ -191,7 +192,7 @@ class PlainDecoder(RNNDecoder):
         c = memory.summary[:, None, :].expand(-1, tokens.size(1), -1)
         s, hidden = self.run_rnn(torch.cat([y, c], -1), state.hidden)
         out = self.dropout(torch.tanh(self.pre_output(torch.cat([s, c, y], -1))))
-        return self.out_proj(out), None, RNNState(hidden)
+        return out, None, RNNState(hidden)
 
 
 class BahdanauDecoder(RNNDecoder):
@@ -217,7 +218,7 @@ class BahdanauDecoder(RNNDecoder):
             outputs.append(out)
             weights.append(alpha)
         out = self.dropout(torch.tanh(self.pre_output(torch.stack(outputs, 1))))
-        return self.out_proj(out), torch.cat(weights, 1) if need_attention else None, RNNState(hidden)
+        return out, torch.cat(weights, 1) if need_attention else None, RNNState(hidden)
 
     def loop_step(self, y_t, hidden, keys, states, src_mask, weights):
         """One target position: attend with s_{t-1}, then s_t. Returns [s_t; c_t; E y_{t-1}], α_t, hidden."""
@@ -260,7 +261,7 @@ class LuongDecoder(RNNDecoder):
         if not self.loops:  # all T steps in one RNN call and one batched attention
             h, hidden = self.run_rnn(y, state.hidden)
             h_tilde, alpha = self.attend(h, memory.keys, memory.states, memory.src_mask)
-            return self.out_proj(h_tilde), alpha if need_attention else None, RNNState(hidden)
+            return h_tilde, alpha if need_attention else None, RNNState(hidden)
         hidden, feed, outputs, weights = state.hidden, state.feed, [], []
         for t in range(tokens.size(1)):
             feed, alpha, hidden = self.loop_step(
@@ -268,11 +269,7 @@ class LuongDecoder(RNNDecoder):
             )
             outputs.append(feed)
             weights.append(alpha)
-        return (
-            self.out_proj(torch.stack(outputs, 1)),
-            torch.cat(weights, 1) if need_attention else None,
-            RNNState(hidden, feed),
-        )
+        return torch.stack(outputs, 1), torch.cat(weights, 1) if need_attention else None, RNNState(hidden, feed)
 
     def loop_step(self, y_t, feed, hidden, keys, states, src_mask, weights):
         """One target position with input feeding: h_t from [E y_{t-1}; h̃_{t-1}], then h̃_t (the next feed)."""
@@ -314,10 +311,10 @@ class RNNSeq2Seq(nn.Module):
         return RNNMemory(states, src_mask, summary, attention.prepare(states) if attention is not None else None)
 
     def decode(self, memory: RNNMemory, tgt_in: torch.Tensor, need_attention: bool = False, need_logits: bool = True):
-        """Teacher-forced logits and, with ``need_attention``, the attention (batch, tgt, src). ``need_logits=False``
-        returns None for them, as the Transformer does (the recurrent decoder computes them in its loop anyway)."""
-        logits, attention, _ = self.decoder(memory, tgt_in, self.decoder.initial_state(memory), need_attention)
-        return logits if need_logits else None, attention
+        """Teacher-forced logits and, with ``need_attention``, the attention (batch, tgt, src); ``need_logits=False``:
+        the attention alone, without the output layer (logits None)."""
+        out, attention, _ = self.decoder(memory, tgt_in, self.decoder.initial_state(memory), need_attention)
+        return self.decoder.out_proj(out) if need_logits else None, attention
 
     def start(self, memory: RNNMemory, beam: int = 1, steps: Optional[int] = None, onednn: bool = False) -> RNNState:
         """The decoding state of ``beam`` consecutive rows per sentence of ``memory`` (``steps`` and ``onednn``: the
@@ -335,9 +332,9 @@ class RNNSeq2Seq(nn.Module):
     ):
         """One token for every row; ``memory`` starts the state when there is none (the state then holds it)."""
         state = self.start(memory, prev_tokens.size(0) // memory.states.size(0)) if state is None else state
-        logits, attention, new = self.decoder(state.memory, prev_tokens[:, None], state, need_attention)
+        out, attention, new = self.decoder(state.memory, prev_tokens[:, None], state, need_attention)
         new.memory = state.memory
-        return logits[:, 0], attention, new
+        return self.decoder.out_proj(out[:, 0]), attention, new
 
     def forward(
         self,
