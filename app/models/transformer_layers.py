@@ -75,8 +75,12 @@ class EncoderLayer(nn.Module):
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The layer's output and, with ``need_weights``, its self-attention weights (B, heads, S, S)."""
-        attend = dict(mask=mask, need_weights=need_weights, rotation=rotation, bias=bias, batch=batch)
-        x, weights = self.attn_block(x, lambda h: self.self_attn(h, **attend))
+        x, weights = self.attn_block(
+            x,
+            lambda h: self.self_attn(
+                h, mask=mask, need_weights=need_weights, rotation=rotation, bias=bias, batch=batch
+            ),
+        )
         x, _ = self.ff_block(x, lambda h: (self.ff(h), None))
         return x, weights
 

@@ -16,6 +16,7 @@ import os
 import yaml
 
 from app.errors import UserError
+from app.report.attention_files import SELF_ATTENTION
 from app.report.head_roles import positional_count
 from app.report.history import FILE as HISTORY_FILE
 from app.report.history import read_history
@@ -111,7 +112,7 @@ COLUMNS = [  # (header, cell of a run)
 def positional_heads(heads: dict | None) -> str:
     """``3/48, 5/48``: the positional self-attention heads of the encoder and the decoder (app/report/head_roles.py),
     "-" for a run without (an RNN, or evaluated without viz.self_attention)."""
-    return ", ".join(positional_count(heads[kind]) for kind in ("encoder", "decoder")) if heads else "-"
+    return ", ".join(positional_count(heads[kind]) for kind in SELF_ATTENTION) if heads else "-"
 
 
 def markdown_table(runs: list[dict]) -> str:

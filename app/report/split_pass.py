@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from app.data.tokenizer import EOS
 from app.decode.corpus import forced_self_attention
-from app.report.attention_files import StoredAttention, store_attention
+from app.report.attention_files import SELF_ATTENTION, StoredAttention, store_attention
 from app.report.head_roles import HeadRoles
 
 
@@ -88,7 +88,7 @@ def add_self_attention(
     what every head of the encoder and of the decoder did over these sentences (app/report/head_roles.py)."""
     sources = [src[r.index] for r in records]
     passes = forced_self_attention(model, sources, hyps, device, batch_tokens, amp_dtype)
-    roles = {"encoder": HeadRoles(), "decoder": HeadRoles()}
+    roles = {kind: HeadRoles() for kind in SELF_ATTENTION}  # the order of forced_self_attention's maps
     for n, *weights in tqdm(passes, progress, len(records), leave=False, unit="sentence", disable=not progress):
         records[n].self_attention = {}
         for (kind, heads), w in zip(roles.items(), weights):

@@ -10,7 +10,9 @@ A CTranslate2 export returns the best hypothesis' map only (one layer's mean of 
 views app.report.attention_files.store_attention keeps (every head of every layer, each layer's mean), and the
 word links read from each view (app.report.aer.hard_alignments: the most attended source word of every target
 word). Self-attention, when asked for (a Transformer on the torch engine): the encoder's over the source, and
-the decoder's over each hypothesis, read while forcing it through the decoder, kept as the same views."""
+the decoder's over each hypothesis, read while forcing it through the decoder, kept as the same views. Forced
+passes run in ``decode.batch_tokens`` batches on every device, as make eval's: their maps grow with squared
+lengths."""
 
 from __future__ import annotations
 
@@ -61,22 +63,22 @@ class Engine:
         None where the model has none)."""
         decode = dataclasses.replace(self.decode, beam_size=beam_size, n_best=n_best)
         hyps = self.translator.translate(src, decode, need_attention=attention)
-        results = []
+        results, candidates = [], []  # candidates: per sentence, its hypotheses' tokens, best first
         for i, ids in enumerate(src):
             nbest = hyps.nbest[i] if hyps.nbest is not None else [(hyps.tokens[i], None)]  # greedy: no score kept
-            texts = self.tokenizer.decode_tgt([tokens for tokens, _ in nbest])
+            candidates.append([tokens for tokens, _ in nbest])
+            texts = self.tokenizer.decode_tgt(candidates[-1])
             hypotheses = [
                 {"text": text, "score": None if score is None else round(score, 4), "target_pieces": self.pieces(t)}
                 for (t, score), text in zip(nbest, texts)
             ]
             results.append({"source_pieces": self.tokenizer.src_pieces(ids), "hypotheses": hypotheses})
         if attention:  # None: a model without attention (rnn_plain)
-            maps = self.hypothesis_attention(src, hyps, [[t for t, _ in r] for r in (hyps.nbest or [])])
+            maps = self.hypothesis_attention(src, hyps, candidates)
             for i, result in enumerate(results):
                 result["attention"] = attention_entry(result, maps[i]) if maps else None
         if self_attention:
-            nbest = [[t for t, _ in r] for r in hyps.nbest] if hyps.nbest is not None else [[t] for t in hyps.tokens]
-            own = self.hypothesis_self_attention(src, nbest)
+            own = self.hypothesis_self_attention(src, candidates)
             for i, result in enumerate(results):
                 result["self_attention"] = self_attention_entry(result, *own[i]) if own else None
         return results
@@ -88,10 +90,8 @@ class Engine:
         if t is None or not hasattr(t.model, "self_attention"):
             return []
         pairs = [(i, k) for i in range(len(src)) for k in range(len(nbest[i]))]
-        batch_tokens = self.decode.cuda_batch_tokens if t.device.type == "cuda" else self.decode.batch_tokens
-        passes = forced_self_attention(
-            t.model, [src[i] for i, _ in pairs], [nbest[i][k] for i, k in pairs], t.device, batch_tokens, t.dtype
-        )
+        batch = ([src[i] for i, _ in pairs], [nbest[i][k] for i, k in pairs], t.device, self.decode.batch_tokens)
+        passes = forced_self_attention(t.model, *batch, t.dtype)
         own = [[None, [None] * len(nbest[i])] for i in range(len(src))]
         for j, encoder, decoder in passes:
             i, k = pairs[j]
@@ -107,14 +107,12 @@ class Engine:
         hypotheses after the best); [] for a model without attention."""
         if hyps.attention is None:
             return []
-        maps = [[hyps.attention[i]] + [None] * (len(nbest[i]) - 1 if nbest else 0) for i in range(len(src))]
+        maps = [[hyps.attention[i]] + [None] * (len(nbest[i]) - 1) for i in range(len(src))]
         others = [(i, k) for i in range(len(src)) for k in range(1, len(maps[i]))]
         if others and self.trained is not None:
             t = self.trained
-            batch_tokens = self.decode.cuda_batch_tokens if t.device.type == "cuda" else self.decode.batch_tokens
-            forced = forced_attention(
-                t.model, [src[i] for i, _ in others], [nbest[i][k] for i, k in others], t.device, batch_tokens, t.dtype
-            )
+            batch = ([src[i] for i, _ in others], [nbest[i][k] for i, k in others], t.device, self.decode.batch_tokens)
+            forced = forced_attention(t.model, *batch, t.dtype)
             for j, weights in forced:
                 i, k = others[j]
                 maps[i][k] = weights
