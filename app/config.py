@@ -198,15 +198,34 @@ class TrainConfig(Checked, section="train"):
     # validations (best): best.pt is whichever of the average and the best single weights scores higher on dev
     average_snapshots: int = 5  # 0 = off
     average_from: str = choice("last", "best")
+    # subword regularization (app/data/subword_sampling.py): train on segmentations SentencePiece samples with this
+    # α (unigram: ∝ P(x)^α over the subword_nbest best, -1 all; bpe: each merge dropped with probability α); 0 = off
+    subword_alpha: float = 0.0
+    subword_nbest: int = -1
+    subword_variants: int = 8  # segmentations sampled per pair once (cached); each epoch draws one per pair
 
     def __post_init__(self) -> None:
         check_choices(self)
+        self.check_subword_sampling()
         if self.batch_shapes < 0:
             raise UserError(f"train.batch_shapes={self.batch_shapes} must be 0 (off) or a number of shapes")
         if not 0.0 <= self.ema_decay < 1.0:
             raise UserError(f"train.ema_decay={self.ema_decay} must be in [0, 1): 0 is off, 0.999 a typical decay")
         if self.average_snapshots < 0:
             raise UserError(f"train.average_snapshots={self.average_snapshots}: a number of snapshots, 0 for none")
+
+    def check_subword_sampling(self) -> None:
+        if not 0.0 <= self.subword_alpha <= 1.0:
+            raise UserError(f"train.subword_alpha={self.subword_alpha} must be in [0, 1]: 0 is off, 0.1-0.5 typical")
+        if self.subword_alpha == 0:
+            return
+        if self.subword_nbest in (0, 1) or self.subword_nbest < -1:
+            raise UserError(f"train.subword_nbest={self.subword_nbest}: -1 (every segmentation) or at least 2")
+        if self.subword_variants < 1:
+            raise UserError(f"train.subword_variants={self.subword_variants} must be at least 1")
+        for name, value in (("batch_shapes", self.batch_shapes), ("align_weight", self.align_weight)):
+            if value:  # fixed shapes are chosen from one segmentation's lengths; reference links index its pieces
+                raise UserError(f"train.subword_alpha={self.subword_alpha} does not go with train.{name}={value}")
 
 
 @dataclass

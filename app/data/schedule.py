@@ -11,8 +11,9 @@ sampler does.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -37,7 +38,9 @@ class Update:
 
 
 class BatchSchedule:
-    """Length-bucketed, shuffled epochs of updates: ``for update in schedule`` never ends (the caller stops)."""
+    """Length-bucketed, shuffled epochs of updates: ``for update in schedule`` never ends (the caller stops).
+    ``epoch_lengths(epoch)``: the pairs' lengths as that epoch segments them (train.subword_alpha), where they
+    change from epoch to epoch; else ``src_lens`` and ``tgt_lens``, every epoch."""
 
     def __init__(
         self,
@@ -49,10 +52,12 @@ class BatchSchedule:
         rank: int = 0,
         accum: int = 1,
         shapes: BatchShapes | None = None,
+        epoch_lengths: Optional[Callable[[int], tuple[np.ndarray, np.ndarray]]] = None,
     ):
         self.src_lens, self.tgt_lens = src_lens, tgt_lens
+        self.epoch_lengths = epoch_lengths
+        self.subword_sampling: Optional[dict] = None  # train.subword_* in force, where on: a resume must keep them
         self.shapes = shapes  # train.batch_shapes: every batch padded to one of a fixed set of shapes
-        self.tgt_plus_eos = np.asarray(tgt_lens, dtype=np.int64) + 1
         self.seed, self.world, self.rank, self.accum = seed, world, rank, accum
         self.epoch = 0
         self.position = 0  # batches of the current epoch already trained on
@@ -65,6 +70,10 @@ class BatchSchedule:
         """Batches per update: each of the ranks takes ``accum`` of them."""
         return self.world * self.accum
 
+    def lengths(self, epoch: int) -> tuple[Sequence[int], Sequence[int]]:
+        """Source and target lengths (without EOS / BOS) of every pair in ``epoch``."""
+        return self.epoch_lengths(epoch) if self.epoch_lengths else (self.src_lens, self.tgt_lens)
+
     def epoch_batches(self, epoch: int | None = None, budget: int | None = None) -> list[list[int]]:
         """An epoch's batches (every rank's), cut with ``budget`` (default: the current epoch's and the budget
         in force when it started)."""
@@ -73,7 +82,8 @@ class BatchSchedule:
             if self.shapes is not None:
                 batches = self.shapes.batches(key[1], shuffle=True, seed=self.seed, epoch=key[0])
             else:
-                batches = make_batches(self.src_lens, self.tgt_lens, key[1], shuffle=True, seed=self.seed, epoch=key[0])
+                src_lens, tgt_lens = (np.asarray(lens).tolist() for lens in self.lengths(key[0]))  # quick to index
+                batches = make_batches(src_lens, tgt_lens, key[1], shuffle=True, seed=self.seed, epoch=key[0])
             if len(batches) < self.group:
                 raise UserError(
                     f"the train split makes {len(batches)} batches of train.batch_tokens={key[1]}, fewer than one "
@@ -89,9 +99,10 @@ class BatchSchedule:
         epoch, position, budget = self.epoch, self.position, self.epoch_batch_tokens
         while True:
             batches = self.epoch_batches(epoch, budget)
+            tgt_plus_eos = np.asarray(self.lengths(epoch)[1], dtype=np.int64) + 1
             for start in range(position, len(batches) - self.group + 1, self.group):
                 group = batches[start : start + self.group]
-                tgt_tokens = int(sum(self.tgt_plus_eos[indices].sum() for indices in group))  # known on every rank
+                tgt_tokens = int(sum(tgt_plus_eos[indices].sum() for indices in group))  # known on every rank
                 parts = group[self.rank * self.accum : (self.rank + 1) * self.accum]
                 yield Update(parts, tgt_tokens, epoch, start + self.group, budget)
             # the next epoch is cut with the budget in force when it starts
@@ -99,15 +110,16 @@ class BatchSchedule:
 
     def parts_in_force(self, update: Update) -> list[list[int]]:
         """The update's micro-batches within the budget in force: cut again if it was halved since its epoch began."""
-        return update.parts if self.batch_tokens >= update.epoch_batch_tokens else self.cut(update.parts)
+        return update.parts if self.batch_tokens >= update.epoch_batch_tokens else self.cut(update.parts, update.epoch)
 
     def advance(self, update: Update) -> None:
         """``update`` was trained on: the schedule stands after it."""
         self.epoch, self.position, self.epoch_batch_tokens = update.epoch, update.position, update.epoch_batch_tokens
 
-    def cut(self, parts: list[list[int]]) -> list[list[int]]:
-        """The same sentences in micro-batches within the budget in force."""
-        return [piece for part in parts for piece in split_batch(part, self.src_lens, self.tgt_lens, self.batch_tokens)]
+    def cut(self, parts: list[list[int]], epoch: int) -> list[list[int]]:
+        """The same sentences (as ``epoch`` segments them) in micro-batches within the budget in force."""
+        src_lens, tgt_lens = self.lengths(epoch)
+        return [piece for part in parts for piece in split_batch(part, src_lens, tgt_lens, self.batch_tokens)]
 
     def halve(self) -> int:
         """Out of memory: half the token budget from now on (the current update is cut again with it)."""
@@ -116,8 +128,9 @@ class BatchSchedule:
 
     def epoch_stats(self) -> dict:
         """Padding and distinct batch shapes (what CUDA graphs record one graph each for) over the first epoch."""
-        src_len = np.asarray(self.src_lens, dtype=np.int64) + 1  # + EOS
-        tgt_len = self.tgt_plus_eos  # + BOS / EOS
+        src_lens, tgt_lens = self.lengths(0)
+        src_len = np.asarray(src_lens, dtype=np.int64) + 1  # + EOS
+        tgt_len = np.asarray(tgt_lens, dtype=np.int64) + 1  # + BOS / EOS
         batches = self.epoch_batches(0, self.batch_tokens)
         padded = sum(padded_tokens(b, src_len, tgt_len) for b in batches)
         return {
@@ -138,6 +151,7 @@ class BatchSchedule:
             "batch_tokens": self.batch_tokens,
             "epoch_batch_tokens": self.epoch_batch_tokens,
             "batch_shapes": self.shape_count,
+            "subword_sampling": self.subword_sampling,
         }
 
     @property
@@ -157,6 +171,11 @@ class BatchSchedule:
                 f"train.batch_shapes gives {self.shape_count or 'no fixed'} shapes but the checkpoint's run was cut "
                 f"into {state.get('batch_shapes', 0) or 'no fixed'} shapes: a resumed run replays its batches; "
                 "keep train.batch_shapes"
+            )
+        if state.get("subword_sampling") != self.subword_sampling:
+            was = " ".join(f"train.subword_{k}={v}" for k, v in (state.get("subword_sampling") or {"alpha": 0}).items())
+            raise UserError(
+                f"the checkpoint's run trained with {was}: a resumed run replays its segmentations; keep those settings"
             )
         self.epoch, self.position = state["epoch"], state["position"]
         self.epoch_batch_tokens = state["epoch_batch_tokens"] or saved_batch_tokens
@@ -187,11 +206,21 @@ def accumulation_steps(t: TrainConfig, world: int) -> int:
 
 
 def training_schedule(
-    t: TrainConfig, src_lens: Sequence[int], tgt_lens: Sequence[int], world: int, rank: int, accum: int, cuda: bool
+    t: TrainConfig,
+    src_lens: Sequence[int],
+    tgt_lens: Sequence[int],
+    world: int,
+    rank: int,
+    accum: int,
+    cuda: bool,
+    epoch_lengths: Optional[Callable[[int], tuple[np.ndarray, np.ndarray]]] = None,
 ) -> BatchSchedule:
-    """The schedule of ``train.*``: length-bucketed batches, or with train.batch_shapes padded to fixed shapes."""
+    """The schedule of ``train.*``: length-bucketed batches, or with train.batch_shapes padded to fixed shapes;
+    with train.subword_alpha cut by each epoch's segmentations (``epoch_lengths``)."""
     shapes = BatchShapes(src_lens, tgt_lens, t.batch_shapes) if t.batch_shapes else None
-    schedule = BatchSchedule(src_lens, tgt_lens, t.batch_tokens, t.seed, world, rank, accum, shapes)
+    schedule = BatchSchedule(src_lens, tgt_lens, t.batch_tokens, t.seed, world, rank, accum, shapes, epoch_lengths)
+    if t.subword_alpha > 0:
+        schedule.subword_sampling = {"alpha": t.subword_alpha, "nbest": t.subword_nbest, "variants": t.subword_variants}
     if shapes is None and cuda and t.compile and t.compile_mode in CUDA_GRAPH_MODES:
         log.warning(
             "train.compile_mode=%s records a CUDA graph for every batch shape, and an epoch has %d of them: "

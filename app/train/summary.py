@@ -52,6 +52,8 @@ def run_summary(trainer, stop_reason: str) -> dict:
     summary.update(ranks=s.world, accum_steps=s.accum)
     if p.init_from:
         summary["init_from"] = p.init_from
+    if trainer.cfg.train.subword_alpha:
+        summary["subword_sampling"] = trainer.data.train.stats()
     if trainer.average:  # the closing average (app/train/closing_average.py): best_dev_bleu is best.pt's
         summary.update(average=trainer.average, best_dev_bleu=max(p.best_bleu, trainer.average["dev_bleu"]))
     if trainer.compiles.enabled:
@@ -226,6 +228,8 @@ def record_start(trainer) -> None:
     atomic_write_text(os.path.join(trainer.run_dir, "config.yaml"), OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     size = f"{count_parameters(trainer.model) / 1e6:.1f} M parameters"
     data = f"{len(trainer.data.train)} train / {len(trainer.data.dev)} dev pairs"
+    if cfg.train.subword_alpha:
+        data += f" ({trainer.data.train.describe()}, train.subword_alpha={cfg.train.subword_alpha:g})"
     log.info("model: %s, %s; device %s, %s; %s", cfg.model.arch, size, trainer.device, trainer.dtype or "fp32", data)
     s = trainer.schedule
     log.info("each update: %s", update_size(cfg.train, s.world, s.accum, s.batch_tokens))

@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
@@ -29,11 +28,8 @@ from app import distributed
 from app.checkpoint import CheckpointWriter, host_copy, save_checkpoint, write_snapshot
 from app.config import Config
 from app.data.batching import Batch, Batcher
-from app.data.corpus import ParallelData, TokenizedSplit, load_split, load_tokenized, load_tokenizer, prepare_data
-from app.data.links import read_pharaoh
 from app.data.prefetch import Prefetcher
 from app.data.schedule import BatchSchedule, Update, accumulation_steps, training_schedule
-from app.data.tokenizer import Tokenizer
 from app.errors import TrainingInterrupted, UserError
 from app.models import build_model, count_parameters
 from app.models.flops import FlopCounter, peak_flops
@@ -41,7 +37,6 @@ from app.report.board import training_results, write_hparams
 from app.report.history import history_entry, write_history
 from app.train.closing_average import average_at_end, kept_snapshots, reserve_seconds
 from app.train.ema import ExponentialAverage
-from app.train.guided_alignment import AlignmentTargets, alignment_targets
 from app.train.init_from import starting_point
 from app.train.master_weights import MasterWeights
 from app.train.metrics_window import MetricsWindow, progress_postfix, report_skips
@@ -56,22 +51,12 @@ from app.train.summary import (
     record_start,
     run_summary,
 )
+from app.train.training_data import TrainingData, load_data
 from app.train.update import compiled_for_training, make_optimizer, train_step
 from app.train.validation import validate, validation_worker
 from app.utils import amp_dtype, atomic_write_text, resolve_device, rng_state, seed_everything
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainingData:
-    """What a run trains and validates on."""
-
-    tokenizer: Tokenizer
-    train: TokenizedSplit  # memory-mapped
-    dev: ParallelData  # the dev sentences validation reads (train.max_dev_sentences)
-    dev_links: Optional[list]  # their reference links, where the corpus has them
-    align_targets: Optional[AlignmentTargets]  # guided alignment's targets (train.align_weight > 0)
 
 
 @dataclass
@@ -119,7 +104,7 @@ class Trainer:
         self.trained = compiled_for_training(distributed.wrap(self.master.compute, device), cfg)
         self.compiles = CompileWatch(cfg.train.compile)
         self.batcher = Batcher(data.train.src, data.train.tgt)
-        self.src_lens, self.tgt_lens = np.asarray(data.train.src_lens), np.asarray(data.train.tgt_lens)
+        self.src_lens, self.tgt_lens = data.train.lengths(0)  # what make bench cuts its fixed batches by
         peak = peak_flops(device)
         self.flop_counter = FlopCounter(model) if peak else None  # MFU in the log where the peak is known
         self.window = MetricsWindow(device, peak, guided=data.align_targets is not None)
@@ -181,11 +166,12 @@ class Trainer:
     def prepare(self, update: Update, parts: Optional[list[list[int]]] = None) -> Prepared:
         """The update's batches on the host and on the device, and its counts (in the prefetch thread)."""
         parts = update.parts if parts is None else parts
-        batches = [self.batcher(indices) for indices in parts]
+        batches = [self.batcher(self.data.train.rows_of(update.epoch, indices)) for indices in parts]
         for batch, indices in zip(batches, parts) if self.data.align_targets else ():
             batch.align = self.data.align_targets(indices, batch.src, batch.tgt_out)
-        local_tokens = int(sum(self.tgt_lens[indices].sum() + len(indices) for indices in parts))  # + EOS each
-        flops = self.flop_counter.of_batches(parts, self.src_lens, self.tgt_lens) if self.flop_counter else 0.0
+        src_lens, tgt_lens = self.data.train.lengths(update.epoch)
+        local_tokens = int(sum(tgt_lens[indices].sum() + len(indices) for indices in parts))  # + EOS each
+        flops = self.flop_counter.of_batches(parts, src_lens, tgt_lens) if self.flop_counter else 0.0
         return Prepared(update, parts, batches, [b.to(self.device) for b in batches], local_tokens, flops)
 
     def train_update(self, ready: Prepared) -> None:
@@ -210,7 +196,7 @@ class Trainer:
                 )
             halved = self.schedule.halve()
             log.warning("out of memory on a batch of %s: train.batch_tokens halved to %d", oom_shape, halved)
-            ready = self.prepare(update, self.schedule.cut(ready.parts))
+            ready = self.prepare(update, self.schedule.cut(ready.parts, update.epoch))
         self.schedule.advance(update)
 
     def optimize(self, ready: Prepared) -> Optional[str]:
@@ -347,21 +333,6 @@ class Trainer:
         return summary
 
 
-def load_data(cfg: Config, main: bool) -> TrainingData:
-    """The tokenizer, the train split (memory-mapped), the dev sentences validation reads and their
-    reference links, guided alignment's targets. Rank 0 prepares data, tokenizer and Arrow caches; the
-    other ranks wait, then read them."""
-    if main:
-        prepare_data(cfg)
-    distributed.barrier()
-    tokenizer = load_tokenizer(cfg.data.dir, cfg.tokenizer)
-    dev = load_split(cfg.data.dir, "dev", tokenizer).head(cfg.train.max_dev_sentences)
-    links_path = os.path.join(cfg.data.dir, "dev.align")
-    dev_links = read_pharaoh(links_path)[: len(dev)] if os.path.exists(links_path) else None
-    train = load_tokenized(cfg.data.dir, "train", tokenizer)
-    return TrainingData(tokenizer, train, dev, dev_links, alignment_targets(cfg, tokenizer, len(train)))
-
-
 def build_trainer(cfg: Config, model: Optional[nn.Module] = None, quiet: bool = False) -> Trainer:
     """A Trainer with every part built from ``cfg`` (``model``: a model to train instead of
     ``build_model(cfg.model, ...)``, e.g. one a test made faulty), resumed when the run is to be; ``quiet``:
@@ -380,8 +351,8 @@ def build_trainer(cfg: Config, model: Optional[nn.Module] = None, quiet: bool = 
     model = (model if model is not None else build_model(cfg.model, data.tokenizer)).to(device)
     started = start.load_weights(model, data.tokenizer.fingerprint(), cfg) if start and not resume else None
     optimizer, scheduler = make_optimizer(model, cfg)
-    train = data.train
-    schedule = training_schedule(cfg.train, train.src_lens, train.tgt_lens, world, rank, accum, device.type == "cuda")
+    train, cuda = data.train, device.type == "cuda"
+    schedule = training_schedule(cfg.train, *train.lengths(0), world, rank, accum, cuda, train.lengths)
     trainer = Trainer(cfg, device, data, model, optimizer, scheduler, schedule, resume, quiet)
     trainer.progress.init_from = trainer.progress.init_from or started
     return trainer

@@ -1,0 +1,42 @@
+"""What a training run trains and validates on: the train split's segmentations, the dev sentences and their
+reference links, guided alignment's targets."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from app import distributed
+from app.config import Config
+from app.data.corpus import ParallelData, load_split, load_tokenized, load_tokenizer, prepare_data
+from app.data.links import read_pharaoh
+from app.data.subword_sampling import TrainSegmentations, train_segmentations
+from app.data.tokenizer import Tokenizer
+from app.train.guided_alignment import AlignmentTargets, alignment_targets
+
+
+@dataclass
+class TrainingData:
+    """What a run trains and validates on."""
+
+    tokenizer: Tokenizer
+    train: TrainSegmentations  # memory-mapped: the split's segmentation, or those train.subword_alpha samples
+    dev: ParallelData  # the dev sentences validation reads (train.max_dev_sentences)
+    dev_links: Optional[list]  # their reference links, where the corpus has them
+    align_targets: Optional[AlignmentTargets]  # guided alignment's targets (train.align_weight > 0)
+
+
+def load_data(cfg: Config, main: bool) -> TrainingData:
+    """The tokenizer, the train split (memory-mapped; train.subword_alpha: its sampled segmentations, which the first
+    rank to come samples), the dev sentences validation reads and their reference links, guided alignment's
+    targets. Rank 0 prepares data, tokenizer and Arrow caches; the other ranks wait, then read them."""
+    if main:
+        prepare_data(cfg)
+    distributed.barrier()
+    tokenizer = load_tokenizer(cfg.data.dir, cfg.tokenizer)
+    dev = load_split(cfg.data.dir, "dev", tokenizer).head(cfg.train.max_dev_sentences)
+    links_path = os.path.join(cfg.data.dir, "dev.align")
+    dev_links = read_pharaoh(links_path)[: len(dev)] if os.path.exists(links_path) else None
+    train = train_segmentations(cfg.data.dir, tokenizer, load_tokenized(cfg.data.dir, "train", tokenizer), cfg.train)
+    return TrainingData(tokenizer, train, dev, dev_links, alignment_targets(cfg, tokenizer, len(train)))
