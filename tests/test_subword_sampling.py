@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from conftest import TINY, compose_config, run_cli
+from test_reliability import step_losses
 
 from app.data.schedule import BatchSchedule
 from app.data.subword_sampling import TrainSegmentations
@@ -134,8 +135,6 @@ RUN = [a for a in TINY if not a.startswith(("train.eval_every", "train.save_ever
 def test_a_resumed_run_trains_on_the_same_segmentations(tiny_corpus):
     """Per-step losses of a run stopped at step 15 and resumed, against one run straight through: bit for bit,
     over epoch boundaries (an epoch is about ten batches here); a resume with another alpha is refused."""
-    from test_reliability import step_losses
-
     straight = run_cli(tiny_corpus, "command=train", *RUN, "name=straight", "train.max_steps=30")
     assert straight.returncode == 0, straight.stderr[-3000:]
     first = run_cli(tiny_corpus, "command=train", *RUN, "name=halves", "train.max_steps=15", "train.save_every=15")
@@ -149,3 +148,22 @@ def test_a_resumed_run_trains_on_the_same_segmentations(tiny_corpus):
     full = step_losses(tiny_corpus / "checkpoints/straight/tb")
     resumed = step_losses(tiny_corpus / "checkpoints/halves/tb")
     assert sorted(full) == list(range(1, 31)) and resumed == full
+
+
+@pytest.mark.slow
+def test_two_ranks_train_on_the_segmentations_one_process_does(tmp_path, corpus_tsv):
+    """Two gloo ranks, which sample the cache together (one builds it, the other waits and reads it), against one
+    process accumulating the same two batches per update: the same losses at every step."""
+    from test_distributed import EXACT, single, torchrun
+
+    (tmp_path / "corpus.tsv").write_bytes(corpus_tsv.read_bytes())
+    sampled = [*EXACT, "data.name=tiny_sampled", "train.max_steps=12", "train.subword_alpha=0.2"]
+    ddp = torchrun(tmp_path, *sampled, "name=ddp")
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    accumulated = single(tmp_path, *sampled, "name=accum", "train.accum_steps=2")
+    assert accumulated.returncode == 0, accumulated.stderr[-3000:]
+    assert (ddp.stdout + ddp.stderr).count("subword sampling: 8 segmentations of") == 1  # sampled once
+    two, one = step_losses(tmp_path / "checkpoints/ddp/tb"), step_losses(tmp_path / "checkpoints/accum/tb")
+    assert sorted(two) == sorted(one) == list(range(1, 13))
+    for step in two:
+        assert abs(two[step] - one[step]) <= 1e-5, (step, two[step], one[step])
