@@ -3,9 +3,10 @@ curves and a markdown table (docs/training.md, "Choosing the defaults on a CPU")
 
     .venv/bin/python scripts/run_curves.py OUT.png LABEL=checkpoints/<run> [LABEL=checkpoints/<run> ...]
 
-Runs whose labels share the part before the last '/' (``today/seed1``, ``today/seed2``) are one arm: one colour,
-a line style per seed. Minutes are wall-clock minutes since the run started (train_summary.json ``started``),
-validations included; the closing average (train_summary.json ``average``) is a star at the run's end.
+Runs whose labels share the part before the last '/' (``today/seed1``, ``today/seed2``) are one arm: one colour;
+the part after it is the seed: one line style, the same in every arm. Minutes are wall-clock minutes since the
+run started (train_summary.json ``started``), validations included; the closing average (train_summary.json
+``average``) is a star at the run's end.
 """
 
 from __future__ import annotations
@@ -45,11 +46,10 @@ def main(out: str, runs: list[str]) -> None:
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     styles = ["-", "--", ":", "-."]
     fig, (ax_bleu, ax_loss) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=90)
-    seen: dict[str, int] = {}
+    seeds = list(dict.fromkeys(label.rsplit("/", 1)[-1] for label in data))  # one line style per seed, in every arm
     for label, c in data.items():
-        arm = label.rsplit("/", 1)[0]
-        colour, style = colours[arms.index(arm) % len(colours)], styles[seen.get(arm, 0) % len(styles)]
-        seen[arm] = seen.get(arm, 0) + 1
+        arm, seed = label.rsplit("/", 1)[0], label.rsplit("/", 1)[-1]
+        colour, style = colours[arms.index(arm) % len(colours)], styles[seeds.index(seed) % len(styles)]
         ax_bleu.plot(c["minutes"], c["bleu"], style, color=colour, label=label, marker=".", markersize=4)
         ax_loss.plot(c["minutes"], c["loss"], style, color=colour, label=label, marker=".", markersize=4)
         average = c["summary"].get("average")
