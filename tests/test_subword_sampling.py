@@ -109,16 +109,19 @@ def test_training_reads_sampled_spellings_of_its_sentences(tiny_corpus):
 
 
 def test_bpe_dropout_spells_the_same_sentences_in_more_pieces(tiny_corpus):
-    """With a BPE model SentencePiece drops merges with probability alpha: more pieces, the same text."""
+    """With a BPE model SentencePiece drops merges with probability alpha: other pieces, more of them, the same text."""
     bpe = ["tokenizer.model_type=bpe", "tokenizer.vocab_size=300"]
     seg = trainer_in(tiny_corpus, "name=bpe", *bpe, "train.subword_alpha=0.1", "train.subword_variants=2").data.train
     data = trainer_in(tiny_corpus, "name=bpe_best", *bpe).data
     best, tokenizer = data.train, data.tokenizer
     assert "spm_bpe300" in tokenizer.src_path and seg.variants == 2
+    differ = 0
     for row in range(len(seg.src)):
         pair = row % seg.pairs
         assert tokenizer.src.decode(seg.src[row].as_py()) == tokenizer.src.decode(best.src[pair].as_py())
-        assert seg.src_lens[row] >= best.src_lens[pair]  # dropping merges never joins pieces
+        differ += seg.src[row].as_py() != best.src[pair].as_py()
+    assert differ > len(seg.src) // 2
+    # more pieces on the whole (a sentence can come out shorter: a dropped merge lets a later one apply elsewhere)
     assert seg.src_lens.sum() > 2 * best.src_lens.sum()
 
 

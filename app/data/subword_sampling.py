@@ -82,8 +82,7 @@ class TrainSegmentations:
     def single(cls, split: TokenizedSplit, seed: int) -> TrainSegmentations:
         """The split's own (best) segmentation, every epoch."""
         src_lens, tgt_lens = np.asarray(split.src_lens, dtype=np.int64), np.asarray(split.tgt_lens, dtype=np.int64)
-        best = (float(src_lens.mean()), float(tgt_lens.mean())) if len(split) else (0.0, 0.0)
-        return cls(split.src, split.tgt, src_lens, tgt_lens, len(split), 1, seed, best)
+        return cls(split.src, split.tgt, src_lens, tgt_lens, len(split), 1, seed, mean_pieces(split))
 
     def stats(self) -> dict:
         """Pieces per pair over every variant, and against the best segmentation's."""
@@ -129,8 +128,12 @@ def train_segmentations(
     if len(src) != len(split) * t.subword_variants:  # a cache of another split that the stamp did not catch
         raise RuntimeError(f"{cache}: {len(src)} rows for {len(split)} pairs × {t.subword_variants} variants")
     lengths = [pc.list_value_length(column).to_numpy().astype(np.int64) for column in (src, tgt)]
-    best = TrainSegmentations.single(split, t.seed).best_pieces
-    return TrainSegmentations(src, tgt, *lengths, len(split), t.subword_variants, t.seed, best)
+    return TrainSegmentations(src, tgt, *lengths, len(split), t.subword_variants, t.seed, mean_pieces(split))
+
+
+def mean_pieces(split: TokenizedSplit) -> tuple[float, float]:
+    """Mean source and target pieces per pair of the split's own (best) segmentation."""
+    return (float(np.mean(split.src_lens)), float(np.mean(split.tgt_lens))) if len(split) else (0.0, 0.0)
 
 
 def source_key(folder: str) -> str:
