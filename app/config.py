@@ -233,6 +233,8 @@ class DecodeConfig:
     beam_size: int = 5  # 1 = greedy; validation during training is always greedy
     length_penalty: float = 1.0  # GNMT α: hypotheses scored log p / ((5 + |Y|) / 6)^α
     n_best: int = 1  # translate: hypotheses printed per input
+    # no n-gram of this many pieces twice in a hypothesis (fairseq's and CTranslate2's setting); 0 = off
+    no_repeat_ngram_size: int = 0
     max_len_ratio: float = 1.5  # output length limit = ratio * source length + max_len_extra
     max_len_extra: int = 10
     # tokens per decoding batch after the beam: sentences × beam_size × their padded source length (on a CPU)
@@ -244,6 +246,14 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         if self.beam_size < 1 or self.n_best > self.beam_size:
             raise UserError(f"decode.beam_size={self.beam_size} must be >= 1 and >= decode.n_best={self.n_best}")
+        if self.no_repeat_ngram_size < 0:
+            raise UserError(f"decode.no_repeat_ngram_size={self.no_repeat_ngram_size} must be >= 0 (0: off)")
+
+    def describe(self) -> str:
+        """How it decodes, in words: what eval's report and metrics.json say."""
+        search = "greedy" if self.beam_size == 1 else f"beam {self.beam_size}, length penalty {self.length_penalty}"
+        blocked = f", no repeated {self.no_repeat_ngram_size}-grams" if self.no_repeat_ngram_size else ""
+        return search + blocked
 
     @property
     def batch_source_tokens(self) -> int:

@@ -56,6 +56,12 @@ ERRORS = [
         ["decode.beam_size=2", "decode.n_best=3"],
         ["decode.beam_size=2 must be >= 1 and >= decode.n_best=3"],
     ),
+    (
+        "a negative n-gram ban",
+        files(),
+        ["decode.no_repeat_ngram_size=-1"],
+        ["decode.no_repeat_ngram_size=-1 must be >= 0 (0: off)"],
+    ),
     ("a setting outside its choices", files(), ["train.amp=fp16"], ["train.amp='fp16' is not a choice: choose auto"]),
 ]
 

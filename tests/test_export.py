@@ -21,7 +21,7 @@ from app.data.tokenizer import BOS, EOS, PAD  # noqa: E402
 from app.decode.corpus import decode_corpus  # noqa: E402
 from app.decode.ct2_engine import CT2Translator  # noqa: E402
 from app.decode.export import convert  # noqa: E402
-from app.decode.search import length_penalty  # noqa: E402
+from app.decode.search import block_repeated_ngrams, length_penalty  # noqa: E402
 from app.errors import UserError  # noqa: E402
 from app.models import build_model  # noqa: E402
 from app.train.update import sequence_loss  # noqa: E402
@@ -336,6 +336,51 @@ def test_trained_beam_search_matches(alpha, trained, genesis, tmp_path):
         assert len(scores) == 3 and scores == sorted(scores, reverse=True)
         if i in same and theirs.attention[i].size(0) == len(theirs.tokens[i]) + 1:
             assert torch.allclose(ours.attention[i][-1].mean(0), theirs.attention[i], atol=1e-4)
+
+
+@pytest.mark.slow
+def test_trained_decoding_without_repeated_ngrams_bans_what_ctranslate2_bans(trained, genesis, tmp_path):
+    """decode.no_repeat_ngram_size is CTranslate2's no_repeat_ngram_size: greedy outputs are the same. Beam search
+    ranks otherwise, as CTranslate2 renormalizes what a ban leaves (fairseq, as ours, does not): its scores are
+    the log p of its hypotheses renormalized over the tokens our ban leaves at each step."""
+    (cfg, model), src = trained, genesis["src"]
+    engine = export(model, cfg, genesis, tmp_path)
+    free = decode_corpus(model, src, CPU, DecodeConfig(beam_size=1)).tokens
+    assert sum(map(repeats, free)) >= 20  # the half-trained model loops: there is something to ban
+    greedy = DecodeConfig(beam_size=1, no_repeat_ngram_size=3)
+    ours, theirs = decode_corpus(model, src, CPU, greedy).tokens, engine.translate(src, greedy).tokens
+    assert not any(map(repeats, ours)) and equal_share(ours, theirs) >= 0.99
+    beam = DecodeConfig(beam_size=5, no_repeat_ngram_size=3)
+    ours, theirs = decode_corpus(model, src, CPU, beam), engine.translate(src, beam)
+    print(f"beam 5: the same best hypothesis for {equal_share(ours.tokens, theirs.tokens):.1%}")
+    assert not any(map(repeats, ours.tokens)) and not any(map(repeats, theirs.tokens))
+    limits = engine.length_limits(src, beam).tolist()
+    expected = [
+        sum(logp[:-1] if len(t) == limit else logp) / length_penalty(len(t) + 1, beam.length_penalty)
+        for t, logp, limit in zip(theirs.tokens, renormalized_log_probs(model, src, theirs.tokens, 3), limits)
+    ]
+    assert torch.allclose(torch.tensor([n[0][1] for n in theirs.nbest]), torch.tensor(expected), atol=1e-3)
+
+
+def repeats(tokens: list[int], n: int = 3) -> bool:
+    return len({tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)}) < len(tokens) - n + 1
+
+
+def renormalized_log_probs(model, src, tgt, n: int) -> list[list[float]]:
+    """Teacher-forced log p of every target token and the final EOS, renormalized over the tokens that are neither
+    <pad>, <s> nor banned by block_repeated_ngrams after the tokens before it."""
+    batch = Batcher(src, tgt)(list(range(len(src))))
+    with torch.no_grad():
+        logits = model(batch.src, batch.tgt_in).float()
+    logits[..., [PAD, BOS]] = float("-inf")
+    out = []
+    for i, tokens in enumerate(tgt):
+        rows = logits[i, : len(tokens) + 1].clone()
+        for j in range(len(tokens) + 1):
+            block_repeated_ngrams(rows[j : j + 1], torch.tensor([tokens[:j]], dtype=torch.long), n)
+        picked = rows.log_softmax(-1).gather(-1, torch.tensor(tokens + [EOS])[:, None])
+        out.append(picked.squeeze(-1).tolist())
+    return out
 
 
 @pytest.mark.slow

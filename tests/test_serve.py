@@ -285,6 +285,7 @@ def test_serve_says_what_it_loaded_and_where_to_open_it_and_answers(served):
     status, info = request(served.port, "GET", "/info")
     assert status == 200 and (info["run"], info["engine"], info["device"]) == ("tiny", "torch", "cpu")
     assert info["model"]["d_model"] == 32 and info["parameters"] > 0 and info["defaults"]["beam_size"] == 5
+    assert info["no_repeat_ngram_size"] == 0  # decode.no_repeat_ngram_size's default: no ban
     status, page = raw(served.port, b"", "/", "GET")
     assert status == 200 and "/static/attention_map.js" in page
     status, script = raw(served.port, b"", "/static/attention_map.js", "GET")

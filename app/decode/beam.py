@@ -36,8 +36,11 @@ class BeamSearch(Search):
         n_best=1,
         need_attention=False,
         onednn=True,
+        no_repeat_ngram_size=0,
     ):
-        super().__init__(model, src, beam_size, max_len_ratio, max_len_extra, need_attention, onednn)
+        super().__init__(
+            model, src, beam_size, max_len_ratio, max_len_extra, need_attention, onednn, no_repeat_ngram_size
+        )
         k, device, batch = beam_size, self.device, self.batch
         self.alpha, self.n_best = alpha, n_best
         scores = torch.full((batch, k), float("-inf"), device=device)
@@ -106,6 +109,8 @@ class BeamSearch(Search):
                 self.offsets = self.offsets[: index.size(0)]
                 self.row_limits = self.limits.repeat_interleave(k)
         self.prev, rows = token.view(-1), rows.view(-1)
+        if self.history is not None:  # the rows continue those they extend
+            self.history = torch.cat([self.history[rows], self.prev[:, None]], 1)
         self.history_tokens.append(self.prev)
         self.history_parents.append(rows)
         self.scores = alive_scores.view(-1, 1)

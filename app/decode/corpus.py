@@ -28,10 +28,12 @@ def greedy_decode(
     max_len_extra: int = 10,
     need_attention: bool = False,
     onednn: bool = True,
+    no_repeat_ngram_size: int = 0,
 ) -> Hypotheses:
     """Pick the most probable token at every step until EOS or the length limit, for a whole batch. ``onednn``:
-    on a CPU, a Transformer's step multiplies through oneDNN (``decode.cpu_onednn``)."""
-    search = GreedySearch(model, src, max_len_ratio, max_len_extra, need_attention, onednn)
+    on a CPU, a Transformer's step multiplies through oneDNN (``decode.cpu_onednn``); ``no_repeat_ngram_size``:
+    no n-gram of that size twice in a hypothesis (0: any)."""
+    search = GreedySearch(model, src, max_len_ratio, max_len_extra, need_attention, onednn, no_repeat_ngram_size)
     return search.run()
 
 
@@ -46,10 +48,13 @@ def beam_search(
     n_best: int = 1,
     need_attention: bool = False,
     onednn: bool = True,
+    no_repeat_ngram_size: int = 0,
 ) -> Hypotheses:
     """Batched beam search (``BeamSearch``) of a batch of sources; the host reads the results once, at the end.
-    ``onednn``: as ``greedy_decode``'s."""
-    search = BeamSearch(model, src, beam_size, alpha, max_len_ratio, max_len_extra, n_best, need_attention, onednn)
+    ``onednn`` and ``no_repeat_ngram_size``: as ``greedy_decode``'s."""
+    search = BeamSearch(
+        model, src, beam_size, alpha, max_len_ratio, max_len_extra, n_best, need_attention, onednn, no_repeat_ngram_size
+    )
     return search.run()
 
 
@@ -57,7 +62,9 @@ def searcher(model, src: torch.Tensor, decode: DecodeConfig, need_attention: boo
     """The search ``decode`` asks for over a batch of sources: greedy when its beam_size is 1, else beam search."""
     d = decode
     if d.beam_size == 1:
-        return GreedySearch(model, src, d.max_len_ratio, d.max_len_extra, need_attention, d.cpu_onednn)
+        return GreedySearch(
+            model, src, d.max_len_ratio, d.max_len_extra, need_attention, d.cpu_onednn, d.no_repeat_ngram_size
+        )
     return BeamSearch(
         model,
         src,
@@ -68,6 +75,7 @@ def searcher(model, src: torch.Tensor, decode: DecodeConfig, need_attention: boo
         d.n_best,
         need_attention,
         d.cpu_onednn,
+        d.no_repeat_ngram_size,
     )
 
 

@@ -140,6 +140,7 @@ class CT2Translator:
                 # undoes; with α = 0 it stops once the best beam has ended (and num_hypotheses have)
                 length_penalty=length_penalty,
                 max_decoding_length=max(limit, 1),
+                no_repeat_ngram_size=decode.no_repeat_ngram_size,
                 return_scores=True,
                 return_attention=need_attention,
                 **common,

@@ -44,6 +44,22 @@ def next_token_scores(logits: torch.Tensor, never: torch.Tensor) -> torch.Tensor
     return logp.index_fill_(-1, never, float("-inf"))
 
 
+def block_repeated_ngrams(logp: torch.Tensor, history: torch.Tensor, n: int) -> torch.Tensor:
+    """No n-gram twice in a hypothesis (``decode.no_repeat_ngram_size``, as fairseq's --no-repeat-ngram-size and
+    CTranslate2's no_repeat_ngram_size): a row's next token gets log p = -inf where, after the row's last n - 1
+    tokens of ``history`` (rows, t: its tokens so far), it would end an n-gram the row holds already. In place
+    on ``logp`` (rows, vocab), on the device (one index_add: a token that several n-grams ban sums their -inf)."""
+    rows, t = history.shape
+    if t < n:
+        return logp
+    ngrams = history.unfold(1, n, 1)  # (rows, t - n + 1, n), every n-gram so far
+    seen = (ngrams[..., :-1] == history[:, None, t - n + 1 :]).all(-1)  # its first n - 1 tokens are the last ones
+    ban = torch.where(seen, float("-inf"), 0.0).to(logp.dtype)
+    index = ngrams[..., -1] + torch.arange(rows, device=logp.device)[:, None] * logp.size(-1)
+    logp.view(-1).index_add_(0, index.view(-1), ban.view(-1))
+    return logp
+
+
 def max_output_lengths(model, src_mask: torch.Tensor, ratio: float, extra: int) -> torch.Tensor:
     """ratio × source length + extra, within the positions the model has (``max_positions``, if any)."""
     return length_limits(src_mask.sum(-1), ratio, extra, getattr(model, "max_positions", None))
@@ -129,6 +145,7 @@ class Search:
         max_len_extra: int,
         need_attention: bool,
         onednn: bool,
+        no_repeat_ngram_size: int = 0,
     ):
         self.model, self.beam, self.need_attention, self.device = model, beam, need_attention, src.device
         src_mask = src != PAD
@@ -148,6 +165,9 @@ class Search:
         self.never: Optional[torch.Tensor] = None
         self.check_every = done_check_interval(self.device)
         self.compact_share = 0.0  # compact once this share of the sentences in the batch is done
+        # each row's tokens so far, for block_repeated_ngrams (kept only when asked for)
+        self.no_repeat_ngram_size = no_repeat_ngram_size
+        self.history = src.new_empty((self.batch * beam, 0)) if no_repeat_ngram_size else None
 
     def model_step(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Next-token logits for every row (and the attention, when asked for)."""
@@ -161,7 +181,10 @@ class Search:
     def next_token_scores(self, logits: torch.Tensor) -> torch.Tensor:
         if self.never is None:
             self.never = never_outputs(logits.device)
-        return next_token_scores(logits, self.never)
+        logp = next_token_scores(logits, self.never)
+        if self.history is not None:
+            block_repeated_ngrams(logp, self.history, self.no_repeat_ngram_size)
+        return logp
 
     def keep(self, kept: list[bool]) -> Optional[torch.Tensor]:
         """After a check: the sentences still decoding (``kept``, per sentence in the batch now), as an index,
@@ -190,8 +213,10 @@ class Search:
 class GreedySearch(Search):
     """Picks the most probable token at every step until EOS or the length limit, for a whole batch."""
 
-    def __init__(self, model, src, max_len_ratio=1.5, max_len_extra=10, need_attention=False, onednn=True):
-        super().__init__(model, src, 1, max_len_ratio, max_len_extra, need_attention, onednn)
+    def __init__(
+        self, model, src, max_len_ratio=1.5, max_len_extra=10, need_attention=False, onednn=True, no_repeat_ngram_size=0
+    ):
+        super().__init__(model, src, 1, max_len_ratio, max_len_extra, need_attention, onednn, no_repeat_ngram_size)
         self.compact_share = 1 / COMPACT_SHARE  # leaving copies the others' caches: worth it once enough are done
         self.prev = torch.full((self.batch,), BOS, dtype=torch.long, device=self.device)
         self.finished = torch.zeros(self.batch, dtype=torch.bool, device=self.device)
@@ -209,6 +234,8 @@ class GreedySearch(Search):
             token = torch.where(self.t >= self.limits, EOS, token)
         token = token.masked_fill(self.finished, PAD)
         self.segment_tokens.append(token)
+        if self.history is not None:
+            self.history = torch.cat([self.history, token[:, None]], 1)
         if self.need_attention and attn is not None:
             self.segment_attention.append(attn)
         self.finished |= token == EOS
@@ -225,6 +252,8 @@ class GreedySearch(Search):
         index = self.keep([not done for done in finished])
         self.state = self.state.select(index)
         self.prev, self.finished = self.prev[index], self.finished[index]
+        if self.history is not None:
+            self.history = self.history[index]
         return False
 
     def write_segment(self) -> None:

@@ -204,9 +204,7 @@ def decoding_stats(cfg: Config, trained: TrainedModel, ct2, hyps: Hypotheses, se
     return {
         "split": cfg.eval.split,
         "checkpoint": cfg.eval.checkpoint,
-        "decoding": "greedy"
-        if cfg.decode.beam_size == 1
-        else f"beam {cfg.decode.beam_size}, length penalty {cfg.decode.length_penalty}",
+        "decoding": cfg.decode.describe(),
         "decode_seconds": round(seconds, 2),
         "sentences_per_s": round(len(hyps.tokens) / seconds, 1),
         "tokens_per_s": round(sum(len(h) + 1 for h in hyps.tokens) / seconds),

@@ -39,7 +39,9 @@ class Engine:
     """Lines in, translations out (``translate``), with what it loaded (``info``) and its one-line summary."""
 
     def __init__(self, translator, tokenizer: Tokenizer, decode: DecodeConfig, info: dict[str, Any]):
-        self.translator, self.tokenizer, self.decode, self.info = translator, tokenizer, decode, info
+        self.translator, self.tokenizer, self.decode = translator, tokenizer, decode
+        # /info: the server's own ban of repeated n-grams (decode.no_repeat_ngram_size), the same for every request
+        self.info = {**info, "no_repeat_ngram_size": decode.no_repeat_ngram_size}
         self.trained: Optional[TrainedModel] = translator if isinstance(translator, TrainedModel) else None
 
     def summary(self) -> str:
