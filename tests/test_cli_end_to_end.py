@@ -88,11 +88,16 @@ def test_eval_writes_hypotheses_and_sacrebleu_scores(workdir):
 
 
 def test_translate_reads_stdin_and_writes_one_line_per_input(workdir):
-    result = run_cli(workdir, "command=translate", "name=tiny", "device=cpu", stdin="En el principio.\nY dijo Dios.\n")
+    lines, ban = "En el principio.\nY dijo Dios.\n", "decode.no_repeat_ngram_size=2"
+    result = run_cli(workdir, "command=translate", "name=tiny", "device=cpu", ban, stdin=lines)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert len(result.stdout.split("\n")) == 3  # two translations and the final newline
+    translations = result.stdout.split("\n")
+    assert len(translations) == 3  # two translations and the final newline
     step = torch.load(workdir / "checkpoints" / "tiny" / "best.pt", weights_only=True)["progress"]["step"]
-    assert re.search(rf"translating 2 lines with \S*checkpoints/tiny/best\.pt \(step {step}\)\n", result.stderr)
+    used = rf"translating 2 lines with \S*checkpoints/tiny/best\.pt \(step {step}\): beam 5, length penalty 1\.0"
+    assert re.search(used + ", no repeated 2-grams\n", result.stderr)
+    free = run_cli(workdir, "command=translate", "name=tiny", "device=cpu", stdin=lines)
+    assert re.search(used + "\n", free.stderr) and free.stdout != result.stdout  # the tiny model repeats itself
 
 
 def test_resume_continues_from_last_checkpoint(workdir):
@@ -718,7 +723,7 @@ def test_export_to_ctranslate2_then_translate_and_eval_with_it(workdir):
     assert [o.returncode for o in outputs] == [0, 0], outputs[1].stderr[-3000:]
     step = info["run"]["step"]
     used = r"translating 2 lines with \S*checkpoints/tiny/ct2, the CTranslate2 export \(none\) of best\.pt"
-    used += rf" \(step {step}\)"
+    used += rf" \(step {step}\): greedy"
     assert re.search(used, outputs[1].stderr), outputs[1].stderr
     assert outputs[0].stdout == outputs[1].stdout and len(outputs[1].stdout.splitlines()) == 2
 

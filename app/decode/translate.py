@@ -30,7 +30,8 @@ def translate_lines(cfg: Config) -> None:
         tokenizer = engine.tokenizer
         used = f"{checkpoint_path(cfg.run_dir, cfg.translate.checkpoint)} (step {engine.step})"
     # on stderr: stdout holds the translations alone
-    print(f"translating {len(lines)} line{'s' * (len(lines) != 1)} with {used}", file=sys.stderr, flush=True)
+    count = f"{len(lines)} line{'s' * (len(lines) != 1)}"
+    print(f"translating {count} with {used}: {cfg.decode.describe()}", file=sys.stderr, flush=True)
     hyps = engine.translate(tokenizer.encode_src(lines), cfg.decode)
     if cfg.decode.n_best > 1:
         text = "".join(
