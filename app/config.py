@@ -286,6 +286,8 @@ class TranslateConfig(Checked, section="translate"):
     output: Optional[str] = None  # file; default stdout
     checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
     engine: str = choice("torch", "ct2")  # ct2: the run's CTranslate2 export (translate.checkpoint unused)
+    # each line "translation ||| i-j ...": its word links to the source, read from the attention (Pharaoh format)
+    alignments: bool = False
 
 
 @dataclass

@@ -6,15 +6,17 @@ from conftest import Vocab, model_config
 from toy_tasks import reversal_data, train_on_reversal
 
 from app.data.batching import Batcher
-from app.data.links import read_pharaoh, word_index
+from app.data.links import hard_alignment, pharaoh_line, read_pharaoh, word_index
 from app.errors import UserError
 from app.models import build_model
-from app.report.aer import alignment_error_rate, hard_alignment
+from app.report.aer import alignment_error_rate, hypothesis_links, links_view
 from app.report.attention_views import plotted_view
 
 
 def test_pieces_merge_into_words():
     assert word_index(["▁In", "▁the", "▁begin", "ning", ",", "</s>"]) == [0, 1, 2, 2, 2, -1]
+    # a lone "▁" starts a word only where a piece of it follows; before another word or the end it is a space
+    assert word_index(["▁", "Ab", "▁the", "▁", "▁the", "▁", "</s>"]) == [0, 0, 1, -1, 2, -1, -1]
 
 
 def test_hard_alignment_sums_pieces_then_takes_the_argmax():
@@ -28,6 +30,22 @@ def test_hard_alignment_sums_pieces_then_takes_the_argmax():
         [0.0, 0.0, 0.0, 0.0, 1.0],  # </s> row: ignored
     ]
     assert hard_alignment(weights, src, tgt) == {(0, 0), (1, 1), (2, 2)}
+
+
+def test_a_hypothesis_links_read_the_view_aer_chose_else_the_plotted_one():
+    src = ["▁En", "▁el", "▁princip", "io", "</s>"]
+    hyp = ["▁In", "▁the", "▁begin", "ning", "</s>"]
+    diagonal = torch.tensor([[1.0, 0, 0, 0, 0], [0, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 0, 1]])
+    first = torch.zeros(5, 5).index_fill_(1, torch.tensor([0]), 1.0)  # every row on "En"
+    attention = torch.stack([torch.stack([first, first]), torch.stack([diagonal, first])])  # (2 layers, 2 heads, ...)
+    assert (
+        links_view(attention, layer=-1) == "layer 1 mean" and links_view(attention, 0, "no such view") == "layer 0 mean"
+    )
+    assert links_view(attention, -1, "layer 1 head 0") == "layer 1 head 0"
+    assert links_view(diagonal) == "attention"  # an RNN's map, or an export's
+    assert hypothesis_links(attention, src, hyp, "layer 1 head 0") == {(0, 0), (1, 1), (2, 2)}
+    assert hypothesis_links(attention, src, hyp, "layer 0 mean") == {(0, 0), (0, 1), (0, 2)}
+    assert pharaoh_line({(2, 2), (0, 1), (1, 0), (3, 0)}) == "1-0 3-0 0-1 2-2"  # in the order of the target words
 
 
 def test_aer_hand_computed(tmp_path):

@@ -78,6 +78,15 @@ def test_eval_writes_hypotheses_and_sacrebleu_scores(workdir):
     assert metrics["bleu_signature"].startswith("nrefs:1|")
     step = torch.load(workdir / "checkpoints" / "tiny" / "best.pt", weights_only=True)["progress"]["step"]
     assert f"test (beam 5, length penalty 1.0; best.pt, step {step}): BLEU " in result.stdout
+    # hyp.align: every hypothesis word linked to one source word, read from the plotted view (no reference links)
+    assert metrics["hyp_align_view"] == "layer 0 mean" and "hyp.align (word links, layer 0 mean)" in result.stdout
+    links = (out / "hyp.align").read_text(encoding="utf-8").split("\n")[:-1]
+    sources = [line.split("\t")[1] for line in open(workdir / "data" / "tiny" / "test.tsv", encoding="utf-8")]
+    assert len(links) == len(hyps)
+    for line, hyp, source in zip(links, hyps, sources):
+        pairs = [tuple(int(x) for x in link.split("-")) for link in line.split()]
+        assert [j for _, j in pairs] == list(range(len(hyp.split()))), (line, hyp)
+        assert all(0 <= i < len(source.split()) for i, _ in pairs), (line, source)
     lines = result.stdout.splitlines()
     at = lines.index("  sacrebleu signatures (how each score was computed):")
     assert lines[at + 1 : at + 4] == [
@@ -98,6 +107,20 @@ def test_translate_reads_stdin_and_writes_one_line_per_input(workdir):
     assert re.search(used + ", no repeated 2-grams\n", result.stderr)
     free = run_cli(workdir, "command=translate", "name=tiny", "device=cpu", stdin=lines)
     assert re.search(used + "\n", free.stderr) and free.stdout != result.stdout  # the tiny model repeats itself
+    # translate.alignments: each translation, then its word links to the source (the best hypothesis only)
+    linked = run_cli(workdir, "command=translate", "name=tiny", "device=cpu", "translate.alignments=true", stdin=lines)
+    assert linked.returncode == 0, linked.stderr[-3000:]
+    for line, translation, source in zip(linked.stdout.splitlines(), free.stdout.splitlines(), lines.splitlines()):
+        text, links = line.split(" ||| ")
+        pairs = [tuple(int(x) for x in link.split("-")) for link in links.split()]
+        assert text == translation and [j for _, j in pairs] == list(range(len(text.split())))
+        assert all(0 <= i < len(source.split()) for i, _ in pairs)
+    refused = run_cli(
+        workdir, "command=translate", "name=tiny", "translate.alignments=true", "decode.n_best=2", stdin=lines
+    )
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        "error: translate.alignments=true links the best hypothesis only: not with decode.n_best=2"
+    )
 
 
 def test_resume_continues_from_last_checkpoint(workdir):
@@ -687,6 +710,7 @@ def test_a_corpus_with_reference_links_is_scored_and_guides_training(workdir):
     assert alignment["aer"] == alignment["aer_by_view"][alignment["view"]]
     row = json.loads((out / "alignments.jsonl").read_text(encoding="utf-8").splitlines()[0])
     assert row["alignment_view"] == {"view": alignment["view"], "chosen_on": "dev"}
+    assert metrics["hyp_align_view"] == alignment["view"]  # the hypotheses' word links: the view AER chose
     assert (out / "alignments" / "0000_reference.png").exists() and (out / "alignments" / "0000.png").exists()
     assert alignment["scope"] == "linked"  # the corpus's own links: only the target words they link count
     assert f"({alignment['view']}, chosen on dev; linked target words)" in result.stdout
@@ -716,7 +740,13 @@ def test_export_to_ctranslate2_then_translate_and_eval_with_it(workdir):
     lines = "En el principio creó Dios los cielos y la tierra.\nY dijo Dios: Sea la luz.\n"
     outputs = [
         run_cli(
-            workdir, "command=translate", "name=tiny", "decode.beam_size=1", f"translate.engine={engine}", stdin=lines
+            workdir,
+            "command=translate",
+            "name=tiny",
+            "decode.beam_size=1",
+            f"translate.engine={engine}",
+            "translate.alignments=true",  # the word links of the same attention (one map from the export)
+            stdin=lines,
         )
         for engine in ("torch", "ct2")
     ]
@@ -726,6 +756,7 @@ def test_export_to_ctranslate2_then_translate_and_eval_with_it(workdir):
     used += rf" \(step {step}\): greedy"
     assert re.search(used, outputs[1].stderr), outputs[1].stderr
     assert outputs[0].stdout == outputs[1].stdout and len(outputs[1].stdout.splitlines()) == 2
+    assert all(re.fullmatch(r".* \|\|\| (\d+-\d+ ?)+", line) for line in outputs[1].stdout.splitlines())
 
     hyps = {}
     for engine in ("torch", "ct2"):

@@ -11,12 +11,12 @@ from toy_tasks import reversal_data, train_on_reversal
 
 from app.config import DataConfig
 from app.data.batching import Batcher
-from app.data.links import piece_links, read_pharaoh, word_index
+from app.data.links import hard_alignment, hard_alignments, piece_links, read_pharaoh, word_index
 from app.data.prepare import prepare, read_tsv, split_of
 from app.data.sources import SPLITS
 from app.errors import UserError
 from app.models import build_model
-from app.report.aer import AlignmentScore, hard_alignment, hard_alignments
+from app.report.aer import AlignmentScore
 from app.report.attention_views import attention_views
 from app.train.guided_alignment import AlignmentTargets, guided_alignment_loss, piece_words, word_numbers
 

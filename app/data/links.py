@@ -33,11 +33,22 @@ def read_pharaoh(path: str) -> list[tuple[set, set]]:
     return gold
 
 
+def pharaoh_line(links: set[tuple[int, int]]) -> str:
+    """(source word, target word) links as one Pharaoh line, ``i-j`` in the order of the target words."""
+    return " ".join(f"{i}-{j}" for i, j in sorted(links, key=lambda link: (link[1], link[0])))
+
+
 def word_index(pieces: list[str]) -> list[int]:
-    """Word number of every subword piece; -1 for special tokens such as </s>."""
+    """Word number of every subword piece; -1 for special tokens such as </s>, and for a lone ``▁`` that starts
+    no word (a space before another word or at the end: a model's output can hold one, decoded as a second
+    space, which a whitespace split does not count)."""
     out, word = [], -1
-    for piece in pieces:
+    for n, piece in enumerate(pieces):
         if piece.startswith("<") and piece.endswith(">"):
+            out.append(-1)
+            continue
+        following = pieces[n + 1] if n + 1 < len(pieces) else "<end>"
+        if piece == WORD_START and (following.startswith(WORD_START) or following.startswith("<")):
             out.append(-1)
             continue
         if piece.startswith(WORD_START) or word < 0:
@@ -61,3 +72,18 @@ def piece_links(links: set[tuple[int, int]], src_pieces: list[str], tgt_pieces: 
             linked[t, s] = True
     cells = np.nonzero(linked[tgt_words[:, None], src_words[None, :]])  # row-major: by target piece, then source
     return list(zip(cells[0].tolist(), cells[1].tolist()))
+
+
+def hard_alignments(maps, src_pieces: list[str], tgt_pieces: list[str]) -> list[set[tuple[int, int]]]:
+    """Attention maps (views, tgt pieces, src pieces) -> per view {(source word, target word)}: pieces
+    summed into words, then the most attended source word for every target word."""
+    to_src, to_tgt = pieces_to_words(src_pieces), pieces_to_words(tgt_pieces)
+    if not len(to_src) or not len(to_tgt):
+        return [set() for _ in maps]
+    merged = to_tgt @ np.asarray(maps, dtype=np.float64) @ to_src.T  # (views, tgt words, src words)
+    return [{(int(i), j) for j, i in enumerate(best)} for best in merged.argmax(-1)]
+
+
+def hard_alignment(weights, src_pieces: list[str], tgt_pieces: list[str]) -> set[tuple[int, int]]:
+    """``hard_alignments`` of one (tgt pieces, src pieces) map."""
+    return hard_alignments(np.asarray(weights, dtype=np.float64)[None], src_pieces, tgt_pieces)[0]

@@ -1,5 +1,6 @@
 """``make translate``: lines from a file or standard input to a file or standard output, by a run's
-checkpoint or its CTranslate2 export; with ``decode.n_best`` > 1 in the Moses n-best format."""
+checkpoint or its CTranslate2 export; with ``decode.n_best`` > 1 in the Moses n-best format, with
+``translate.alignments`` each line followed by its word links to the source (``translation ||| 0-0 1-2 ...``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import sys
 
 from app.checkpoint import checkpoint_path
 from app.config import Config
+from app.data.links import hard_alignment, pharaoh_line
+from app.data.tokenizer import EOS
+from app.decode.search import Hypotheses
 from app.decode.trained import load_ct2, load_trained
 from app.errors import UserError
 from app.utils import atomic_write_text, resolve_device
@@ -17,6 +21,10 @@ def translate_lines(cfg: Config) -> None:
     """translate.input (or stdin) to translate.output (or stdout); with decode.n_best > 1 the lines are
     ``index ||| hypothesis ||| score``."""
     lines = read_translate_input(cfg.translate.input)  # bad input fails before the model loads
+    if cfg.translate.alignments and cfg.decode.n_best > 1:
+        raise UserError(
+            f"translate.alignments=true links the best hypothesis only: not with decode.n_best={cfg.decode.n_best}"
+        )
     if cfg.translate.engine == "ct2":  # the export alone: no checkpoint, no training code
         engine = load_ct2(cfg, None, "translate.engine")
         tokenizer = engine.tokenizer()
@@ -29,11 +37,20 @@ def translate_lines(cfg: Config) -> None:
         engine = load_trained(cfg.run_dir, cfg.translate.checkpoint, resolve_device(cfg.device), "translate.checkpoint")
         tokenizer = engine.tokenizer
         used = f"{checkpoint_path(cfg.run_dir, cfg.translate.checkpoint)} (step {engine.step})"
+        model = engine.config.model
+        if cfg.translate.alignments and model.arch == "rnn" and model.attention == "none":
+            raise UserError("translate.alignments=true: this model has no attention to read word links from")
     # on stderr: stdout holds the translations alone
     count = f"{len(lines)} line{'s' * (len(lines) != 1)}"
     print(f"translating {count} with {used}: {cfg.decode.describe()}", file=sys.stderr, flush=True)
-    hyps = engine.translate(tokenizer.encode_src(lines), cfg.decode)
-    if cfg.decode.n_best > 1:
+    src = tokenizer.encode_src(lines)
+    hyps = engine.translate(src, cfg.decode, need_attention=cfg.translate.alignments)
+    if cfg.translate.alignments:
+        text = "".join(
+            f"{t} ||| {links}\n"
+            for t, links in zip(tokenizer.decode_tgt(hyps.tokens), word_links(src, hyps, tokenizer, cfg.viz.layer))
+        )
+    elif cfg.decode.n_best > 1:
         text = "".join(
             f"{i} ||| {tokenizer.decode_tgt([tokens])[0]} ||| {score:.4f}\n"
             for i, hypotheses in enumerate(hyps.nbest)
@@ -45,6 +62,18 @@ def translate_lines(cfg: Config) -> None:
         atomic_write_text(cfg.translate.output, text)
     else:
         sys.stdout.write(text)
+
+
+def word_links(src: list[list[int]], hyps: Hypotheses, tokenizer, layer: int) -> list[str]:
+    """Per hypothesis, its word links to the source as a Pharaoh line, read from the attention that wrote it: the
+    view eval's plots show by default (app.report.attention_views.plotted_view), an RNN's map, a Transformer's
+    layer ``layer`` (viz.layer) mean of heads; a CTranslate2 export returns that one map."""
+    lines = []
+    for source, tokens, attention in zip(src, hyps.tokens, hyps.attention):
+        weights = attention if attention.dim() == 2 else attention[layer].mean(0)
+        pieces = tokenizer.src_pieces(source + [EOS]), tokenizer.tgt_pieces(tokens + [EOS])
+        lines.append(pharaoh_line(hard_alignment(weights, *pieces)))
+    return lines
 
 
 def read_translate_input(path: str | None) -> list[str]:

@@ -1,5 +1,5 @@
-"""Hard word alignments read from attention, scored against reference links with AER, precision and
-recall (Och & Ney 2003), for every view of the attention at once."""
+"""Hard word alignments read from attention (app.data.links.hard_alignments), scored against reference links with
+AER, precision and recall (Och & Ney 2003), for every view of the attention at once; a hypothesis' word links."""
 
 from __future__ import annotations
 
@@ -8,26 +8,25 @@ from typing import Optional
 import numpy as np
 from tqdm import tqdm
 
-from app.data.links import pieces_to_words
+from app.data.links import hard_alignment, hard_alignments
 from app.data.tokenizer import EOS
 from app.decode.corpus import forced_attention
 from app.errors import UserError
-from app.report.attention_views import attention_views
+from app.report.attention_views import attention_views, plotted_view
 
 
-def hard_alignments(maps, src_pieces: list[str], tgt_pieces: list[str]) -> list[set[tuple[int, int]]]:
-    """Attention maps (views, tgt pieces, src pieces) -> per view {(source word, target word)}: pieces
-    summed into words, then the most attended source word for every target word."""
-    to_src, to_tgt = pieces_to_words(src_pieces), pieces_to_words(tgt_pieces)
-    if not len(to_src) or not len(to_tgt):
-        return [set() for _ in maps]
-    merged = to_tgt @ np.asarray(maps, dtype=np.float64) @ to_src.T  # (views, tgt words, src words)
-    return [{(int(i), j) for j, i in enumerate(best)} for best in merged.argmax(-1)]
+def links_view(attention, layer: int = -1, view: Optional[str] = None) -> str:
+    """The view of a hypothesis' attention its word links are read from: ``view`` (the one AER chose, where the
+    corpus has reference links), else, or where it is not among the attention's views (an export returns one
+    map), the view plots show (an RNN's map, a Transformer's layer ``layer`` mean of heads)."""
+    return view if view and view in attention_views(attention)[0] else plotted_view(attention, layer)[0]
 
 
-def hard_alignment(weights, src_pieces: list[str], tgt_pieces: list[str]) -> set[tuple[int, int]]:
-    """``hard_alignments`` of one (tgt pieces, src pieces) map."""
-    return hard_alignments(np.asarray(weights, dtype=np.float64)[None], src_pieces, tgt_pieces)[0]
+def hypothesis_links(attention, src_pieces: list[str], hyp_pieces: list[str], view: str) -> set[tuple[int, int]]:
+    """The (source word, hypothesis word) links read from the view ``view`` (``links_view``) of the attention
+    that wrote a hypothesis."""
+    names, maps = attention_views(attention)
+    return hard_alignment(maps[names.index(view)], src_pieces, hyp_pieces)
 
 
 def align_scope(setting: Optional[str], gold_file: bool) -> str:

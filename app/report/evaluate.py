@@ -19,14 +19,14 @@ from tqdm import tqdm
 from app.checkpoint import checkpoint_path
 from app.config import Config, VizConfig
 from app.data.corpus import ParallelData, load_split
-from app.data.links import piece_links, read_pharaoh
+from app.data.links import pharaoh_line, piece_links, read_pharaoh
 from app.data.sources import SPLITS
 from app.decode.search import Hypotheses
 from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.errors import UserError
 from app.host_worker import host_worker, submit
 from app.models import count_parameters
-from app.report.aer import align_scope, alignment_view, score_alignments
+from app.report.aer import align_scope, alignment_view, hypothesis_links, links_view, score_alignments
 from app.report.attention_files import write_attention_files
 from app.report.attention_views import attention_shape, attention_views, figure_views
 from app.report.board import log_eval
@@ -106,6 +106,7 @@ def evaluate_run(cfg: Config) -> dict:
             refs = forced is not None
             progress = "attention views"
             records = sentence_records(data, hyps, trained.tokenizer, references=refs, progress=progress, **views)
+            metrics["hyp_align_view"] = write_hypothesis_links(out_dir, records, cfg.viz.layer, metrics)
     if own:
         with clock("self-attention"):  # one teacher-forced pass of every hypothesis, without logits
             # batches as the AER's forced passes: a batch's maps grow with its sentences' squared lengths
@@ -244,6 +245,7 @@ def print_report(metrics: dict, out_dir: str, tb: str, step: int, ct2, has_atten
     print(
         f"  wrote {out_dir}/hyp.txt, metrics.json"
         + (
+            f", hyp.align (word links, {metrics['hyp_align_view']})"
             ", alignments.html (open it in a browser), alignments.npz with its index alignments.jsonl, alignments/*.png"
             if has_attention
             else " (this model has no attention to plot)"
@@ -293,6 +295,15 @@ def write_alignments(out_dir: str, records: list[SentenceRecord], cfg: Config, a
             yield entry, r.stored, r.self_attention or {}
 
     write_attention_files(out_dir, sentences())
+
+
+def write_hypothesis_links(out_dir: str, records: list[SentenceRecord], layer: int, metrics: dict) -> str:
+    """``hyp.align``: per hypothesis, its word links to the source in Pharaoh format, read from the attention
+    that wrote it (app.report.aer.hypothesis_links: the view AER chose, else the plotted one). Returns the view."""
+    view = links_view(records[0].attention, layer, metrics.get("alignment", {}).get("view"))
+    links = (hypothesis_links(r.attention, r.src_pieces, r.hyp_pieces, view) for r in records)
+    atomic_write_text(os.path.join(out_dir, "hyp.align"), "".join(pharaoh_line(x) + "\n" for x in links))
+    return view
 
 
 def write_heatmaps(

@@ -8,7 +8,7 @@ an n-best list, the attention read while forcing that hypothesis through the dec
 (app.decode.corpus.forced_attention: the same model on the same tokens, so the same weights up to rounding).
 A CTranslate2 export returns the best hypothesis' map only (one layer's mean of heads). Each map becomes the
 views app.report.attention_files.store_attention keeps (every head of every layer, each layer's mean), and the
-word links read from each view (app.report.aer.hard_alignments: the most attended source word of every target
+word links read from each view (app.data.links.hard_alignments: the most attended source word of every target
 word). Self-attention, when asked for (a Transformer on the torch engine): the encoder's over the source, and
 the decoder's over each hypothesis, read while forcing it through the decoder, kept as the same views. Forced
 passes run in ``decode.batch_tokens`` batches on every device, as make eval's: their maps grow with squared
@@ -23,13 +23,12 @@ from typing import Any, Optional
 import torch
 
 from app.config import Config, DecodeConfig
-from app.data.links import piece_links
+from app.data.links import hard_alignments, piece_links
 from app.data.tokenizer import Tokenizer
 from app.decode.corpus import forced_attention, forced_self_attention
 from app.decode.search import check_source_lengths
 from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.models import count_parameters
-from app.report.aer import hard_alignments
 from app.report.attention_files import SCALE, store_attention
 from app.report.attention_views import self_attention_axes
 from app.utils import resolve_device
