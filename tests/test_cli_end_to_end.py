@@ -206,6 +206,13 @@ def test_rnn_presets_train_and_evaluate_through_the_cli(workdir, preset):
     metrics = json.loads((workdir / "checkpoints" / name / "eval" / "test" / "metrics.json").read_text())
     assert metrics["sentences"] > 0 and "bleu" in metrics
     assert "self-attention" not in metrics["seconds"]  # an RNN has none: viz.self_attention has nothing to read
+    links = workdir / "checkpoints" / name / "eval" / "test" / "hyp.align"
+    assert links.exists() == (preset != "rnn_plain")  # word links where there is attention to read them from
+    if preset == "rnn_plain":
+        refused = run_cli(workdir, "command=translate", f"name={name}", "translate.alignments=true", stdin="Y dijo\n")
+        assert refused.returncode == 2 and refused.stderr.strip() == (
+            "error: translate.alignments=true: this model has no attention to read word links from"
+        )
 
 
 def sweep_and_compare(workdir, sweep, *overrides) -> str:
