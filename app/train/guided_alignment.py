@@ -32,7 +32,9 @@ def piece_words(pieces: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
 def word_numbers(ids: np.ndarray, starts: np.ndarray, special: np.ndarray) -> np.ndarray:
     """The word number of each piece of a sentence (-1 for special tokens and padding), as
-    app.data.links.word_index gives for its pieces: a word starts at a ▁ piece or at the first piece."""
+    app.data.links.word_index gives for its pieces: a word starts at a ▁ piece or at the first piece. (Not
+    for a lone ▁ before another word, which word_index leaves out: encoded text never holds one, as
+    SentencePiece removes extra spaces; only a model's output can.)"""
     real = ~special[ids]
     start = starts[ids].copy()
     if real.any():
