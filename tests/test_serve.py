@@ -101,7 +101,7 @@ class CountingEngine:
     def encode(self, texts):
         return list(texts)
 
-    def translate(self, src, beam_size, n_best, attention, self_attention=False):
+    def translate(self, src, beam_size, n_best, attention, self_attention=False, no_repeat_ngram_size=0):
         self.calls += 1
         if POISON in src:
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
@@ -136,7 +136,7 @@ LIMITS = ServeConfig(max_lines=3, max_chars=50, max_beam=6, batch_wait_ms=50)
 @pytest.fixture(scope="module")
 def counting_server():
     engine = CountingEngine()
-    server = InThread(create_app(engine, LIMITS, default_beam=5))
+    server = InThread(create_app(engine, LIMITS, DecodeConfig()))
     yield server.port, engine
     server.close()
 
@@ -171,10 +171,11 @@ BAD_INPUT = [
     (b'{"text": "Hola", "beam_size": 2, "n_best": 3}', 422, "n_best: 3; choose 1 to beam_size (2)"),
     (b'{"text": "Hola", "n_best": 0}', 422, "n_best: 0"),
     (b'{"text": "Hola", "attention": "yes"}', 422, "attention: Input should be a valid boolean"),
+    (b'{"text": "Hola", "no_repeat_ngram_size": -1}', 422, "no_repeat_ngram_size: -1; choose 0 (no ban) or more"),
     (
         b'{"text": "Hola", "beam": 5}',
         422,
-        "beam: an unknown field (known: text, beam_size, n_best, attention, self_attention)",
+        "beam: an unknown field (known: text, beam_size, n_best, attention, self_attention, no_repeat_ngram_size)",
     ),
     (json.dumps({"text": ["x" * 40] * 3, "pad": "y" * 1_000_000}).encode(), 413, "a body of"),
 ]
@@ -285,7 +286,7 @@ def test_serve_says_what_it_loaded_and_where_to_open_it_and_answers(served):
     status, info = request(served.port, "GET", "/info")
     assert status == 200 and (info["run"], info["engine"], info["device"]) == ("tiny", "torch", "cpu")
     assert info["model"]["d_model"] == 32 and info["parameters"] > 0 and info["defaults"]["beam_size"] == 5
-    assert info["no_repeat_ngram_size"] == 0  # decode.no_repeat_ngram_size's default: no ban
+    assert info["defaults"]["no_repeat_ngram_size"] == 0  # decode.no_repeat_ngram_size's default: no ban
     status, page = raw(served.port, b"", "/", "GET")
     assert status == 200 and "/static/attention_map.js" in page
     status, script = raw(served.port, b"", "/static/attention_map.js", "GET")
@@ -308,6 +309,12 @@ def test_served_translations_are_make_translates(served, workdir):
     assert [h["score"] for h in hyps] == sorted((h["score"] for h in hyps), reverse=True)
     greedy = request(served.port, "POST", "/translate", {"text": LINES[1], "beam_size": 1})[1]
     assert greedy["translations"][0]["hypotheses"][0]["score"] is None
+    # a request's own n-gram ban, as make translate's decode.no_repeat_ngram_size (the tiny model repeats itself)
+    ban = "decode.no_repeat_ngram_size=2"
+    banned = run_cli(workdir, "command=translate", "name=tiny", "device=cpu", ban, stdin="\n".join(LINES) + "\n")
+    status, answer = request(served.port, "POST", "/translate", {"text": LINES, "no_repeat_ngram_size": 2})
+    assert status == 200 and banned.stdout != expected.stdout
+    assert [t["hypotheses"][0]["text"] for t in answer["translations"]] == banned.stdout.splitlines()
 
 
 @pytest_slow
@@ -447,7 +454,7 @@ def test_out_of_memory_in_the_real_decoding_path_is_answered_and_serving_goes_on
         return real(model, src, *args, **kwargs)
 
     monkeypatch.setattr(app.decode.trained, "decode_corpus", decode_corpus)
-    server = InThread(create_app(engine, cfg.serve, 5))
+    server = InThread(create_app(engine, cfg.serve, cfg.decode))
     try:
         bodies = [{"text": LINES[0]}, {"text": POISON}, {"text": LINES[1:]}]
         with ThreadPoolExecutor(3) as pool:
@@ -502,11 +509,11 @@ def browser():
         yield b
 
 
-def translate_on_page(b, server, text: str, beam: int = 5, n_best: int = 1) -> None:
+def translate_on_page(b, server, text: str, beam: int = 5, n_best: int = 1, ngram: int = 0) -> None:
     b.open_url(server.url, "window.pageLoaded")
     b.evaluate(
         f"(() => {{ $('text').value = {json.dumps(text)}; $('beam').value = {beam}; $('nbest').value = {n_best};"
-        " window.serveReady = undefined; })()"
+        f" $('ngram').value = {ngram}; window.serveReady = undefined; }})()"
     )
     b.click(*b.center("#go"))
     b.wait_for("window.serveReady || window.serveError", timeout=60)
@@ -590,6 +597,14 @@ def test_the_page_shows_a_refusal_and_works_after_it(served, browser):
     b.evaluate("window.serveError = undefined")
     translate_on_page(b, served, LINES[2])
     assert b.evaluate("document.querySelectorAll('#results .hyp').length") == 1
+    # the page's n-gram ban is the request's
+    translate_on_page(b, served, LINES[2], ngram=2)
+    answer = request(served.port, "POST", "/translate", {"text": LINES[2], "no_repeat_ngram_size": 2})[1]
+    free = request(served.port, "POST", "/translate", {"text": LINES[2]})[1]
+    text = answer["translations"][0]["hypotheses"][0]["text"]
+    assert (
+        texts_of(b, "#results .hyp .text") == [text or "(empty)"] != [free["translations"][0]["hypotheses"][0]["text"]]
+    )
 
 
 def texts_of(b, selector):

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from app.config import ServeConfig
+from app.config import DecodeConfig, ServeConfig
 from app.errors import UserError
 from app.report.explorer import attention_map_script
 from app.serve.batcher import Batcher
@@ -50,10 +50,11 @@ def validation_message(err: RequestValidationError) -> tuple[int, str]:
     return 422, f"{where}: {message}{more}"
 
 
-def create_app(engine: Engine, limits: ServeConfig, default_beam: int) -> FastAPI:
-    """The application serving ``engine``; requests batched as ``limits`` (serve.*) says."""
+def create_app(engine: Engine, limits: ServeConfig, defaults: DecodeConfig) -> FastAPI:
+    """The application serving ``engine``; requests batched as ``limits`` (serve.*) says, decoded as ``defaults``
+    (decode.*) says where they do not."""
 
-    def decode(sources: list[list[int]], key: tuple[int, int, bool, bool]) -> list[dict[str, Any]]:
+    def decode(sources: list[list[int]], key: tuple[int, int, bool, bool, int]) -> list[dict[str, Any]]:
         return engine.translate(sources, *key)
 
     batcher = Batcher(decode, limits.batch_wait_ms / 1000, limits.max_batch_lines)
@@ -109,9 +110,8 @@ def create_app(engine: Engine, limits: ServeConfig, default_beam: int) -> FastAP
         and pieces, with ``attention`` each hypothesis' cross-attention (app.serve.engine.attention_entry), with
         ``self_attention`` the encoder's and each hypothesis' decoder's self-attention (self_attention_entry)."""
         start = time.monotonic()
-        lines, beam_size = check_request(body, limits, default_beam)
-        sources = engine.encode(lines)
-        results = await batcher.submit(sources, (beam_size, body.n_best, body.attention, body.self_attention))
+        lines, key = check_request(body, limits, defaults)
+        results = await batcher.submit(engine.encode(lines), key)
         return JSONResponse({"translations": results, "seconds": round(time.monotonic() - start, 4)})
 
     @app.get("/health")
@@ -124,7 +124,13 @@ def create_app(engine: Engine, limits: ServeConfig, default_beam: int) -> FastAP
         decoding calls made so far (lines / calls: how many lines a call decoded on average)."""
         return {
             **engine.info,
-            "defaults": {"beam_size": default_beam, "n_best": 1, "attention": False, "self_attention": False},
+            "defaults": {
+                "beam_size": defaults.beam_size,
+                "n_best": 1,
+                "attention": False,
+                "self_attention": False,
+                "no_repeat_ngram_size": defaults.no_repeat_ngram_size,
+            },
             "limits": {
                 "max_lines": limits.max_lines,
                 "max_chars": limits.max_chars,

@@ -42,7 +42,7 @@ def run_server(cfg: Config, ready) -> None:
         return
     data_dir = engine.trained.config.data.dir if engine.trained else cfg.data.dir  # the run's corpus
     ready.put(("ready", sock.getsockname()[1], engine.info, data_dir))
-    config = uvicorn.Config(create_app(engine, cfg.serve, cfg.decode.beam_size), log_level="warning", access_log=False)
+    config = uvicorn.Config(create_app(engine, cfg.serve, cfg.decode), log_level="warning", access_log=False)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:  # the signal that stopped it, raised again once it has shut down

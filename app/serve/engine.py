@@ -38,9 +38,7 @@ class Engine:
     """Lines in, translations out (``translate``), with what it loaded (``info``) and its one-line summary."""
 
     def __init__(self, translator, tokenizer: Tokenizer, decode: DecodeConfig, info: dict[str, Any]):
-        self.translator, self.tokenizer, self.decode = translator, tokenizer, decode
-        # /info: the server's own ban of repeated n-grams (decode.no_repeat_ngram_size), the same for every request
-        self.info = {**info, "no_repeat_ngram_size": decode.no_repeat_ngram_size}
+        self.translator, self.tokenizer, self.decode, self.info = translator, tokenizer, decode, info
         self.trained: Optional[TrainedModel] = translator if isinstance(translator, TrainedModel) else None
 
     def summary(self) -> str:
@@ -56,13 +54,21 @@ class Engine:
         return src
 
     def translate(
-        self, src: list[list[int]], beam_size: int, n_best: int, attention: bool, self_attention: bool = False
+        self,
+        src: list[list[int]],
+        beam_size: int,
+        n_best: int,
+        attention: bool,
+        self_attention: bool = False,
+        no_repeat_ngram_size: int = 0,
     ) -> list[dict[str, Any]]:
         """One decoding call for every sentence of ``src``: per sentence its source pieces, its hypotheses (text,
         score, target pieces; best first) and, with ``attention``, the attention of each hypothesis; with
         ``self_attention`` too, the self-attention of the encoder and of each hypothesis (``self_attention_entry``:
         None where the model has none)."""
-        decode = dataclasses.replace(self.decode, beam_size=beam_size, n_best=n_best)
+        decode = dataclasses.replace(
+            self.decode, beam_size=beam_size, n_best=n_best, no_repeat_ngram_size=no_repeat_ngram_size
+        )
         hyps = self.translator.translate(src, decode, need_attention=attention)
         results, candidates = [], []  # candidates: per sentence, its hypotheses' tokens, best first
         for i, ids in enumerate(src):

@@ -7,13 +7,14 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
-from app.config import ServeConfig
+from app.config import DecodeConfig, ServeConfig
 
 
 class TranslateRequest(BaseModel):
     """``text``: one line or a list of lines; ``beam_size`` (unset: decode.beam_size), ``n_best`` hypotheses per
     line, ``attention``: each hypothesis' cross-attention, its views and the word links read from them;
-    ``self_attention``: a Transformer's self-attention, the encoder's and each hypothesis' decoder's."""
+    ``self_attention``: a Transformer's self-attention, the encoder's and each hypothesis' decoder's;
+    ``no_repeat_ngram_size``: no n-gram of pieces twice in a hypothesis (unset: decode.no_repeat_ngram_size)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -22,6 +23,7 @@ class TranslateRequest(BaseModel):
     n_best: StrictInt = 1
     attention: StrictBool = False
     self_attention: StrictBool = False
+    no_repeat_ngram_size: Optional[StrictInt] = None
 
     def lines(self) -> list[str]:
         return [self.text] if isinstance(self.text, str) else list(self.text)
@@ -53,8 +55,9 @@ class RequestError(Exception):
         self.status, self.message = status, message
 
 
-def check_request(request: TranslateRequest, limits: ServeConfig, default_beam: int) -> tuple[list[str], int]:
-    """The request's lines and beam size, within ``serve.*``'s limits (else a RequestError)."""
+def check_request(request: TranslateRequest, limits: ServeConfig, defaults: DecodeConfig) -> tuple[list[str], tuple]:
+    """The request's lines and how to decode them (beam size, n-best, attention, self-attention, n-gram ban: the
+    key its batch shares), within ``serve.*``'s limits (else a RequestError); unset, ``defaults``' (decode.*)."""
     lines = request.lines()
     if not lines:
         raise RequestError(422, "text: give a line to translate (a string or a list of strings)")
@@ -67,9 +70,12 @@ def check_request(request: TranslateRequest, limits: ServeConfig, default_beam: 
             raise RequestError(
                 413, f"text[{i}]: {len(line)} characters; at most {limits.max_chars} a line (serve.max_chars)"
             )
-    beam = default_beam if request.beam_size is None else request.beam_size
+    beam = defaults.beam_size if request.beam_size is None else request.beam_size
     if not 1 <= beam <= limits.max_beam:
         raise RequestError(422, f"beam_size: {beam}; choose 1 to {limits.max_beam} (serve.max_beam)")
     if not 1 <= request.n_best <= beam:
         raise RequestError(422, f"n_best: {request.n_best}; choose 1 to beam_size ({beam})")
-    return lines, beam
+    ban = defaults.no_repeat_ngram_size if request.no_repeat_ngram_size is None else request.no_repeat_ngram_size
+    if ban < 0:
+        raise RequestError(422, f"no_repeat_ngram_size: {ban}; choose 0 (no ban) or more")
+    return lines, (beam, request.n_best, request.attention, request.self_attention, ban)

@@ -39,7 +39,7 @@ def url(sock: socket.socket) -> str:
 def serve(cfg: Config) -> None:
     engine = load_engine(cfg)  # a run that does not load fails before the port is taken
     sock = bind(cfg.serve.host, cfg.serve.port)
-    app = create_app(engine, cfg.serve, cfg.decode.beam_size)
+    app = create_app(engine, cfg.serve, cfg.decode)
     print(engine.summary(), flush=True)
     print(f"open {url(sock)} (API: POST /translate, GET /health, GET /info; Ctrl-C stops it)", flush=True)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)

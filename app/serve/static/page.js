@@ -28,6 +28,7 @@ async function loadInfo() {
   }));
   $('beam').value = info.defaults.beam_size;
   $('beam').max = info.limits.max_beam;
+  $('ngram').value = info.defaults.no_repeat_ngram_size;
 }
 
 async function translate() {
@@ -35,7 +36,7 @@ async function translate() {
   if (!lines.length) return status('type a sentence to translate', true);
   const body = {
     text: lines, beam_size: Number($('beam').value), n_best: Number($('nbest').value), attention: true,
-    self_attention: true,
+    self_attention: true, no_repeat_ngram_size: Number($('ngram').value),
   };
   status('translating…');
   const response = await fetch('/translate', {
