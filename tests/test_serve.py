@@ -181,6 +181,17 @@ BAD_INPUT = [
 ]
 
 
+@pytest.mark.slow
+def test_a_serve_bench_of_a_run_that_is_not_there_says_so_in_one_line(tmp_path):
+    """The server process ends on its own after its one-line error (a signal then printed a traceback)."""
+    result = run_cli(tmp_path, "command=bench", "name=nosuchrun", "bench.serve=true")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert (
+        result.stderr.strip()
+        == "error: checkpoints/nosuchrun/best.pt: checkpoint not found (train first, or check name=)"
+    )
+
+
 @pytest.mark.parametrize("body,status,message", BAD_INPUT, ids=[m for _, _, m in BAD_INPUT])
 def test_bad_input_is_a_clear_4xx_and_the_server_goes_on(counting_server, body, status, message):
     port, _ = counting_server

@@ -13,6 +13,7 @@ import http.client
 import json
 import multiprocessing
 import os
+import queue
 import signal
 import threading
 import time
@@ -114,6 +115,20 @@ def test_sentences(data_dir: str) -> list[str]:
         return [line.rstrip("\n").split("\t")[1] for line in f if line.strip()]
 
 
+def first_message(ready, server, timeout: float = 600.0) -> tuple:
+    """The server process's first message (ready, or its one-line error); a process that ends without one (its
+    traceback is on the terminal) is said so at once instead of waiting out ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return ready.get(timeout=1.0)
+        except queue.Empty:
+            if not server.is_alive():
+                ended = f"the server process ended (exit code {server.exitcode}) before it was ready"
+                raise RuntimeError(ended) from None
+    raise RuntimeError(f"the server process was not ready after {timeout:.0f} s")
+
+
 def bench_serve(cfg: Config) -> dict[str, Any]:
     # make bench keeps its log in checkpoints/bench (app/cli.py): the run served is checkpoints/<name>
     cfg = dataclasses.replace(cfg, run_dir=os.path.join("checkpoints", cfg.name))
@@ -121,11 +136,13 @@ def bench_serve(cfg: Config) -> dict[str, Any]:
     ready = context.Queue()
     server = context.Process(target=run_server, args=(cfg, ready), daemon=True)
     server.start()
+    serving = False
     try:
-        message = ready.get(timeout=600)
+        message = first_message(ready, server)
         if message[0] == "error":
             raise UserError(message[1])
         _, port, info, data_dir = message
+        serving = True
         sentences = test_sentences(data_dir)
         beam, n, seconds = cfg.decode.beam_size, cfg.serve.bench_clients, cfg.serve.bench_seconds
         rows = []
@@ -139,7 +156,8 @@ def bench_serve(cfg: Config) -> dict[str, Any]:
             row["lines_per_call"] = round((after["lines"] - before["lines"]) / max(calls, 1), 2)
             rows.append(row)
     finally:
-        os.kill(server.pid, signal.SIGINT)  # uvicorn shuts down gracefully
+        if serving:  # else it ends by itself: a signal then would interrupt its exit, a traceback on the terminal
+            os.kill(server.pid, signal.SIGINT)  # uvicorn shuts down gracefully
         server.join(30)
         if server.is_alive():
             server.kill()
