@@ -14,6 +14,7 @@ from app.data.tokenizer import EOS
 from app.decode.search import Hypotheses
 from app.decode.trained import load_ct2, load_trained
 from app.errors import UserError
+from app.models import has_attention
 from app.utils import atomic_write_text, resolve_device
 
 
@@ -37,8 +38,7 @@ def translate_lines(cfg: Config) -> None:
         engine = load_trained(cfg.run_dir, cfg.translate.checkpoint, resolve_device(cfg.device), "translate.checkpoint")
         tokenizer = engine.tokenizer
         used = f"{checkpoint_path(cfg.run_dir, cfg.translate.checkpoint)} (step {engine.step})"
-        model = engine.config.model
-        if cfg.translate.alignments and model.arch == "rnn" and model.attention == "none":
+        if cfg.translate.alignments and not has_attention(engine.config.model):
             raise UserError("translate.alignments=true: this model has no attention to read word links from")
     # on stderr: stdout holds the translations alone
     count = f"{len(lines)} line{'s' * (len(lines) != 1)}"

@@ -36,5 +36,10 @@ def build_model(cfg: ModelConfig, tokenizer: Vocabularies) -> nn.Module:
         raise UserError(str(err)) from None
 
 
+def has_attention(cfg: ModelConfig) -> bool:
+    """Whether the family attends over the source: every Transformer, an RNN unless model.attention=none."""
+    return cfg.arch != "rnn" or cfg.attention != "none"
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())

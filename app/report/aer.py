@@ -12,7 +12,7 @@ from app.data.links import hard_alignment, hard_alignments
 from app.data.tokenizer import EOS
 from app.decode.corpus import forced_attention
 from app.errors import UserError
-from app.report.attention_views import attention_views, plotted_view
+from app.report.attention_views import attention_views, named_view, plotted_view
 
 
 def links_view(attention, layer: int = -1, view: Optional[str] = None) -> str:
@@ -25,8 +25,7 @@ def links_view(attention, layer: int = -1, view: Optional[str] = None) -> str:
 def hypothesis_links(attention, src_pieces: list[str], hyp_pieces: list[str], view: str) -> set[tuple[int, int]]:
     """The (source word, hypothesis word) links read from the view ``view`` (``links_view``) of the attention
     that wrote a hypothesis."""
-    names, maps = attention_views(attention)
-    return hard_alignment(maps[names.index(view)], src_pieces, hyp_pieces)
+    return hard_alignment(named_view(attention, view), src_pieces, hyp_pieces)
 
 
 def align_scope(setting: Optional[str], gold_file: bool) -> str:

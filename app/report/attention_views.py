@@ -52,6 +52,12 @@ def attention_views(attention, heads_of: Union[str, Sequence[int]] = "all") -> t
     return names, np.concatenate([attention[kept].reshape(-1, *attention.shape[2:]), attention.mean(1)])
 
 
+def named_view(attention, name: str) -> np.ndarray:
+    """The map of one sentence's attention that ``attention_views`` names ``name``."""
+    names, maps = attention_views(attention)
+    return maps[names.index(name)]
+
+
 def plotted_view(attention, layer: int = -1) -> tuple[str, np.ndarray]:
     """The view plots show and entropy and monotonicity read: an RNN's map, a Transformer's ``layer`` mean of
     heads (computed alone: the other views are not needed)."""

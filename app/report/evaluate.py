@@ -28,7 +28,7 @@ from app.host_worker import host_worker, submit
 from app.models import count_parameters
 from app.report.aer import align_scope, alignment_view, hypothesis_links, links_view, score_alignments
 from app.report.attention_files import write_attention_files
-from app.report.attention_views import attention_shape, attention_views, figure_views
+from app.report.attention_views import attention_shape, figure_views, named_view
 from app.report.board import log_eval
 from app.report.explorer import evaluation_records, write_explorer
 from app.report.head_roles import summary as head_summary
@@ -328,13 +328,11 @@ def write_heatmaps(
             save(f"{i:04d}{'' if name == 'alignment' else f'_{name}'}.png", fig)
         if forced is not None:
             ref_pieces = r.ref_pieces
-            names, maps = attention_views(forced.attention[i])
             sure, possible = forced.links[i]
             links = [piece_links(cells, r.src_pieces, ref_pieces) for cells in (sure, possible - sure)]
             view = forced.result["view"]
-            fig = alignment_figure(
-                maps[names.index(view)], r.src_pieces, ref_pieces, f"{view}, reference forced", links
-            )
+            weights = named_view(forced.attention[i], view)
+            fig = alignment_figure(weights, r.src_pieces, ref_pieces, f"{view}, reference forced", links)
             save(f"{i:04d}_reference.png", fig)
 
 

@@ -22,6 +22,7 @@ from app.config import Config
 from app.data.links import WORD_START, read_pharaoh
 from app.data.tokenizer import Tokenizer
 from app.errors import UserError
+from app.models import has_attention
 
 
 def piece_words(pieces: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -82,7 +83,7 @@ def alignment_targets(cfg: Config, tokenizer: Tokenizer, train_pairs: int) -> Al
     and the train split."""
     if cfg.train.align_weight <= 0:
         return None
-    if cfg.model.arch == "rnn" and cfg.model.attention == "none":
+    if not has_attention(cfg.model):
         raise UserError("train.align_weight needs attention to guide: model.attention=none has none")
     path = os.path.join(cfg.data.dir, "train.align")
     if not os.path.exists(path):
