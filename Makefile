@@ -10,7 +10,7 @@ SWORD_PACKAGES := sword-text-sparv sword-text-web sword-text-kjv
 TORCH_CPU ?= torch==2.13.0
 TORCH_GPU ?= torch
 
-.PHONY: setup data train eval translate serve export tensorboard lint test test-fast bench compare average clean gpu-wheels gpu-check
+.PHONY: setup data train eval translate score serve export tensorboard lint test test-fast bench compare average clean gpu-wheels gpu-check
 COMPARE_MODELS ?= rnn_plain,rnn_bahdanau,rnn_luong,transformer
 COMPARE_EXPERIMENT ?= compare
 
@@ -50,6 +50,11 @@ eval: setup
 
 translate: setup
 	$(PY) -m app command=translate $(ARGS)
+
+# How probable the run's model finds given translations (docs/configuration.md#scoring-translations-make-score):
+# make score ARGS="name=quick score.source=a.es score.target=a.en", or a split's references (score.split=test)
+score: setup
+	$(PY) -m app command=score $(ARGS)
 
 # A local HTTP server for a trained run: a page that translates and draws the attention, and a JSON API
 # (docs/serving.md): make serve ARGS="name=quick" (translate.engine=ct2: its export; serve.port=8000, serve.host)

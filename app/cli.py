@@ -78,6 +78,12 @@ def translate_command(cfg: Config) -> None:
     translate_lines(cfg)
 
 
+def score_command(cfg: Config) -> None:
+    from app.decode.score import score_pairs
+
+    score_pairs(cfg)
+
+
 def serve_command(cfg: Config) -> None:
     from app.serve.server import serve
 
@@ -127,6 +133,7 @@ COMMANDS: dict[str, Callable[[Config], None]] = {
     "train": train_command,
     "eval": eval_command,
     "translate": translate_command,
+    "score": score_command,
     "serve": serve_command,
     "export": export_command,
     "bench": bench_command,

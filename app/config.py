@@ -235,6 +235,13 @@ class DecodeConfig:
     n_best: int = 1  # translate: hypotheses printed per input
     # no n-gram of this many pieces twice in a hypothesis (fairseq's and CTranslate2's setting); 0 = off
     no_repeat_ngram_size: int = 0
+    # draw each next token at random (beam_size 1), e.g. for back-translation; from the sampling_topk most probable
+    # (0: all), then the fewest holding probability sampling_topp, of softmax(log p / sampling_temperature)
+    sampling: bool = False
+    sampling_topk: int = 0
+    sampling_topp: float = 1.0
+    sampling_temperature: float = 1.0
+    sampling_seed: int = 0  # the same seed, settings and device draw the same samples
     max_len_ratio: float = 1.5  # output length limit = ratio * source length + max_len_extra
     max_len_extra: int = 10
     # tokens per decoding batch after the beam: sentences × beam_size × their padded source length (on a CPU)
@@ -244,16 +251,18 @@ class DecodeConfig:
     cpu_onednn: bool = True  # a Transformer's decoding steps multiply through oneDNN on a CPU (false: MKL, as training)
 
     def __post_init__(self) -> None:
-        if self.beam_size < 1 or self.n_best > self.beam_size:
-            raise UserError(f"decode.beam_size={self.beam_size} must be >= 1 and >= decode.n_best={self.n_best}")
-        if self.no_repeat_ngram_size < 0:
-            raise UserError(f"decode.no_repeat_ngram_size={self.no_repeat_ngram_size} must be >= 0 (0: off)")
-
-    def describe(self) -> str:
-        """How it decodes, in words: what eval's report and metrics.json say."""
-        search = "greedy" if self.beam_size == 1 else f"beam {self.beam_size}, length penalty {self.length_penalty}"
-        blocked = f", no repeated {self.no_repeat_ngram_size}-grams" if self.no_repeat_ngram_size else ""
-        return search + blocked
+        beam, ngram, topk, topp = self.beam_size, self.no_repeat_ngram_size, self.sampling_topk, self.sampling_topp
+        rules = {  # the first one broken is the error
+            f"decode.beam_size={beam} must be >= 1 and >= decode.n_best={self.n_best}": beam < 1 or self.n_best > beam,
+            f"decode.no_repeat_ngram_size={ngram} must be >= 0 (0: off)": ngram < 0,
+            "decode.sampling=true draws one hypothesis per sentence, a beam search does not draw: set "
+            f"decode.beam_size=1 (it is {beam})": self.sampling and beam != 1,
+            f"decode.sampling_topk={topk} must be >= 0 (0: the whole vocabulary)": topk < 0,
+            f"decode.sampling_topp={topp} must be in (0, 1] (1: no cut)": not 0 < topp <= 1,
+            f"decode.sampling_temperature={self.sampling_temperature} must be > 0": self.sampling_temperature <= 0,
+        }
+        for rule in (rule for rule, broken in rules.items() if broken):
+            raise UserError(rule)
 
     @property
     def batch_source_tokens(self) -> int:
@@ -261,7 +270,7 @@ class DecodeConfig:
         return max(self.batch_tokens // self.beam_size, 1)
 
     def greedy(self) -> DecodeConfig:
-        return dataclasses.replace(self, beam_size=1, n_best=1)
+        return dataclasses.replace(self, beam_size=1, n_best=1, sampling=False)
 
 
 @dataclass
@@ -288,6 +297,19 @@ class TranslateConfig(Checked, section="translate"):
     engine: str = choice("torch", "ct2")  # ct2: the run's CTranslate2 export (translate.checkpoint unused)
     # each line "translation ||| i-j ...": its word links to the source, read from the attention (Pharaoh format)
     alignments: bool = False
+
+
+@dataclass
+class ScoreConfig(Checked, section="score"):
+    # parallel files, line by line: how probable the model finds each target line given its source line; neither
+    # given: the references of the run corpus' split score.split
+    source: Optional[str] = None
+    target: Optional[str] = None
+    split: str = "test"
+    output: Optional[str] = None  # default stdout
+    checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
+    engine: str = choice("torch", "ct2")  # ct2: the run's CTranslate2 export (score.checkpoint unused)
+    pieces: bool = False  # each line also lists every target piece (and the final </s>) with its log p
 
 
 @dataclass
@@ -366,6 +388,7 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     translate: TranslateConfig = field(default_factory=TranslateConfig)
+    score: ScoreConfig = field(default_factory=ScoreConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)

@@ -62,6 +62,20 @@ ERRORS = [
         ["decode.no_repeat_ngram_size=-1"],
         ["decode.no_repeat_ngram_size=-1 must be >= 0 (0: off)"],
     ),
+    (
+        "sampling with a beam",
+        files(),
+        ["decode.sampling=true"],
+        ["decode.sampling=true draws one hypothesis per sentence, a beam search does not draw: set decode.beam_size=1"],
+    ),
+    (
+        "a nucleus of nothing",
+        files(),
+        ["decode.sampling_topp=0"],
+        ["decode.sampling_topp=0.0 must be in (0, 1] (1: no cut)"],
+    ),
+    ("a zero temperature", files(), ["decode.sampling_temperature=0"], ["decode.sampling_temperature=0.0 must be > 0"]),
+    ("a negative top-k", files(), ["decode.sampling_topk=-2"], ["decode.sampling_topk=-2 must be >= 0"]),
     ("a setting outside its choices", files(), ["train.amp=fp16"], ["train.amp='fp16' is not a choice: choose auto"]),
 ]
 

@@ -123,6 +123,76 @@ def test_translate_reads_stdin_and_writes_one_line_per_input(workdir):
     )
 
 
+def test_translate_samples_the_same_translations_for_the_same_seed(workdir):
+    lines = "En el principio.\nY dijo Dios.\nY fue la tarde y la mañana.\n"
+    sample = ("command=translate", "name=tiny", "device=cpu", "decode.beam_size=1", "decode.sampling=true")
+    drawn = [run_cli(workdir, *sample, f"decode.sampling_seed={seed}", stdin=lines) for seed in (3, 3, 4)]
+    assert all(result.returncode == 0 for result in drawn), drawn[0].stderr[-3000:]
+    assert ": sampling the whole distribution, seed 3\n" in drawn[0].stderr
+    assert len(drawn[0].stdout.splitlines()) == 3 and drawn[0].stdout == drawn[1].stdout != drawn[2].stdout
+    greedy = run_cli(workdir, *sample[:4], stdin=lines)
+    assert drawn[0].stdout != greedy.stdout  # the tiny model is unsure of every word
+    top1 = run_cli(workdir, *sample, "decode.sampling_topk=1", "decode.sampling_temperature=0.5", stdin=lines)
+    assert ": sampling top-k 1, temperature 0.5, seed 0\n" in top1.stderr and top1.stdout == greedy.stdout
+
+
+def test_score_reads_how_probable_each_translation_is(workdir, tmp_path):
+    """Files: one tab-separated line per pair, log p(Y|X) the sum of its pieces' log p; the dev split: its mean log p
+    per piece is minus the dev loss of the validation best.pt comes from."""
+    (tmp_path / "a.es").write_text("En el principio.\nY dijo Dios.\n\n", encoding="utf-8")
+    (tmp_path / "a.en").write_text("In the beginning.\nGod said.\nAnd\n", encoding="utf-8")
+    files = (f"score.source={tmp_path / 'a.es'}", f"score.target={tmp_path / 'a.en'}")
+    result = run_cli(workdir, "command=score", "name=tiny", "device=cpu", *files, "score.pieces=true")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.split("\t") for line in result.stdout.splitlines()]
+    assert len(rows) == 3 and all(len(row) == 4 for row in rows)
+    for total, count, mean, pieces in rows:
+        logp = [float(piece.rsplit(":", 1)[1]) for piece in pieces.split(" ")]
+        assert pieces.endswith(f" </s>:{logp[-1]:.4f}") and len(logp) == int(count) >= 2
+        assert float(total) == pytest.approx(sum(logp), abs=1e-3) and float(mean) == pytest.approx(
+            sum(logp) / len(logp), abs=1e-3
+        )
+        assert all(p < 0 for p in logp)
+    step = torch.load(workdir / "checkpoints" / "tiny" / "best.pt", weights_only=True)["progress"]["step"]
+    assert re.search(
+        rf"scoring 3 pairs of \S*a\.es → \S*a\.en with \S*checkpoints/tiny/best\.pt \(step {step}\)", result.stderr
+    )
+    said = re.search(
+        r"scored 3 pairs, (\d+) target pieces with </s>: log p per piece (-[\d.]+), perplexity ([\d.]+); ",
+        result.stderr,
+    )
+    assert said and int(said[1]) == sum(int(row[1]) for row in rows)
+    assert "(loading " in result.stderr and "scoring " in result.stderr
+    dev = run_cli(workdir, "command=score", "name=tiny", "device=cpu", "score.split=dev")
+    assert dev.returncode == 0, dev.stderr[-3000:]
+    mean = float(re.search(r"log p per piece (-[\d.]+)", dev.stderr)[1])
+    best = [e for e in validation_history(workdir / "checkpoints" / "tiny") if e["best"] and e["step"] <= step][-1]
+    assert best["step"] == step and -mean == pytest.approx(best["dev_loss"], abs=2e-4)
+    lines = len((workdir / "data" / "tiny" / "dev.tsv").read_text(encoding="utf-8").splitlines())
+    assert (
+        len(dev.stdout.splitlines()) == lines and f"scoring {lines} pairs of the dev split's references" in dev.stderr
+    )
+    for args, message in [
+        (files[:1], "score.source and score.target go together: give both files, or neither to score a split"),
+        (("score.engine=ct2",), "score.engine=ct2 scores files: give score.source and score.target"),
+        ((files[0], f"score.target={tmp_path / 'a.es'}x"), "a.esx': file not found"),
+    ]:
+        refused = run_cli(workdir, "command=score", "name=tiny", *args)
+        assert refused.returncode == 2 and message in refused.stderr and "Traceback" not in refused.stderr, args
+    (tmp_path / "long.en").write_text("In the beginning.\n" + "and the light " * 1000 + "\nGod.\n", encoding="utf-8")
+    refused = run_cli(workdir, "command=score", "name=tiny", files[0], f"score.target={tmp_path / 'long.en'}")
+    assert refused.returncode == 2 and re.fullmatch(
+        rf"error: score\.target='{re.escape(str(tmp_path / 'long.en'))}': line 2 has \d+ subword tokens; this model "
+        r"takes at most \d+ \(model\.max_len=\d+\): split it",
+        refused.stderr.strip(),
+    )
+    (tmp_path / "b.en").write_text("In the beginning.\n", encoding="utf-8")
+    refused = run_cli(workdir, "command=score", "name=tiny", files[0], f"score.target={tmp_path / 'b.en'}")
+    assert refused.returncode == 2 and refused.stderr.strip().endswith(
+        "has 3 lines but score.target=" + repr(str(tmp_path / "b.en")) + " has 1: give one target line per source line"
+    )
+
+
 def test_resume_continues_from_last_checkpoint(workdir):
     result = run_cli(workdir, "command=train", *TINY, "train.max_steps=60", "train.resume=true")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -766,6 +836,22 @@ def test_export_to_ctranslate2_then_translate_and_eval_with_it(workdir):
     for line in outputs[1].stdout.splitlines():  # an empty translation has no links
         assert re.fullmatch(r".* \|\|\| (\d+-\d+( \d+-\d+)*)?", line), line
 
+    # make score: the export's score_batch reads the log p the checkpoint gives
+    (workdir / "pair.es").write_text(lines, encoding="utf-8")
+    (workdir / "pair.en").write_text("In the beginning God created the heavens.\nGod said: Let there be light.\n")
+    scored = [
+        run_cli(
+            workdir, "command=score", "name=tiny", "score.source=pair.es", "score.target=pair.en", f"score.engine={e}"
+        )
+        for e in ("torch", "ct2")
+    ]
+    assert [o.returncode for o in scored] == [0, 0], scored[1].stderr[-3000:]
+    assert re.search(
+        rf"with \S*checkpoints/tiny/ct2, the CTranslate2 export of best\.pt \(step {step}\)", scored[1].stderr
+    )
+    (torch_rows, ct2_rows) = ([[float(x) for x in line.split("\t")] for line in o.stdout.splitlines()] for o in scored)
+    assert len(torch_rows) == 2 and torch.allclose(torch.tensor(torch_rows), torch.tensor(ct2_rows), atol=2e-3)
+
     hyps = {}
     for engine in ("torch", "ct2"):
         result = run_cli(workdir, "command=eval", "name=tiny", "decode.beam_size=1", f"eval.engine={engine}")
@@ -775,6 +861,11 @@ def test_export_to_ctranslate2_then_translate_and_eval_with_it(workdir):
     assert metrics["engine"].startswith("ctranslate2 ") and metrics["engine"].endswith(", none")
     assert "no per-head maps" in result.stdout
     assert sum(a == b for a, b in zip(hyps["torch"], hyps["ct2"])) >= 0.9 * len(hyps["torch"])
+    # sampling: in each process CTranslate2 draws the same for the same seed (it seeds a thread at its first draw)
+    sample = ("command=translate", "name=tiny", "translate.engine=ct2", "decode.beam_size=1", "decode.sampling=true")
+    drawn = [run_cli(workdir, *sample, f"decode.sampling_seed={seed}", stdin=lines * 4) for seed in (1, 1, 2)]
+    assert drawn[0].returncode == 0 and "greedy" not in drawn[0].stderr, drawn[0].stderr[-3000:]
+    assert drawn[0].stdout == drawn[1].stdout != drawn[2].stdout and len(drawn[0].stdout.splitlines()) == 8
     rows = [json.loads(line) for line in (run / "eval" / "test" / "alignments.jsonl").read_text().splitlines()]
     assert rows[0]["views"] == ["attention"]  # one map: the mean of the heads of decoder layer viz.layer
     assert rows[0]["shape"] == [1, len(rows[0]["hyp_tokens"]), len(rows[0]["src_tokens"])]

@@ -18,9 +18,10 @@ import sentencepiece as spm  # noqa: E402
 from app.config import DecodeConfig, RNNConfig, TransformerConfig  # noqa: E402
 from app.data.batching import Batcher  # noqa: E402
 from app.data.tokenizer import BOS, EOS, PAD  # noqa: E402
-from app.decode.corpus import decode_corpus  # noqa: E402
+from app.decode.corpus import decode_corpus, forced_log_probs  # noqa: E402
 from app.decode.ct2_engine import CT2Translator  # noqa: E402
 from app.decode.export import convert  # noqa: E402
+from app.decode.sampling import Sampler  # noqa: E402
 from app.decode.search import block_repeated_ngrams, length_penalty  # noqa: E402
 from app.errors import UserError  # noqa: E402
 from app.models import build_model  # noqa: E402
@@ -133,8 +134,9 @@ def equal_share(a, b) -> float:
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_every_variant_scores_as_ours(name, genesis, tmp_path):
-    """CTranslate2's log p of each reference token (score_batch: a padded batch of various lengths)
-    equals our teacher-forced log p: embeddings, positions, every layer and the output projection."""
+    """CTranslate2's log p of each reference token (``make score``'s score_batch: padded batches of various
+    lengths) equals our teacher-forced log p (make score's forced_log_probs, and this test's own): embeddings,
+    positions, every layer and the output projection."""
     cfg = model_cfg(**VARIANTS[name])
     joint = cfg.tie_embeddings
     src, tgt = (genesis["src"], genesis["tgt"]) if joint else (genesis["sep_src"], genesis["sep_tgt"])
@@ -149,13 +151,12 @@ def test_every_variant_scores_as_ours(name, genesis, tmp_path):
     )
     model = build(cfg, *vocab, joint=joint)
     engine = export(model, cfg, genesis, tmp_path, joint=joint)
-    pieces = lambda vocab, ids: [vocab[i] for i in ids]  # noqa: E731
-    results = engine.translator.score_batch(
-        [pieces(engine.src_vocab, s) for s in src], [pieces(engine.tgt_vocab, t) for t in tgt], max_input_length=0
-    )
-    for ours, theirs in zip(our_log_probs(model, src, tgt), results):
-        assert len(theirs.log_probs) == len(ours)
-        assert torch.allclose(torch.tensor(theirs.log_probs), torch.tensor(ours), atol=2e-4), name
+    theirs = engine.score(src, tgt, batch_tokens=200)  # make score's: several batches, each of various lengths
+    forced = dict(forced_log_probs(model, src, tgt, CPU, batch_tokens=200))
+    for i, ours in enumerate(our_log_probs(model, src, tgt)):
+        assert len(theirs[i]) == len(ours) == len(tgt[i]) + 1
+        assert torch.allclose(torch.tensor(theirs[i]), torch.tensor(ours), atol=2e-4), name
+        assert torch.allclose(forced[i], torch.tensor(ours), atol=1e-5), name
 
 
 def test_export_directory(genesis, tmp_path):
@@ -360,6 +361,40 @@ def test_trained_decoding_without_repeated_ngrams_bans_what_ctranslate2_bans(tra
         for t, logp, limit in zip(theirs.tokens, renormalized_log_probs(model, src, theirs.tokens, 3), limits)
     ]
     assert torch.allclose(torch.tensor([n[0][1] for n in theirs.nbest]), torch.tensor(expected), atol=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("topk,topp,temperature", [(0, 1.0, 1.0), (5, 1.0, 0.7), (0, 0.8, 2.0), (10, 0.9, 1.5)])
+def test_sampling_draws_from_the_distribution_ctranslate2_draws_from(
+    topk, topp, temperature, trained, genesis, tmp_path
+):
+    """decode.sampling_* are CTranslate2's sampling_*, applied in its order (the temperature before the nucleus cut):
+    4,000 draws of a verse's first word by each engine, the 6 most probable tokens each within 0.03 (4 standard
+    deviations at p = 0.5) of their probability in the model's narrowed distribution (the same seed, the same draws:
+    tests/test_cli_end_to_end.py)."""
+    (cfg, model), source = trained, genesis["src"][0]
+    engine = export(model, cfg, genesis, tmp_path)
+    decode = DecodeConfig(
+        beam_size=1,
+        sampling=True,
+        sampling_topk=topk,
+        sampling_topp=topp,
+        sampling_temperature=temperature,
+        max_len_ratio=0.0,
+        max_len_extra=1,  # one token, then the end
+    )
+    with torch.no_grad():
+        logits = model(torch.tensor([source + [EOS]]), torch.tensor([[BOS]]))[0, 0].float()
+    logits[[PAD, BOS]] = float("-inf")
+    scores, ids = Sampler(topk, topp, temperature, torch.Generator()).narrowed(logits.log_softmax(-1)[None])
+    expected = torch.zeros_like(logits)
+    expected[ids[0] if ids is not None else slice(None)] = scores[0].softmax(-1)
+    copies = [source] * 4000
+    ours, theirs = decode_corpus(model, copies, CPU, decode).tokens, engine.translate(copies, decode).tokens
+    for token in expected.argsort(descending=True)[:6].tolist():
+        for name, hypotheses in (("ours", ours), ("CTranslate2", theirs)):
+            drew = sum(tokens[:1] == [token] if token != EOS else not tokens for tokens in hypotheses)
+            assert drew / len(copies) == pytest.approx(expected[token].item(), abs=0.03), (name, token)
 
 
 def repeats(tokens: list[int], n: int = 3) -> bool:

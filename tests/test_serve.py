@@ -435,12 +435,17 @@ def test_bad_input_to_the_real_server_then_it_still_translates(served):
 
 
 @pytest_slow
-def test_a_port_in_use_is_a_one_line_error(workdir, served):
+def test_a_port_in_use_and_sampling_are_one_line_errors(workdir, served):
     result = run_cli(workdir, "command=serve", "name=tiny", "device=cpu", f"serve.port={served.port}")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert (
         result.stderr.strip()
         == f"error: serve.port={served.port}: in use on 127.0.0.1; give another (0: any free port)"
+    )
+
+    sampling = run_cli(workdir, "command=serve", "name=tiny", "decode.beam_size=1", "decode.sampling=true")
+    assert sampling.returncode == 2 and sampling.stderr.strip() == (
+        "error: decode.sampling=true: make serve does not sample (make translate and make eval do); leave it out"
     )
 
 

@@ -21,6 +21,7 @@ DEFERRED = {
             "app.train.trainer",
             "app.train.stop_rules",
             "app.decode.translate",
+            "app.decode.score",
             "app.decode.export",
             "app.checkpoint",
             "app.bench.run",

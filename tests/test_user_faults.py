@@ -161,7 +161,8 @@ def test_a_full_disk_names_the_file_the_space_and_the_checkpoint_to_resume_from(
 def test_a_refused_command_leaves_no_folder_no_record_and_no_empty_log(root):
     """A command refused before it starts leaves nothing behind: no run folder where there was none, the
     earlier settings record where there was one; a command that logs nothing leaves no empty log."""
-    for args in (["command=eval", "name=nope"], ["command=translate", "name=nope"], ["command=export", "name=nope"]):
+    refused = ("eval", "translate", "export", "score")
+    for args in ([f"command={command}", "name=nope"] for command in refused):
         result = run_cli(root, *args, "device=cpu", stdin="Hola.\n")
         assert (
             error_line(result)

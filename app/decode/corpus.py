@@ -14,6 +14,7 @@ from tqdm import tqdm
 from app.config import DecodeConfig
 from app.data.batching import Batcher, make_batches, sorted_batches
 from app.decode.beam import BeamSearch
+from app.decode.sampling import Sampler, make_sampler
 from app.decode.search import GreedySearch, Hypotheses, check_source_lengths
 from app.utils import autocast
 
@@ -58,12 +59,18 @@ def beam_search(
     return search.run()
 
 
-def searcher(model, src: torch.Tensor, decode: DecodeConfig, need_attention: bool = False):
-    """The search ``decode`` asks for over a batch of sources: greedy when its beam_size is 1, else beam search."""
+def searcher(
+    model, src: torch.Tensor, decode: DecodeConfig, need_attention: bool = False, sampler: Optional[Sampler] = None
+):
+    """The search ``decode`` asks for over a batch of sources: greedy when its beam_size is 1 (drawing each token
+    with ``sampler`` when ``decode.sampling``: one sampler, one seeded generator, for all of a corpus' batches),
+    else beam search."""
     d = decode
     if d.beam_size == 1:
+        if d.sampling and sampler is None:
+            sampler = make_sampler(d, src.device)
         return GreedySearch(
-            model, src, d.max_len_ratio, d.max_len_extra, need_attention, d.cpu_onednn, d.no_repeat_ngram_size
+            model, src, d.max_len_ratio, d.max_len_extra, need_attention, d.cpu_onednn, d.no_repeat_ngram_size, sampler
         )
     return BeamSearch(
         model,
@@ -105,11 +112,12 @@ def decode_corpus(
     batcher = Batcher(src)
     pending, split = batches[::-1], False  # popped from the end: in order
     bar = tqdm(total=len(src), desc="decoding", unit="sentence", disable=not progress, leave=False)
+    sampler = make_sampler(decode, device)
     while pending:
         indices = pending.pop()
         try:
             with autocast(device, amp_dtype):
-                hyps = searcher(model, batcher(indices).to(device).src, decode, need_attention).run()
+                hyps = searcher(model, batcher(indices).to(device).src, decode, need_attention, sampler).run()
         except torch.OutOfMemoryError:
             if len(indices) == 1:
                 raise
@@ -168,6 +176,26 @@ def forced_attention(
         attention = attention.float().cpu()
         for j, i in enumerate(batch.index.tolist()):
             yield i, attention[j, ..., : len(tgt[i]) + 1, : len(src[i]) + 1]
+
+
+@torch.no_grad()
+def forced_log_probs(
+    model,
+    src: list[list[int]],
+    tgt: list[list[int]],
+    device: torch.device,
+    batch_tokens: int,
+    amp_dtype: Optional[torch.dtype] = None,
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """(index, log p) of every pair while the model is fed the target (teacher forcing), in length-sorted batches:
+    log p(y_t | y_<t, x) of each target token and of the EOS after them (len(tgt) + 1, float32, on the host), over
+    the whole vocabulary: the terms of the search's scores (beam search adds them) and of the dev loss."""
+    for batch, on_device in teacher_forced(model, src, tgt, device, batch_tokens):
+        with autocast(device, amp_dtype):
+            logits = model(on_device.src, on_device.tgt_in, src_lengths=on_device.src_lengths)
+        picked = logits.float().log_softmax(-1).gather(-1, on_device.tgt_out[..., None]).squeeze(-1).cpu()
+        for j, i in enumerate(batch.index.tolist()):
+            yield i, picked[j, : len(tgt[i]) + 1]
 
 
 @torch.no_grad()

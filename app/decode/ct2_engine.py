@@ -87,6 +87,19 @@ class CT2Translator:
             [[(ids(t), s) for t, s in nbest] for nbest in hyps.nbest] if hyps.nbest is not None else None,
         )
 
+    def score(self, src: list[list[int]], tgt: list[list[int]], batch_tokens: int, progress: bool = False) -> list:
+        """Per pair, log p of each target token and the EOS after them, as TrainedModel.score gives them
+        (CTranslate2's score_batch, batched by ``batch_tokens``)."""
+        check_source_lengths(self, src)
+        results = self.translator.score_batch(
+            [[self.src_vocab[i] for i in s] for s in src],
+            [[self.tgt_vocab[i] for i in t] for t in tgt],
+            max_batch_size=batch_tokens,
+            batch_type="tokens",
+            max_input_length=0,
+        )
+        return [list(result.log_probs) for result in results]
+
     def _translate_pieces(
         self, src: list[list[str]], decode: DecodeConfig, need_attention: bool, patience: float
     ) -> Hypotheses:
@@ -118,6 +131,16 @@ class CT2Translator:
             suppress_sequences=[["<pad>"], ["<s>"]],
             return_end_token=True,
         )
+        sampling = {}
+        if decode.sampling:  # CTranslate2's top-k 0 is the whole vocabulary too (1: its greedy search)
+            import ctranslate2
+
+            ctranslate2.set_random_seed(decode.sampling_seed)
+            sampling = dict(
+                sampling_topk=decode.sampling_topk,
+                sampling_topp=decode.sampling_topp,
+                sampling_temperature=decode.sampling_temperature,
+            )
         for limit, indices in groups.items():
             batch = [src[i] for i in indices]
             first_rows = [None] * len(batch)
@@ -141,6 +164,7 @@ class CT2Translator:
                 length_penalty=length_penalty,
                 max_decoding_length=max(limit, 1),
                 no_repeat_ngram_size=decode.no_repeat_ngram_size,
+                **sampling,
                 return_scores=True,
                 return_attention=need_attention,
                 **common,

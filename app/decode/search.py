@@ -33,6 +33,20 @@ def cache_bytes(state) -> Optional[int]:
     return measure() if measure is not None else None
 
 
+def describe(decode) -> str:
+    """How ``decode`` (a DecodeConfig) decodes, in words: what make eval's report and metrics.json and make
+    translate's first line say ("beam 5, length penalty 1.0, no repeated 4-grams", "sampling top-k 10, seed 0")."""
+    d = decode
+    search = "greedy" if d.beam_size == 1 else f"beam {d.beam_size}, length penalty {d.length_penalty}"
+    if d.sampling:
+        narrowed = [f"top-k {d.sampling_topk}"] * (d.sampling_topk > 0) + [f"top-p {d.sampling_topp}"] * (
+            d.sampling_topp < 1
+        )
+        narrowed += [f"temperature {d.sampling_temperature}"] * (d.sampling_temperature != 1)
+        search = f"sampling {', '.join(narrowed) or 'the whole distribution'}, seed {d.sampling_seed}"
+    return search + (f", no repeated {d.no_repeat_ngram_size}-grams" if d.no_repeat_ngram_size else "")
+
+
 def never_outputs(device: torch.device) -> torch.Tensor:
     """The tokens no hypothesis may contain: padding and BOS."""
     return torch.tensor([PAD, BOS], device=device)
@@ -72,13 +86,18 @@ def length_limits(src_lengths: torch.Tensor, ratio: float, extra: int, max_posit
 
 
 def check_source_lengths(model, src: list[list[int]]) -> None:
-    max_positions = getattr(model, "max_positions", None)
+    check_lengths(getattr(model, "max_positions", None), src)
+
+
+def check_lengths(max_positions: Optional[int], sequences: list[list[int]], what: str = "input sentence") -> None:
+    """Every sequence with its EOS within the model's positions; the first that is not is a UserError naming it
+    (``what`` and its number)."""
     if max_positions is None:
         return
-    for i, sentence in enumerate(src):
-        if len(sentence) + 1 > max_positions:  # + EOS
+    for i, sequence in enumerate(sequences):
+        if len(sequence) + 1 > max_positions:  # + EOS
             raise UserError(
-                f"input sentence {i + 1} has {len(sentence)} subword tokens; this model takes at most "
+                f"{what} {i + 1} has {len(sequence)} subword tokens; this model takes at most "
                 f"{max_positions - 1} (model.max_len={max_positions}): split it"
             )
 
@@ -211,12 +230,22 @@ class Search:
 
 
 class GreedySearch(Search):
-    """Picks the most probable token at every step until EOS or the length limit, for a whole batch."""
+    """Picks the most probable token at every step until EOS or the length limit, for a whole batch; with a
+    ``sampler`` (app/decode/sampling.py) it draws the token instead."""
 
     def __init__(
-        self, model, src, max_len_ratio=1.5, max_len_extra=10, need_attention=False, onednn=True, no_repeat_ngram_size=0
+        self,
+        model,
+        src,
+        max_len_ratio=1.5,
+        max_len_extra=10,
+        need_attention=False,
+        onednn=True,
+        no_repeat_ngram_size=0,
+        sampler=None,
     ):
         super().__init__(model, src, 1, max_len_ratio, max_len_extra, need_attention, onednn, no_repeat_ngram_size)
+        self.choose = sampler if sampler is not None else lambda logp: logp.argmax(-1)
         self.compact_share = 1 / COMPACT_SHARE  # leaving copies the others' caches: worth it once enough are done
         self.prev = torch.full((self.batch,), BOS, dtype=torch.long, device=self.device)
         self.finished = torch.zeros(self.batch, dtype=torch.bool, device=self.device)
@@ -229,7 +258,7 @@ class GreedySearch(Search):
     def step(self, check: bool) -> bool:
         """One token per sentence; with ``check`` (a host sync), the finished ones leave. True: all finished."""
         logits, attn = self.model_step()
-        token = self.next_token_scores(logits).argmax(-1)
+        token = self.choose(self.next_token_scores(logits))
         if self.t >= self.min_limit:  # force an end at the limit
             token = torch.where(self.t >= self.limits, EOS, token)
         token = token.masked_fill(self.finished, PAD)

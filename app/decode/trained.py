@@ -1,5 +1,5 @@
 """A trained run, loaded to translate with: its model, tokenizer and settings from a checkpoint, or its
-CTranslate2 export (``make export``) behind the same ``translate`` call."""
+CTranslate2 export (``make export``) behind the same ``translate`` and ``score`` calls."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+from tqdm import tqdm
 
 from app.checkpoint import (
     UnloadableCheckpoint,
@@ -21,7 +22,7 @@ from app.config import Config, DecodeConfig
 from app.config_load import config_from_dict
 from app.data.corpus import load_tokenizer
 from app.data.tokenizer import Tokenizer
-from app.decode.corpus import decode_corpus
+from app.decode.corpus import decode_corpus, forced_log_probs
 from app.decode.ct2_engine import EXPORT_INFO, CT2Translator, export_dir
 from app.decode.search import Hypotheses
 from app.errors import UserError
@@ -44,6 +45,16 @@ class TrainedModel:
         return decode_corpus(
             self.model, src, self.device, decode, amp_dtype=self.dtype, need_attention=need_attention, progress=progress
         )
+
+    def score(self, src: list[list[int]], tgt: list[list[int]], batch_tokens: int, progress: bool = False) -> list:
+        """Per pair, log p of each target token and the EOS after them (app.decode.corpus.forced_log_probs)."""
+        scores: list = [None] * len(src)
+        bar = tqdm(total=len(src), desc="scoring", unit="pair", disable=not progress, leave=False)
+        for i, logp in forced_log_probs(self.model, src, tgt, self.device, batch_tokens, self.dtype):
+            scores[i] = logp.tolist()
+            bar.update()
+        bar.close()
+        return scores
 
 
 def load_trained(run_dir: str, which: str, device: torch.device, setting: str = "eval.checkpoint") -> TrainedModel:

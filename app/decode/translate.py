@@ -11,7 +11,7 @@ from app.checkpoint import checkpoint_path
 from app.config import Config
 from app.data.links import hard_alignment, pharaoh_line
 from app.data.tokenizer import EOS
-from app.decode.search import Hypotheses
+from app.decode.search import Hypotheses, describe
 from app.decode.trained import load_ct2, load_trained
 from app.errors import UserError
 from app.models import has_attention
@@ -42,7 +42,7 @@ def translate_lines(cfg: Config) -> None:
             raise UserError("translate.alignments=true: this model has no attention to read word links from")
     # on stderr: stdout holds the translations alone
     count = f"{len(lines)} line{'s' * (len(lines) != 1)}"
-    print(f"translating {count} with {used}: {cfg.decode.describe()}", file=sys.stderr, flush=True)
+    print(f"translating {count} with {used}: {describe(cfg.decode)}", file=sys.stderr, flush=True)
     src = tokenizer.encode_src(lines)
     hyps = engine.translate(src, cfg.decode, need_attention=cfg.translate.alignments)
     if cfg.translate.alignments:
@@ -76,9 +76,10 @@ def word_links(src: list[list[int]], hyps: Hypotheses, tokenizer, layer: int) ->
     return lines
 
 
-def read_translate_input(path: str | None) -> list[str]:
-    """Lines to translate from a file or stdin; an empty input or undecodable bytes is an error."""
-    where = f"translate.input={path!r}" if path else "standard input"
+def read_translate_input(path: str | None, setting: str = "translate.input", purpose: str = "translate") -> list[str]:
+    """Lines to translate (or score: ``purpose``) from the file ``path`` (the value of ``setting``) or stdin; an
+    empty input or undecodable bytes is an error."""
+    where = f"{setting}={path!r}" if path else "standard input"
     if path and os.path.isdir(path):
         raise UserError(f"{where}: a folder, not a file")
     try:  # any file that reads: also /dev/null, a named pipe, a shell's <(...)
@@ -95,5 +96,5 @@ def read_translate_input(path: str | None) -> list[str]:
             except UnicodeDecodeError:
                 raise UserError(f"{path or 'standard input'}:{line_no}: not valid UTF-8") from None
     if not lines:
-        raise UserError(f"{where}: nothing to translate (it is empty)")
+        raise UserError(f"{where}: nothing to {purpose} (it is empty)")
     return lines

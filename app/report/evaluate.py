@@ -21,7 +21,7 @@ from app.config import Config, VizConfig
 from app.data.corpus import ParallelData, load_split
 from app.data.links import pharaoh_line, piece_links, read_pharaoh
 from app.data.sources import SPLITS
-from app.decode.search import Hypotheses
+from app.decode.search import Hypotheses, describe
 from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.errors import UserError
 from app.host_worker import host_worker, submit
@@ -205,7 +205,7 @@ def decoding_stats(cfg: Config, trained: TrainedModel, ct2, hyps: Hypotheses, se
     return {
         "split": cfg.eval.split,
         "checkpoint": cfg.eval.checkpoint,
-        "decoding": cfg.decode.describe(),
+        "decoding": describe(cfg.decode),
         "decode_seconds": round(seconds, 2),
         "sentences_per_s": round(len(hyps.tokens) / seconds, 1),
         "tokens_per_s": round(sum(len(h) + 1 for h in hyps.tokens) / seconds),

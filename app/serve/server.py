@@ -37,6 +37,10 @@ def url(sock: socket.socket) -> str:
 
 
 def serve(cfg: Config) -> None:
+    if cfg.decode.sampling:  # a page's request is its beam_size's search, ranked and scored
+        raise UserError(
+            "decode.sampling=true: make serve does not sample (make translate and make eval do); leave it out"
+        )
     engine = load_engine(cfg)  # a run that does not load fails before the port is taken
     sock = bind(cfg.serve.host, cfg.serve.port)
     app = create_app(engine, cfg.serve, cfg.decode)
