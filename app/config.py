@@ -301,15 +301,14 @@ class TranslateConfig(Checked, section="translate"):
 
 @dataclass
 class ScoreConfig(Checked, section="score"):
-    # parallel files, line by line: how probable the model finds each target line given its source line; neither
-    # given: the references of the run corpus' split score.split
-    source: Optional[str] = None
+    source: Optional[str] = None  # parallel files, line by line (neither given: the references of score.split)
     target: Optional[str] = None
     split: str = "test"
     output: Optional[str] = None  # default stdout
     checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
     engine: str = choice("torch", "ct2")  # ct2: the run's CTranslate2 export (score.checkpoint unused)
     pieces: bool = False  # each line also lists every target piece (and the final </s>) with its log p
+    alignments: bool = False  # each line also holds the pair's word links read from the attention (Pharaoh)
 
 
 @dataclass

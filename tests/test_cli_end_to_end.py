@@ -193,6 +193,29 @@ def test_score_reads_how_probable_each_translation_is(workdir, tmp_path):
     )
 
 
+def test_score_alignments_of_a_models_own_translations_are_the_links_it_translated_with(workdir, tmp_path):
+    """score.alignments: the word links read from the attention that read a given translation. Given the model's own
+    greedy translations, teacher forcing replays the decoding: the links are make translate's."""
+    sources = [line.split("\t")[1] for line in open(workdir / "data" / "tiny" / "test.tsv", encoding="utf-8")]
+    (tmp_path / "src.es").write_text("".join(line + "\n" for line in sources), encoding="utf-8")
+    greedy = ("decode.beam_size=1", "translate.alignments=true", f"translate.input={tmp_path / 'src.es'}")
+    translated = run_cli(workdir, "command=translate", "name=tiny", "device=cpu", *greedy)
+    assert translated.returncode == 0, translated.stderr[-3000:]
+    texts, links = zip(*(line.split(" ||| ") for line in translated.stdout.splitlines()))
+    (tmp_path / "hyp.en").write_text("".join(text + "\n" for text in texts), encoding="utf-8")
+    files = (f"score.source={tmp_path / 'src.es'}", f"score.target={tmp_path / 'hyp.en'}", "score.alignments=true")
+    scored = run_cli(workdir, "command=score", "name=tiny", "device=cpu", *files)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    rows = [line.split("\t") for line in scored.stdout.splitlines()]
+    assert len(rows) == len(sources) >= 10 and all(len(row) == 4 for row in rows)
+    # a translation re-encoded may split into other pieces than the decoder wrote (then its links may differ)
+    assert sum(row[3] == link for row, link in zip(rows, links)) >= 0.9 * len(rows)
+    refused = run_cli(workdir, "command=score", "name=tiny", *files, "score.engine=ct2")
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        "error: score.alignments=true reads the checkpoint's attention: not with score.engine=ct2"
+    )
+
+
 def test_resume_continues_from_last_checkpoint(workdir):
     result = run_cli(workdir, "command=train", *TINY, "train.max_steps=60", "train.resume=true")
     assert result.returncode == 0, result.stderr[-3000:]

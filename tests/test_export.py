@@ -18,7 +18,7 @@ import sentencepiece as spm  # noqa: E402
 from app.config import DecodeConfig, RNNConfig, TransformerConfig  # noqa: E402
 from app.data.batching import Batcher  # noqa: E402
 from app.data.tokenizer import BOS, EOS, PAD  # noqa: E402
-from app.decode.corpus import decode_corpus, forced_log_probs  # noqa: E402
+from app.decode.corpus import decode_corpus, forced_pass  # noqa: E402
 from app.decode.ct2_engine import CT2Translator  # noqa: E402
 from app.decode.export import convert  # noqa: E402
 from app.decode.sampling import Sampler  # noqa: E402
@@ -135,7 +135,7 @@ def equal_share(a, b) -> float:
 @pytest.mark.parametrize("name", VARIANTS)
 def test_every_variant_scores_as_ours(name, genesis, tmp_path):
     """CTranslate2's log p of each reference token (``make score``'s score_batch: padded batches of various
-    lengths) equals our teacher-forced log p (make score's forced_log_probs, and this test's own): embeddings,
+    lengths) equals our teacher-forced log p (make score's forced_pass, and this test's own): embeddings,
     positions, every layer and the output projection."""
     cfg = model_cfg(**VARIANTS[name])
     joint = cfg.tie_embeddings
@@ -151,8 +151,9 @@ def test_every_variant_scores_as_ours(name, genesis, tmp_path):
     )
     model = build(cfg, *vocab, joint=joint)
     engine = export(model, cfg, genesis, tmp_path, joint=joint)
-    theirs = engine.score(src, tgt, batch_tokens=200)  # make score's: several batches, each of various lengths
-    forced = dict(forced_log_probs(model, src, tgt, CPU, batch_tokens=200))
+    theirs, attention = engine.score(src, tgt, batch_tokens=200)
+    assert attention is None  # make score's: several batches, each of various lengths
+    forced = {i: logp for i, logp, _ in forced_pass(model, src, tgt, CPU, batch_tokens=200)}
     for i, ours in enumerate(our_log_probs(model, src, tgt)):
         assert len(theirs[i]) == len(ours) == len(tgt[i]) + 1
         assert torch.allclose(torch.tensor(theirs[i]), torch.tensor(ours), atol=2e-4), name

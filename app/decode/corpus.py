@@ -155,6 +155,38 @@ def decode_corpus(
 
 
 @torch.no_grad()
+def forced_pass(
+    model,
+    src: list[list[int]],
+    tgt: list[list[int]],
+    device: torch.device,
+    batch_tokens: int,
+    amp_dtype: Optional[torch.dtype] = None,
+    log_probs: bool = True,
+    attention: bool = False,
+) -> Iterator[tuple[int, Optional[torch.Tensor], Optional[torch.Tensor]]]:
+    """(index, log p, attention) of every pair while the model is fed the target (teacher forcing), in length-sorted
+    batches, on the host in float32. ``log_probs``: log p(y_t | y_<t, x) of each target token and of the EOS after
+    them, over the whole vocabulary (the terms of the search's scores, which beam search adds, and of the dev loss);
+    ``attention``: the cross-attention, (tgt, src) or (layers, heads, tgt, src), the rows of the target tokens and
+    EOS, the columns of the source tokens and EOS (None for a model without attention). None where not asked."""
+    for batch, on_device in teacher_forced(model, src, tgt, device, batch_tokens):
+        with autocast(device, amp_dtype):
+            memory = model.encode(on_device.src)
+            logits, weights = model.decode(memory, on_device.tgt_in, need_attention=attention, need_logits=log_probs)
+        picked = None
+        if log_probs:
+            picked = logits.float().log_softmax(-1).gather(-1, on_device.tgt_out[..., None]).squeeze(-1).cpu()
+        weights = weights.float().cpu() if attention and weights is not None else None
+        for j, i in enumerate(batch.index.tolist()):
+            rows, columns = len(tgt[i]) + 1, len(src[i]) + 1
+            yield (
+                i,
+                None if picked is None else picked[j, :rows],
+                None if weights is None else weights[j, ..., :rows, :columns],
+            )
+
+
 def forced_attention(
     model,
     src: list[list[int]],
@@ -163,39 +195,13 @@ def forced_attention(
     batch_tokens: int,
     amp_dtype: Optional[torch.dtype] = None,
 ) -> Iterator[tuple[int, torch.Tensor]]:
-    """(index, attention) of every pair while the model is fed the target (teacher forcing), in
-    length-sorted batches: (tgt, src) or (layers, heads, tgt, src) on the host, the rows of the target
-    tokens and EOS, the columns of the source tokens and EOS. What reference alignments are scored
-    against: they link source and *reference* words. None for a model without attention."""
-    for batch, on_device in teacher_forced(model, src, tgt, device, batch_tokens):
-        with autocast(device, amp_dtype):
-            memory = model.encode(on_device.src)
-            _, attention = model.decode(memory, on_device.tgt_in, need_attention=True, need_logits=False)
-        if attention is None:
+    """(index, attention) of every pair, the model fed the target (``forced_pass``'s attention alone, without the
+    output layer); nothing for a model without attention. What reference alignments are scored against: they link
+    source and *reference* words."""
+    for i, _, weights in forced_pass(model, src, tgt, device, batch_tokens, amp_dtype, log_probs=False, attention=True):
+        if weights is None:
             return
-        attention = attention.float().cpu()
-        for j, i in enumerate(batch.index.tolist()):
-            yield i, attention[j, ..., : len(tgt[i]) + 1, : len(src[i]) + 1]
-
-
-@torch.no_grad()
-def forced_log_probs(
-    model,
-    src: list[list[int]],
-    tgt: list[list[int]],
-    device: torch.device,
-    batch_tokens: int,
-    amp_dtype: Optional[torch.dtype] = None,
-) -> Iterator[tuple[int, torch.Tensor]]:
-    """(index, log p) of every pair while the model is fed the target (teacher forcing), in length-sorted batches:
-    log p(y_t | y_<t, x) of each target token and of the EOS after them (len(tgt) + 1, float32, on the host), over
-    the whole vocabulary: the terms of the search's scores (beam search adds them) and of the dev loss."""
-    for batch, on_device in teacher_forced(model, src, tgt, device, batch_tokens):
-        with autocast(device, amp_dtype):
-            logits = model(on_device.src, on_device.tgt_in, src_lengths=on_device.src_lengths)
-        picked = logits.float().log_softmax(-1).gather(-1, on_device.tgt_out[..., None]).squeeze(-1).cpu()
-        for j, i in enumerate(batch.index.tolist()):
-            yield i, picked[j, : len(tgt[i]) + 1]
+        yield i, weights
 
 
 @torch.no_grad()

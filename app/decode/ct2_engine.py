@@ -87,9 +87,13 @@ class CT2Translator:
             [[(ids(t), s) for t, s in nbest] for nbest in hyps.nbest] if hyps.nbest is not None else None,
         )
 
-    def score(self, src: list[list[int]], tgt: list[list[int]], batch_tokens: int, progress: bool = False) -> list:
+    def score(
+        self, src: list[list[int]], tgt: list[list[int]], batch_tokens: int, progress: bool = False, attention=False
+    ) -> tuple[list, None]:
         """Per pair, log p of each target token and the EOS after them, as TrainedModel.score gives them
-        (CTranslate2's score_batch, batched by ``batch_tokens``)."""
+        (CTranslate2's score_batch, batched by ``batch_tokens``); no attention: score_batch returns none."""
+        if attention:
+            raise UserError("the CTranslate2 export scores without attention: score with the checkpoint")
         check_source_lengths(self, src)
         results = self.translator.score_batch(
             [[self.src_vocab[i] for i in s] for s in src],
@@ -98,7 +102,7 @@ class CT2Translator:
             batch_type="tokens",
             max_input_length=0,
         )
-        return [list(result.log_probs) for result in results]
+        return [list(result.log_probs) for result in results], None
 
     def _translate_pieces(
         self, src: list[list[str]], decode: DecodeConfig, need_attention: bool, patience: float

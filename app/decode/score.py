@@ -10,14 +10,16 @@ from __future__ import annotations
 import math
 import sys
 import time
+from typing import Optional
 
 from app.checkpoint import checkpoint_path
-from app.config import Config
+from app.config import Config, ScoreConfig
 from app.data.corpus import load_split
 from app.decode.search import check_lengths
 from app.decode.trained import load_ct2, load_trained
-from app.decode.translate import read_translate_input
+from app.decode.translate import read_translate_input, word_links
 from app.errors import UserError
+from app.models import has_attention
 from app.utils import atomic_write_text, resolve_device
 
 
@@ -25,30 +27,8 @@ def score_pairs(cfg: Config) -> None:
     """score.source / score.target (or the references of the run's split score.split) to score.output (or
     stdout); on stderr what was scored with what, the mean log p and perplexity per piece, and the seconds."""
     s, clock = cfg.score, time.monotonic()
-    if (s.source is None) != (s.target is None):
-        raise UserError("score.source and score.target go together: give both files, or neither to score a split")
-    if s.source is None and s.engine == "ct2":
-        raise UserError("score.engine=ct2 scores files: give score.source and score.target (a split: engine torch)")
-    texts = None
-    if s.source is not None:  # bad input fails before the model loads
-        texts = (
-            read_translate_input(s.source, "score.source", "score"),
-            read_translate_input(s.target, "score.target", "score"),
-        )
-        if len(texts[0]) != len(texts[1]):
-            raise UserError(
-                f"score.source={s.source!r} has {len(texts[0])} lines but score.target={s.target!r} has "
-                f"{len(texts[1])}: give one target line per source line"
-            )
-    if s.engine == "ct2":  # the export alone: no checkpoint, no training code
-        engine = load_ct2(cfg, None, "score.engine")
-        tokenizer, max_positions = engine.tokenizer(), engine.max_positions
-        run = engine.info.get("run", {})
-        used = f"{engine.model_dir}, the CTranslate2 export of {run.get('checkpoint')}.pt (step {run.get('step')})"
-    else:
-        engine = load_trained(cfg.run_dir, s.checkpoint, resolve_device(cfg.device), "score.checkpoint")
-        tokenizer, max_positions = engine.tokenizer, getattr(engine.model, "max_positions", None)
-        used = f"{checkpoint_path(cfg.run_dir, s.checkpoint)} (step {engine.step})"
+    texts = read_pairs(s)  # bad input fails before the model loads
+    engine, tokenizer, max_positions, used = load_scorer(cfg)
     if texts is not None:
         what = f"{s.source} → {s.target}"
         src, tgt = tokenizer.encode_src(texts[0]), tokenizer.encode_tgt(texts[1])
@@ -60,16 +40,18 @@ def score_pairs(cfg: Config) -> None:
     pairs = f"{len(src):,} pair{'s' * (len(src) != 1)}"
     print(f"scoring {pairs} of {what} with {used}", file=sys.stderr, flush=True)
     loaded = time.monotonic()
-    scores = engine.score(src, tgt, cfg.decode.batch_tokens, progress=sys.stderr.isatty())
+    scores, maps = engine.score(src, tgt, cfg.decode.batch_tokens, sys.stderr.isatty(), s.alignments)
     scored = time.monotonic()
-    text = "".join(score_line(logp, tokenizer.tgt_pieces(t) if s.pieces else None) for logp, t in zip(scores, tgt))
+    links = word_links(src, tgt, maps, tokenizer, cfg.viz.layer) if s.alignments else [None] * len(src)
+    lines = (score_line(p, tokenizer.tgt_pieces(t) if s.pieces else None, a) for p, t, a in zip(scores, tgt, links))
+    text = "".join(lines)
     if s.output:
         atomic_write_text(s.output, text)
     else:
         sys.stdout.write(text)
     pieces = sum(map(len, scores))
     mean = sum(map(sum, scores)) / max(pieces, 1)
-    seconds = f"{scored - clock:.1f} s (loading {loaded - clock:.1f} s, scoring {scored - loaded:.1f} s)"
+    seconds = f"{time.monotonic() - clock:.1f} s (loading {loaded - clock:.1f} s, scoring {scored - loaded:.1f} s)"
     seconds += f"; wrote {s.output}" if s.output else ""
     print(
         f"scored {pairs}, {pieces:,} target pieces with </s>: log p per piece {mean:.4f}, perplexity "
@@ -78,10 +60,51 @@ def score_pairs(cfg: Config) -> None:
     )
 
 
-def score_line(logp: list[float], pieces: list[str] | None) -> str:
+def read_pairs(s: ScoreConfig) -> Optional[tuple[list[str], list[str]]]:
+    """The lines of score.source and score.target, as many of each; None: score a split. Settings that do not go
+    together are refused here, before anything loads."""
+    if (s.source is None) != (s.target is None):
+        raise UserError("score.source and score.target go together: give both files, or neither to score a split")
+    if s.engine == "ct2" and s.source is None:
+        raise UserError("score.engine=ct2 scores files: give score.source and score.target (a split: engine torch)")
+    if s.engine == "ct2" and s.alignments:
+        raise UserError("score.alignments=true reads the checkpoint's attention: not with score.engine=ct2")
+    if s.source is None:
+        return None
+    texts = (
+        read_translate_input(s.source, "score.source", "score"),
+        read_translate_input(s.target, "score.target", "score"),
+    )
+    if len(texts[0]) != len(texts[1]):
+        raise UserError(
+            f"score.source={s.source!r} has {len(texts[0])} lines but score.target={s.target!r} has "
+            f"{len(texts[1])}: give one target line per source line"
+        )
+    return texts
+
+
+def load_scorer(cfg: Config) -> tuple:
+    """The checkpoint score.checkpoint (or with score.engine=ct2 the run's export), its tokenizer, the positions
+    its model has (None: any length), and what it is in words."""
+    s = cfg.score
+    if s.engine == "ct2":  # the export alone: no checkpoint, no training code
+        engine = load_ct2(cfg, None, "score.engine")
+        run = engine.info.get("run", {})
+        used = f"{engine.model_dir}, the CTranslate2 export of {run.get('checkpoint')}.pt (step {run.get('step')})"
+        return engine, engine.tokenizer(), engine.max_positions, used
+    engine = load_trained(cfg.run_dir, s.checkpoint, resolve_device(cfg.device), "score.checkpoint")
+    if s.alignments and not has_attention(engine.config.model):
+        raise UserError("score.alignments=true: this model has no attention to read word links from")
+    used = f"{checkpoint_path(cfg.run_dir, s.checkpoint)} (step {engine.step})"
+    return engine, engine.tokenizer, getattr(engine.model, "max_positions", None), used
+
+
+def score_line(logp: list[float], pieces: Optional[list[str]], links: Optional[str] = None) -> str:
     """``log p(Y|X)``, the pieces scored (</s> included) and their mean log p, tab-separated; with ``pieces``
-    (the target's, without </s>) every ``piece:log p`` too."""
+    (the target's, without </s>) every ``piece:log p`` too; then the word links, where given."""
     line = f"{sum(logp):.4f}\t{len(logp)}\t{sum(logp) / len(logp):.4f}"
     if pieces is not None:
         line += "\t" + " ".join(f"{piece}:{p:.4f}" for piece, p in zip(pieces + ["</s>"], logp))
+    if links is not None:
+        line += "\t" + links
     return line + "\n"

@@ -22,7 +22,7 @@ from app.config import Config, DecodeConfig
 from app.config_load import config_from_dict
 from app.data.corpus import load_tokenizer
 from app.data.tokenizer import Tokenizer
-from app.decode.corpus import decode_corpus, forced_log_probs
+from app.decode.corpus import decode_corpus, forced_pass
 from app.decode.ct2_engine import EXPORT_INFO, CT2Translator, export_dir
 from app.decode.search import Hypotheses
 from app.errors import UserError
@@ -46,15 +46,20 @@ class TrainedModel:
             self.model, src, self.device, decode, amp_dtype=self.dtype, need_attention=need_attention, progress=progress
         )
 
-    def score(self, src: list[list[int]], tgt: list[list[int]], batch_tokens: int, progress: bool = False) -> list:
-        """Per pair, log p of each target token and the EOS after them (app.decode.corpus.forced_log_probs)."""
+    def score(
+        self, src: list[list[int]], tgt: list[list[int]], batch_tokens: int, progress: bool = False, attention=False
+    ) -> tuple[list, Optional[list]]:
+        """Per pair, log p of each target token and the EOS after them and, with ``attention``, the cross-attention
+        that read them (None for a model without): one teacher-forced pass (app.decode.corpus.forced_pass)."""
         scores: list = [None] * len(src)
+        maps: list = [None] * len(src)
         bar = tqdm(total=len(src), desc="scoring", unit="pair", disable=not progress, leave=False)
-        for i, logp in forced_log_probs(self.model, src, tgt, self.device, batch_tokens, self.dtype):
-            scores[i] = logp.tolist()
+        passes = forced_pass(self.model, src, tgt, self.device, batch_tokens, self.dtype, True, attention)
+        for i, logp, weights in passes:
+            scores[i], maps[i] = logp.tolist(), weights
             bar.update()
         bar.close()
-        return scores
+        return scores, maps if attention and src and maps[0] is not None else None
 
 
 def load_trained(run_dir: str, which: str, device: torch.device, setting: str = "eval.checkpoint") -> TrainedModel:

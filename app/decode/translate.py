@@ -11,7 +11,7 @@ from app.checkpoint import checkpoint_path
 from app.config import Config
 from app.data.links import hard_alignment, pharaoh_line
 from app.data.tokenizer import EOS
-from app.decode.search import Hypotheses, describe
+from app.decode.search import describe
 from app.decode.trained import load_ct2, load_trained
 from app.errors import UserError
 from app.models import has_attention
@@ -46,10 +46,8 @@ def translate_lines(cfg: Config) -> None:
     src = tokenizer.encode_src(lines)
     hyps = engine.translate(src, cfg.decode, need_attention=cfg.translate.alignments)
     if cfg.translate.alignments:
-        text = "".join(
-            f"{t} ||| {links}\n"
-            for t, links in zip(tokenizer.decode_tgt(hyps.tokens), word_links(src, hyps, tokenizer, cfg.viz.layer))
-        )
+        links = word_links(src, hyps.tokens, hyps.attention, tokenizer, cfg.viz.layer)
+        text = "".join(f"{t} ||| {line}\n" for t, line in zip(tokenizer.decode_tgt(hyps.tokens), links))
     elif cfg.decode.n_best > 1:
         text = "".join(
             f"{i} ||| {tokenizer.decode_tgt([tokens])[0]} ||| {score:.4f}\n"
@@ -64,12 +62,14 @@ def translate_lines(cfg: Config) -> None:
         sys.stdout.write(text)
 
 
-def word_links(src: list[list[int]], hyps: Hypotheses, tokenizer, layer: int) -> list[str]:
-    """Per hypothesis, its word links to the source as a Pharaoh line, read from the attention that wrote it: the
-    view eval's plots show by default (app.report.attention_views.plotted_view), an RNN's map, a Transformer's
-    layer ``layer`` (viz.layer) mean of heads; a CTranslate2 export returns that one map."""
+def word_links(src: list[list[int]], tgt: list[list[int]], maps: list, tokenizer, layer: int) -> list[str]:
+    """Per pair, the target's word links to the source as a Pharaoh line, read from its attention map in ``maps``
+    (rows: the target pieces and EOS) in the view eval's plots show by default (app.report.attention_views.
+    plotted_view): an RNN's map, a Transformer's layer ``layer`` (viz.layer) mean of heads; a CTranslate2 export
+    returns that one map. The attention that wrote a hypothesis (make translate), or that read a given translation
+    (make score)."""
     lines = []
-    for source, tokens, attention in zip(src, hyps.tokens, hyps.attention):
+    for source, tokens, attention in zip(src, tgt, maps):
         weights = attention if attention.dim() == 2 else attention[layer].mean(0)
         pieces = tokenizer.src_pieces(source + [EOS]), tokenizer.tgt_pieces(tokens + [EOS])
         lines.append(pharaoh_line(hard_alignment(weights, *pieces)))
