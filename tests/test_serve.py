@@ -175,9 +175,19 @@ BAD_INPUT = [
     (
         b'{"text": "Hola", "beam": 5}',
         422,
-        "beam: an unknown field (known: text, beam_size, n_best, attention, self_attention, no_repeat_ngram_size)",
+        "beam: an unknown field (known: text, beam_size, n_best, attention, self_attention, no_repeat_ngram_size, "
+        "translation)",
     ),
-    (json.dumps({"text": ["x" * 40] * 3, "pad": "y" * 1_000_000}).encode(), 413, "a body of"),
+    (b'{"text": ["Hola", "Adios"], "translation": "Hello"}', 422, "translation: 1 for 2 lines of text; give one"),
+    (b'{"text": "Hola", "translation": ["a", "b"]}', 422, "translation: 2 for 1 lines of text"),
+    (b'{"text": "Hola", "translation": "Hi", "n_best": 2}', 422, "n_best: 2; a given translation is scored, not"),
+    (
+        json.dumps({"text": "Hola", "translation": "x" * 51}).encode(),
+        413,
+        "translation[0]: 51 characters; at most 50 a line (serve.max_chars)",
+    ),
+    (b'{"text": "Hola", "translation": 5}', 422, "translation"),
+    (json.dumps({"text": ["x" * 40] * 3, "pad": "y" * 3_000_000}).encode(), 413, "a body of"),
 ]
 
 
@@ -326,6 +336,44 @@ def test_served_translations_are_make_translates(served, workdir):
     status, answer = request(served.port, "POST", "/translate", {"text": LINES, "no_repeat_ngram_size": 2})
     assert status == 200 and banned.stdout != expected.stdout
     assert [t["hypotheses"][0]["text"] for t in answer["translations"]] == banned.stdout.splitlines()
+
+
+@pytest_slow
+def test_a_given_translation_is_scored_as_make_score_scores_it(served, workdir, tmp_path):
+    """``translation``: each line's given translation is its one hypothesis, scored by the teacher-forced pass of make
+    score (the same log p), with the attention that read it and the self-attention, as a hypothesis' are."""
+    given = ["In the beginning God created the heavens.", "And God said."]
+    (tmp_path / "s.es").write_text("".join(line + "\n" for line in LINES[:2]), encoding="utf-8")
+    (tmp_path / "t.en").write_text("".join(line + "\n" for line in given), encoding="utf-8")
+    files = (f"score.source={tmp_path / 's.es'}", f"score.target={tmp_path / 't.en'}", "score.pieces=true")
+    scored = run_cli(workdir, "command=score", "name=tiny", "device=cpu", *files)
+    assert scored.returncode == 0, scored.stderr[-2000:]
+    body = {"text": LINES[:2], "translation": given, "attention": True, "self_attention": True}
+    status, answer = request(served.port, "POST", "/translate", body)
+    assert status == 200, answer
+    TranslateResponse.model_validate(answer)
+    for row, translation, text in zip(scored.stdout.splitlines(), answer["translations"], given):
+        total, count, _, pieces = row.split("\t")
+        (hypothesis,) = translation["hypotheses"]
+        assert hypothesis["text"] == text and hypothesis["score"] == pytest.approx(float(total), abs=2e-3)
+        assert len(hypothesis["piece_log_probs"]) == int(count) == len(hypothesis["target_pieces"]) + 1
+        assert pieces.split(" ") == [
+            f"{p}:{q:.4f}" for p, q in zip(hypothesis["target_pieces"] + ["</s>"], hypothesis["piece_log_probs"])
+        ]
+        maps = translation["attention"]["hypotheses"][0]
+        assert maps["rows"] == hypothesis["target_pieces"] + ["</s>"] and maps["links"] and maps["cells"]
+        decoder = translation["self_attention"]["decoder"]["hypotheses"][0]
+        assert decoder["columns"] == ["<s>"] + hypothesis["target_pieces"]
+    # the model's own translation, scored, has the attention it translated with (rounded to the API's integers)
+    own = request(served.port, "POST", "/translate", {"text": LINES[0], "beam_size": 1, "attention": True})[1]
+    text = own["translations"][0]["hypotheses"][0]["text"]
+    forced = request(served.port, "POST", "/translate", {"text": LINES[0], "translation": text, "attention": True})[1]
+    mine, theirs = (a["translations"][0]["attention"]["hypotheses"][0] for a in (own, forced))
+    assert mine["rows"] == theirs["rows"]  # the text re-encoded into the same pieces
+    assert all(
+        abs(a - b) <= 1 for x, y in zip(mine["maps"], theirs["maps"]) for r, q in zip(x, y) for a, b in zip(r, q)
+    )
+    assert mine["links"] == theirs["links"]
 
 
 @pytest_slow
@@ -525,15 +573,43 @@ def browser():
         yield b
 
 
-def translate_on_page(b, server, text: str, beam: int = 5, n_best: int = 1, ngram: int = 0) -> None:
+def translate_on_page(b, server, text: str, beam: int = 5, n_best: int = 1, ngram: int = 0, given: str = "") -> None:
     b.open_url(server.url, "window.pageLoaded")
     b.evaluate(
         f"(() => {{ $('text').value = {json.dumps(text)}; $('beam').value = {beam}; $('nbest').value = {n_best};"
-        f" $('ngram').value = {ngram}; window.serveReady = undefined; }})()"
+        f" $('ngram').value = {ngram}; $('reference').value = {json.dumps(given)}; window.serveReady = undefined; }})()"
     )
     b.click(*b.center("#go"))
     b.wait_for("window.serveReady || window.serveError", timeout=60)
     assert not b.evaluate("window.serveError"), b.evaluate("window.serveError")
+
+
+@pytest_slow
+def test_the_page_scores_your_translation_and_draws_the_attention_that_read_it(served, browser):
+    from test_explorer import texts
+
+    b, given = browser, ["In the beginning God created the heavens.", "And God said."]
+    translate_on_page(b, served, "\n".join(LINES[:2]), given="\n".join(given))
+    body = {"text": LINES[:2], "translation": given, "attention": True, "self_attention": True}
+    answer = request(served.port, "POST", "/translate", body)[1]
+    first = answer["translations"][0]["hypotheses"][0]
+    assert texts(b, "#results .hyp .text") == given
+    assert texts(b, "#results .hyp .score")[0] == f"log p {first['score']:.3f}"
+    title = texts(b, "#title")[0]
+    least = min(range(len(first["piece_log_probs"])), key=first["piece_log_probs"].__getitem__)
+    piece = (first["target_pieces"] + ["</s>"])[least]
+    assert title.startswith("line 1, your translation") and f"least expected: {piece} (" in title
+    assert texts(b, "#ylabels .tok") == answer["translations"][0]["attention"]["hypotheses"][0]["rows"]
+    assert texts(b, "#maps button") == ["cross", "encoder self", "decoder self"]
+    # the second line's translation; then a count that does not match the lines is said, and nothing is sent
+    b.click(*b.center(".hyp[data-line='1'][data-hyp='0']"))
+    b.wait_for("document.getElementById('view').dataset.shown.startsWith('1,0,')")
+    assert texts(b, "#ylabels .tok") == answer["translations"][1]["attention"]["hypotheses"][0]["rows"]
+    calls = request(served.port, "GET", "/info")[1]["decoded"]["calls"]
+    b.evaluate("(() => { $('reference').value = 'Only one.'; })()")
+    b.click(*b.center("#go"))
+    assert texts(b, "#status") == ["1 translation for 2 lines: give one a line, or none"]
+    assert request(served.port, "GET", "/info")[1]["decoded"]["calls"] == calls
 
 
 @pytest_slow

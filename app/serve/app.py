@@ -54,7 +54,11 @@ def create_app(engine: Engine, limits: ServeConfig, defaults: DecodeConfig) -> F
     """The application serving ``engine``; requests batched as ``limits`` (serve.*) says, decoded as ``defaults``
     (decode.*) says where they do not."""
 
-    def decode(sources: list[list[int]], key: tuple[int, int, bool, bool, int]) -> list[dict[str, Any]]:
+    def decode(sources: list, key: tuple) -> list[dict[str, Any]]:
+        """One call for the lines of a batch: decoded (key: beam size, n-best, attention, self-attention, n-gram
+        ban), or their given translations scored (key: "score", attention, self-attention; sources: pairs)."""
+        if key[0] == "score":
+            return engine.score([s for s, _ in sources], [t for _, t in sources], *key[1:])
         return engine.translate(sources, *key)
 
     batcher = Batcher(decode, limits.batch_wait_ms / 1000, limits.max_batch_lines)
@@ -68,7 +72,8 @@ def create_app(engine: Engine, limits: ServeConfig, defaults: DecodeConfig) -> F
     # no /docs: its page loads from a CDN; the schema stays at /openapi.json
     app = FastAPI(title="nmt-attention", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.batcher, app.state.engine = batcher, engine
-    max_body = limits.max_lines * (limits.max_chars * 4 + 16) + 65536  # UTF-8 and JSON escapes, with room
+    # text and translations in UTF-8 with JSON escapes, with room
+    max_body = 2 * limits.max_lines * (limits.max_chars * 4 + 16) + 65536
 
     @app.middleware("http")
     async def body_limit(request: Request, call_next):
@@ -108,10 +113,16 @@ def create_app(engine: Engine, limits: ServeConfig, defaults: DecodeConfig) -> F
     async def translate(body: TranslateRequest) -> JSONResponse:
         """Translate ``text`` (a line or a list of lines): per line its hypotheses, best first, with their scores
         and pieces, with ``attention`` each hypothesis' cross-attention (app.serve.engine.attention_entry), with
-        ``self_attention`` the encoder's and each hypothesis' decoder's self-attention (self_attention_entry)."""
+        ``self_attention`` the encoder's and each hypothesis' decoder's self-attention (self_attention_entry). With
+        ``translation``, each line's given translation is its one hypothesis, scored (make score's log p)."""
         start = time.monotonic()
-        lines, key = check_request(body, limits, defaults)
-        results = await batcher.submit(engine.encode(lines), key)
+        lines, translations, key = check_request(body, limits, defaults)
+        sources = engine.encode(lines)
+        if translations is not None:
+            if body.attention and engine.trained is None:
+                raise RequestError(422, "attention: the CTranslate2 export scores a translation without attention")
+            sources = list(zip(sources, engine.encode_targets(translations)))
+        results = await batcher.submit(sources, key)
         return JSONResponse({"translations": results, "seconds": round(time.monotonic() - start, 4)})
 
     @app.get("/health")

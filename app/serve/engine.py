@@ -26,7 +26,7 @@ from app.config import Config, DecodeConfig
 from app.data.links import hard_alignments, piece_links
 from app.data.tokenizer import Tokenizer
 from app.decode.corpus import forced_attention, forced_self_attention
-from app.decode.search import check_source_lengths
+from app.decode.search import check_lengths, check_source_lengths
 from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.models import count_parameters
 from app.report.attention_files import SCALE, store_attention
@@ -46,6 +46,14 @@ class Engine:
         what = os.path.relpath(i["checkpoint"] if i["engine"] == "torch" else i["export"])
         params = f", {i['parameters']:,} parameters" if i.get("parameters") else ""
         return f"loaded {what} (step {i['step']}): {i['model']['arch']}{params}, engine {i['engine']} on {i['device']}"
+
+    def encode_targets(self, texts: list[str]) -> list[list[int]]:
+        """Target token ids of given translations; one longer than the model takes is a UserError naming it."""
+        tgt = self.tokenizer.encode_tgt(texts)
+        check_lengths(
+            getattr(self.trained.model if self.trained else self.translator, "max_positions", None), tgt, "translation"
+        )
+        return tgt
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Source token ids of ``texts``; a line longer than the model takes is a UserError naming it."""
@@ -86,6 +94,31 @@ class Engine:
                 result["attention"] = attention_entry(result, maps[i]) if maps else None
         if self_attention:
             own = self.hypothesis_self_attention(src, candidates)
+            for i, result in enumerate(results):
+                result["self_attention"] = self_attention_entry(result, *own[i]) if own else None
+        return results
+
+    def score(
+        self, src: list[list[int]], tgt: list[list[int]], attention: bool, self_attention: bool = False
+    ) -> list[dict[str, Any]]:
+        """One teacher-forced call for every pair: per sentence its source pieces and its given translation as its
+        one hypothesis (text, score: log p(Y|X), target pieces, the log p of each piece and </s>), with
+        ``attention`` the attention that read it, with ``self_attention`` the self-attention, as ``translate``'s."""
+        scores, maps = self.translator.score(src, tgt, self.decode.batch_tokens, attention=attention)
+        results = []
+        for ids, tokens, logp in zip(src, tgt, scores):
+            hypothesis = {
+                "text": self.tokenizer.decode_tgt([tokens])[0],
+                "score": round(sum(logp), 4),
+                "target_pieces": self.pieces(tokens),
+                "piece_log_probs": [round(p, 4) for p in logp],
+            }
+            results.append({"source_pieces": self.tokenizer.src_pieces(ids), "hypotheses": [hypothesis]})
+        if attention:  # None: a model without attention
+            for result, weights in zip(results, maps or [None] * len(results)):
+                result["attention"] = attention_entry(result, [weights]) if maps else None
+        if self_attention:
+            own = self.hypothesis_self_attention(src, [[tokens] for tokens in tgt])
             for i, result in enumerate(results):
                 result["self_attention"] = self_attention_entry(result, *own[i]) if own else None
         return results

@@ -14,7 +14,9 @@ class TranslateRequest(BaseModel):
     """``text``: one line or a list of lines; ``beam_size`` (unset: decode.beam_size), ``n_best`` hypotheses per
     line, ``attention``: each hypothesis' cross-attention, its views and the word links read from them;
     ``self_attention``: a Transformer's self-attention, the encoder's and each hypothesis' decoder's;
-    ``no_repeat_ngram_size``: no n-gram of pieces twice in a hypothesis (unset: decode.no_repeat_ngram_size)."""
+    ``no_repeat_ngram_size``: no n-gram of pieces twice in a hypothesis (unset: decode.no_repeat_ngram_size);
+    ``translation``: one per line of ``text``, scored instead of searched (make score's log p, and the attention that
+    read it, as one hypothesis; beam size and n-gram ban do not apply)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -24,15 +26,21 @@ class TranslateRequest(BaseModel):
     attention: StrictBool = False
     self_attention: StrictBool = False
     no_repeat_ngram_size: Optional[StrictInt] = None
+    translation: Union[StrictStr, list[StrictStr], None] = None
 
     def lines(self) -> list[str]:
         return [self.text] if isinstance(self.text, str) else list(self.text)
 
+    def translations(self) -> Optional[list[str]]:
+        return [self.translation] if isinstance(self.translation, str) else self.translation
+
 
 class Hypothesis(BaseModel):
     text: str
-    score: Optional[float]  # log p(Y|X) / ((5 + |Y|) / 6)^α; null for greedy search (beam_size 1), which keeps none
+    # beam search: log p(Y|X) / ((5 + |Y|) / 6)^α; greedy search (beam_size 1): null; a given translation: log p(Y|X)
+    score: Optional[float]
     target_pieces: list[str]
+    piece_log_probs: Optional[list[float]] = None  # a given translation: log p of each piece and the final </s>
 
 
 class Translation(BaseModel):
@@ -55,10 +63,13 @@ class RequestError(Exception):
         self.status, self.message = status, message
 
 
-def check_request(request: TranslateRequest, limits: ServeConfig, defaults: DecodeConfig) -> tuple[list[str], tuple]:
-    """The request's lines and how to decode them (beam size, n-best, attention, self-attention, n-gram ban: the
-    key its batch shares), within ``serve.*``'s limits (else a RequestError); unset, ``defaults``' (decode.*)."""
-    lines = request.lines()
+def check_request(
+    request: TranslateRequest, limits: ServeConfig, defaults: DecodeConfig
+) -> tuple[list[str], Optional[list[str]], tuple]:
+    """The request's lines, their given translations (None: decode them), and how (the key its batch shares:
+    beam size, n-best, attention, self-attention, n-gram ban; a given translation's: "score", attention,
+    self-attention), within ``serve.*``'s limits (else a RequestError); unset, ``defaults``' (decode.*)."""
+    lines, translations = request.lines(), request.translations()
     if not lines:
         raise RequestError(422, "text: give a line to translate (a string or a list of strings)")
     if len(lines) > limits.max_lines:
@@ -70,6 +81,22 @@ def check_request(request: TranslateRequest, limits: ServeConfig, defaults: Deco
             raise RequestError(
                 413, f"text[{i}]: {len(line)} characters; at most {limits.max_chars} a line (serve.max_chars)"
             )
+    if translations is not None:
+        if len(translations) != len(lines):
+            raise RequestError(
+                422, f"translation: {len(translations)} for {len(lines)} lines of text; give one translation a line"
+            )
+        if request.n_best != 1:
+            raise RequestError(
+                422, f"n_best: {request.n_best}; a given translation is scored, not searched: leave it 1"
+            )
+        for i, line in enumerate(translations):
+            if len(line) > limits.max_chars:
+                raise RequestError(
+                    413,
+                    f"translation[{i}]: {len(line)} characters; at most {limits.max_chars} a line (serve.max_chars)",
+                )
+        return lines, translations, ("score", request.attention, request.self_attention)
     beam = defaults.beam_size if request.beam_size is None else request.beam_size
     if not 1 <= beam <= limits.max_beam:
         raise RequestError(422, f"beam_size: {beam}; choose 1 to {limits.max_beam} (serve.max_beam)")
@@ -78,4 +105,4 @@ def check_request(request: TranslateRequest, limits: ServeConfig, defaults: Deco
     ban = defaults.no_repeat_ngram_size if request.no_repeat_ngram_size is None else request.no_repeat_ngram_size
     if ban < 0:
         raise RequestError(422, f"no_repeat_ngram_size: {ban}; choose 0 (no ban) or more")
-    return lines, (beam, request.n_best, request.attention, request.self_attention, ban)
+    return lines, None, (beam, request.n_best, request.attention, request.self_attention, ban)

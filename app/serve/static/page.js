@@ -1,6 +1,7 @@
 // make serve's page: the lines of the text box to POST /translate, the hypotheses with their scores, and the chosen
 // hypothesis' cross-attention drawn by the explorer's code (AttentionMap, /static/attention_map.js); of a
 // Transformer also the encoder's self-attention and the hypothesis' decoder self-attention (the "map" buttons).
+// With lines in the second box, those translations are scored instead (log p) and their attention drawn.
 'use strict';
 const $ = id => document.getElementById(id);
 const page = { data: null, lines: [], line: 0, hyp: 0, l: null, h: null, map: 'cross' };
@@ -34,11 +35,16 @@ async function loadInfo() {
 async function translate() {
   const lines = $('text').value.split('\n').map(s => s.trim()).filter(Boolean);
   if (!lines.length) return status('type a sentence to translate', true);
-  const body = {
+  const given = $('reference').value.split('\n').map(s => s.trim()).filter(Boolean);
+  if (given.length && given.length !== lines.length) {
+    return status(`${given.length} translation${given.length > 1 ? 's' : ''} for ${lines.length} line` +
+      `${lines.length > 1 ? 's' : ''}: give one a line, or none`, true);
+  }
+  const body = given.length ? { text: lines, translation: given, attention: true, self_attention: true } : {
     text: lines, beam_size: Number($('beam').value), n_best: Number($('nbest').value), attention: true,
     self_attention: true, no_repeat_ngram_size: Number($('ngram').value),
   };
-  status('translating…');
+  status(given.length ? 'scoring…' : 'translating…');
   const response = await fetch('/translate', {
     method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body),
   });
@@ -47,7 +53,7 @@ async function translate() {
     window.serveError = data.error;
     return status(`error ${response.status}: ${data.error}`, true);
   }
-  Object.assign(page, { data, lines, line: 0, hyp: 0 });
+  Object.assign(page, { data, lines, line: 0, hyp: 0, scored: given.length > 0 });
   status(`${lines.length} line${lines.length > 1 ? 's' : ''} in ${data.seconds.toFixed(2)} s`);
   renderResults();
   drawMap();
@@ -60,7 +66,7 @@ function renderResults() {
     translation.hypotheses.forEach((hyp, k) => {
       const row = element('div', '', 'hyp');
       Object.assign(row.dataset, { line: i, hyp: k });
-      const score = hyp.score == null ? 'greedy' : hyp.score.toFixed(3);
+      const score = hyp.score == null ? 'greedy' : (page.scored ? 'log p ' : '') + hyp.score.toFixed(3);
       row.append(element('span', score, 'score'), element('span', hyp.text || '(empty)', 'text'));
       row.onclick = () => { Object.assign(page, { line: i, hyp: k }); drawMap(); };
       box.append(row);
@@ -74,8 +80,9 @@ function drawMap() {
   for (const row of document.querySelectorAll('.hyp')) {
     row.classList.toggle('selected', row.dataset.line === String(page.line) && row.dataset.hyp === String(page.hyp));
   }
-  const score = hyp.score == null ? '' : ` · score ${hyp.score.toFixed(3)}`;
-  $('title').replaceChildren(`line ${page.line + 1}, hypothesis ${page.hyp + 1}`, element('small', hyp.text + score));
+  const score = hyp.score == null ? '' : ` · ${page.scored ? 'log p' : 'score'} ${hyp.score.toFixed(3)}`;
+  const which = page.scored ? 'your translation' : `hypothesis ${page.hyp + 1}`;
+  $('title').replaceChildren(`line ${page.line + 1}, ${which}`, element('small', hyp.text + score + leastExpected(hyp)));
   const attention = translation.attention, maps = attention?.hypotheses[page.hyp];
   const own = translation.self_attention;
   const kinds = ['cross', ...(own && maps ? ['encoder', 'decoder'] : [])];
@@ -116,6 +123,14 @@ function drawMap() {
   }
   $('view').dataset.shown = `${page.line},${page.hyp},${page.l},${page.h},${page.map}`;
   window.serveReady = performance.now();
+}
+
+// a scored translation: the piece the model expected least, and its log p
+function leastExpected(hyp) {
+  if (!hyp.piece_log_probs) return '';
+  const pieces = [...hyp.target_pieces, '</s>'], logp = hyp.piece_log_probs;
+  const k = logp.indexOf(Math.min(...logp));
+  return ` · least expected: ${pieces[k]} (${logp[k].toFixed(2)})`;
 }
 
 $('go').addEventListener('click', () => translate());
