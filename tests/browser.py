@@ -7,7 +7,7 @@ Also a command line that photographs an explorer file for the README:
 (the hash: sentence, layer, head or mean; m=ref shows a sentence's reference rows, forced, with its links, m=encoder
 and m=decoder a Transformer's self-attention), and
 one that photographs make serve's page after translating a text:
-    python tests/browser.py --serve http://127.0.0.1:8000/ docs/serve.png "En el principio creó Dios ..."
+    python tests/browser.py --serve http://127.0.0.1:8000/ docs/serve.png "En el principio creó Dios ..." ["In ..."]
 """
 
 from __future__ import annotations
@@ -261,13 +261,15 @@ def explorer_screenshot(
     return len(png)
 
 
-def serve_screenshot(url: str, png_path: str, text: str, size: tuple[int, int] = (1280, 900)) -> int:
-    """Photograph make serve's page at ``url`` after translating ``text``, a row token hovered; 256 colours."""
+def serve_screenshot(url: str, png_path: str, text: str, given: str = "", size: tuple[int, int] = (1280, 900)) -> int:
+    """Photograph make serve's page at ``url`` after translating ``text`` (scoring the translation ``given``, if
+    any), a row token hovered; 256 colours."""
     from PIL import Image
 
     with Browser(*size) as browser:
         browser.open_url(url, "window.pageLoaded")
         browser.evaluate(f"document.getElementById('text').value = {json.dumps(text)}")
+        browser.evaluate(f"document.getElementById('reference').value = {json.dumps(given)}")
         browser.click(*browser.center("#go"))
         browser.wait_for("window.serveReady || window.serveError", timeout=120)
         browser.hover(*browser.center("#ylabels .tok:nth-child(3)"))
@@ -279,8 +281,8 @@ def serve_screenshot(url: str, png_path: str, text: str, size: tuple[int, int] =
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--serve":  # python tests/browser.py --serve URL PNG "text"
-        print(f"wrote {sys.argv[3]} ({serve_screenshot(sys.argv[2], sys.argv[3], sys.argv[4]) // 1024} KB)")
+    if len(sys.argv) in (5, 6) and sys.argv[1] == "--serve":  # python tests/browser.py --serve URL PNG "text" ["yours"]
+        print(f"wrote {sys.argv[3]} ({serve_screenshot(*sys.argv[2:]) // 1024} KB)")
         sys.exit()
     if len(sys.argv) not in (3, 4):
         sys.exit(__doc__)

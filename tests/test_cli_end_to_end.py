@@ -186,6 +186,9 @@ def test_score_reads_how_probable_each_translation_is(workdir, tmp_path):
         r"takes at most \d+ \(model\.max_len=\d+\): split it",
         refused.stderr.strip(),
     )
+    (tmp_path / "long.es").write_text("Hola.\n" * 2 + "y la luz " * 1000 + "\n", encoding="utf-8")
+    refused = run_cli(workdir, "command=score", "name=tiny", f"score.source={tmp_path / 'long.es'}", files[1])
+    assert refused.returncode == 2 and "long.es': line 3 has " in refused.stderr and "Traceback" not in refused.stderr
     (tmp_path / "b.en").write_text("In the beginning.\n", encoding="utf-8")
     refused = run_cli(workdir, "command=score", "name=tiny", files[0], f"score.target={tmp_path / 'b.en'}")
     assert refused.returncode == 2 and refused.stderr.strip().endswith(

@@ -3,7 +3,8 @@ OpenNMT's gold score, CTranslate2's score_batch). Per pair of lines, the log-pro
 source, log p(Y|X) = Σ_t log p(y_t | y_<t, X) over the target's pieces and the final </s>, read while the model is
 fed the target (teacher forcing): what filtering a corpus by its model's cross-entropy, reranking another system's
 n-best lists, or finding the words a model does not expect reads. Output lines are tab-separated:
-``log p(Y|X)``, the number of pieces scored, their mean log p, and with ``score.pieces`` every ``piece:log p``."""
+``log p(Y|X)``, the number of pieces scored, their mean log p, with ``score.pieces`` every ``piece:log p``, and
+with ``score.alignments`` the pair's word links read from the attention of the same pass (Pharaoh)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def score_pairs(cfg: Config) -> None:
         data = load_split(engine.config.data.dir, s.split, tokenizer)
         what = f"the {s.split} split's references ({engine.config.data.dir})"
         src, tgt = data.src, data.tgt
-    check_lengths(max_positions, tgt, f"score.target={s.target!r}: line" if s.target else f"the {s.split} split: pair")
+    for side, ids, path in (("source", src, s.source), ("target", tgt, s.target)):
+        check_lengths(max_positions, ids, f"score.{side}={path!r}: line" if path else f"the {s.split} split: pair")
     pairs = f"{len(src):,} pair{'s' * (len(src) != 1)}"
     print(f"scoring {pairs} of {what} with {used}", file=sys.stderr, flush=True)
     loaded = time.monotonic()
