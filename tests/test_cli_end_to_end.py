@@ -526,6 +526,7 @@ def test_eval_writes_an_explorer_that_chromium_draws(workdir):
     from matplotlib import colormaps
     from PIL import Image
 
+    from app.data.links import piece_links
     from app.report.attention_files import read_attention
 
     out = workdir / "checkpoints" / "tiny" / "eval" / "test"
@@ -554,6 +555,18 @@ def test_eval_writes_an_explorer_that_chromium_draws(workdir):
 
         assert labels("y") == rows[1]["hyp_tokens"] and labels("x") == rows[1]["src_tokens"]
         drawn = colour(0, 0)
+        # hyp.align's links of the sentence, outlined over the pieces of their words; a linked cell says so
+        line = (out / "hyp.align").read_text(encoding="utf-8").splitlines()[1]
+        links = {tuple(int(x) for x in link.split("-")) for link in line.split()}
+        cells = [list(c) for c in piece_links(links, rows[1]["src_tokens"], rows[1]["hyp_tokens"])]
+        assert cells and b.evaluate("SENTENCES[1].hypLinks") == cells
+        assert "hyp.align's word links (links read from layer 0 mean)" in b.evaluate("$('legend').textContent")
+        x, y, cell = b.evaluate(
+            "(() => { const r = document.getElementById('heat').getBoundingClientRect();"
+            " return [r.x, r.y, heatmap.cell]; })()"
+        )
+        b.hover(x + (cells[0][1] + 0.5) * cell, y + (cells[0][0] + 0.5) * cell)
+        assert b.evaluate("$('readout').textContent").endswith("(a link of hyp.align)")
         b.evaluate("location.hash = 's=1&l=0&h=1&m=encoder'")  # its encoder's self-attention
         b.wait_for("document.getElementById('view').dataset.shown === '1,0,1,encoder'", timeout=10)
         assert labels("y") == labels("x") == rows[1]["src_tokens"]

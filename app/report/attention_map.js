@@ -14,6 +14,7 @@ const LINK_KINDS = {
   sure: { dash: [], name: 'sure reference link' },
   possible: { dash: [3, 2], name: 'possible reference link' },
   read: { dash: [], name: 'a link read from this map' },
+  align: { dash: [], name: 'a link of hyp.align' },
 };
 
 const MAP_STYLE = `

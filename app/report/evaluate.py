@@ -275,6 +275,8 @@ def explorer_meta(cfg: Config, trained: TrainedModel, metrics: dict) -> dict:
     }
     if a := metrics.get("alignment"):
         meta["AER"] = f"{a['aer']:.3f} ({alignment_view(a)})"
+    if view := metrics.get("hyp_align_view"):
+        meta["hyp.align"] = f"links read from {view}"
     for kind, heads in metrics.get("self_attention_heads", {}).items():
         meta[f"{kind} heads"] = head_summary(heads)
     return meta
@@ -299,10 +301,12 @@ def write_alignments(out_dir: str, records: list[SentenceRecord], cfg: Config, a
 
 def write_hypothesis_links(out_dir: str, records: list[SentenceRecord], layer: int, metrics: dict) -> str:
     """``hyp.align``: per hypothesis, its word links to the source in Pharaoh format, read from the attention
-    that wrote it (app.report.aer.hypothesis_links: the view AER chose, else the plotted one). Returns the view."""
+    that wrote it (app.report.aer.hypothesis_links: the view AER chose, else the plotted one), kept in each record's
+    ``hyp_links``. Returns the view."""
     view = links_view(records[0].attention, layer, metrics.get("alignment", {}).get("view"))
-    links = (hypothesis_links(r.attention, r.src_pieces, r.hyp_pieces, view) for r in records)
-    atomic_write_text(os.path.join(out_dir, "hyp.align"), "".join(pharaoh_line(x) + "\n" for x in links))
+    for r in records:  # kept for the explorer, which outlines them on the hypothesis' map
+        r.hyp_links = hypothesis_links(r.attention, r.src_pieces, r.hyp_pieces, view)
+    atomic_write_text(os.path.join(out_dir, "hyp.align"), "".join(pharaoh_line(r.hyp_links) + "\n" for r in records))
     return view
 
 

@@ -74,6 +74,7 @@ class ExplorerRecord:
     links: Any = None
     encoder_attention: Any = None  # a Transformer's encoder self-attention (layers, heads, src, src), or its views
     decoder_attention: Any = None  # its decoder self-attention (layers, heads, tgt, tgt): rows as tgt_tokens
+    hyp_links: Any = None  # (source word, hypothesis word) links of the hypothesis (make eval's hyp.align), outlined
 
 
 def _stored(record_id: str, attention, rows: list[str], cols: list[str], name: str, layer: int, keep: str):
@@ -211,6 +212,8 @@ def write_explorer(
             "headLayers": stored.head_layers,  # maps: these layers' heads, then each layer's mean
             "rnn": stored.layers == 0,  # one map: no layer/head selectors
         }
+        if record.hyp_links is not None:  # hyp.align's links, as the cells of their pieces
+            sent["hypLinks"] = [list(c) for c in piece_links(record.hyp_links, record.src_tokens, record.tgt_tokens)]
         sent["at"] = place(stored)  # its slice of the maps block
         sent["ref"] = _reference(record, stored, place, layer, keep)  # rows: the reference pieces, forced
         sent["own"] = _self_attention(record, stored, place, layer, keep)  # the encoder's, then the decoder's
@@ -262,6 +265,7 @@ def evaluation_records(
             hypothesis=texts[i],
             reference=data.tgt_texts[i],
             bleu=bleu[i],
+            hyp_links=r.hyp_links,
         )
         own = r.self_attention or {}
         record.encoder_attention, record.decoder_attention = own.get("encoder"), own.get("decoder")

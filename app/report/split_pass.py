@@ -25,7 +25,7 @@ class SentenceRecord:
     ``stored``: the views of it the attention files and the explorer keep; ``ref_pieces``: the reference's
     pieces, the rows of its forced attention (both when asked for); ``self_attention``: the views kept of a
     Transformer's encoder and decoder self-attention over the sentence and its hypothesis ({"encoder": ...,
-    "decoder": ...}, when asked for: ``add_self_attention``)."""
+    "decoder": ...}, when asked for: ``add_self_attention``); ``hyp_links``: the word links hyp.align holds for it."""
 
     index: int
     id: str
@@ -35,6 +35,7 @@ class SentenceRecord:
     stored: Optional[StoredAttention] = None
     ref_pieces: Optional[list[str]] = None
     self_attention: Optional[dict[str, StoredAttention]] = None
+    hyp_links: Optional[set[tuple[int, int]]] = None  # hyp.align's (source word, hypothesis word) links
 
 
 def sentence_records(
