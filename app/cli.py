@@ -140,6 +140,7 @@ COMMANDS: dict[str, Callable[[Config], None]] = {
     "compare": compare_command,
     "average": average_command,
 }
+ENSEMBLE_COMMANDS = ("eval", "translate", "score", "serve")  # the commands that decode with ensemble=
 USAGE = f"python -m app command={{{','.join(COMMANDS)}}} [key=value ...]"
 
 
@@ -150,6 +151,8 @@ def checked(cfg: DictConfig) -> Config:
     config = load_config(cfg)
     if config.command not in COMMANDS:
         raise UserError(f"command={config.command!r} is unknown: {USAGE}")
+    if config.ensemble and config.command not in ENSEMBLE_COMMANDS:
+        raise UserError(f"ensemble= decodes with {', '.join(ENSEMBLE_COMMANDS)}: not with command={config.command}")
     return config
 
 

@@ -187,9 +187,8 @@ class TrainConfig(Checked, section="train"):
     align_weight: float = 0.0  # guided alignment (app/train/guided_alignment.py): weight of the loss on reference links
     fused_optimizer: bool = True  # AdamW in one kernel that skips non-finite updates on the device
     master_weights: bool = True  # bf16: steps on bf16 weights kept from fp32 masters (false: autocast casts each use)
-    # pad every batch to one of N (sentences, source, target) shapes chosen from the training lengths
-    # (app/data/shapes.py), so CUDA graphs (compile_mode=reduce-overhead) replay N graphs; 0 = each batch
-    # padded to its longest pair (fewest pad tokens, a new shape per batch)
+    # pad every batch to one of N (sentences, source, target) shapes chosen from the training lengths (app/data/
+    # shapes.py), so CUDA graphs replay N graphs; 0 = each batch padded to its longest pair (a new shape per batch)
     batch_shapes: int = 0
     # a moving average of the weights (app/train/ema.py), validated, kept and translated with in place of the trained
     # weights; 0 = off. Until step 9 / (1 - decay) it spans the last ninth of the run whatever the decay
@@ -235,12 +234,10 @@ class DecodeConfig:
     n_best: int = 1  # translate: hypotheses printed per input
     # no n-gram of this many pieces twice in a hypothesis (fairseq's and CTranslate2's setting); 0 = off
     no_repeat_ngram_size: int = 0
-    # draw each next token at random (beam_size 1), e.g. for back-translation; from the sampling_topk most probable
-    # (0: all), then the fewest holding probability sampling_topp, of softmax(log p / sampling_temperature)
-    sampling: bool = False
-    sampling_topk: int = 0
-    sampling_topp: float = 1.0
-    sampling_temperature: float = 1.0
+    sampling: bool = False  # draw each next token at random (beam_size 1), e.g. for back-translation, from:
+    sampling_topk: int = 0  # the k most probable (0: all),
+    sampling_topp: float = 1.0  # then the fewest of them holding this probability,
+    sampling_temperature: float = 1.0  # of softmax(log p / temperature)
     sampling_seed: int = 0  # the same seed, settings and device draw the same samples
     max_len_ratio: float = 1.5  # output length limit = ratio * source length + max_len_extra
     max_len_extra: int = 10
@@ -380,6 +377,9 @@ class Config:
     name: str = "default"
     run_dir: Optional[str] = None  # unset: checkpoints/<name>; the CLI sets Hydra's output folder
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    # checkpoints decoding with eval's, translate's, score's, serve's as one model (app/decode/ensemble.py): this run's
+    # (step_0000400, last...), another run's best.pt (its name or folder), a .pt file
+    ensemble: list[str] = field(default_factory=list)
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     model: Any = field(default_factory=TransformerConfig)  # TransformerConfig | RNNConfig: model= picks it

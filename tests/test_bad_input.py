@@ -76,6 +76,12 @@ ERRORS = [
     ),
     ("a zero temperature", files(), ["decode.sampling_temperature=0"], ["decode.sampling_temperature=0.0 must be > 0"]),
     ("a negative top-k", files(), ["decode.sampling_topk=-2"], ["decode.sampling_topk=-2 must be >= 0"]),
+    (
+        "an ensemble to prepare",
+        files(),
+        ["data.train=a.tsv", "ensemble=[other]"],
+        ["ensemble= decodes with eval, translate, score, serve"],
+    ),
     ("a setting outside its choices", files(), ["train.amp=fp16"], ["train.amp='fp16' is not a choice: choose auto"]),
 ]
 

@@ -219,6 +219,37 @@ def test_score_alignments_of_a_models_own_translations_are_the_links_it_translat
     )
 
 
+def test_an_ensemble_of_checkpoints_evaluates_and_translates_as_one_model(workdir):
+    run = workdir / "checkpoints" / "tiny"
+    steps = [torch.load(run / f"{n}.pt", weights_only=True)["progress"]["step"] for n in ("best", "step_0000020")]
+    both = ("name=tiny", "device=cpu", "ensemble=[step_0000020]")
+    result = run_cli(workdir, "command=eval", *both, "viz.self_attention=false", "eval.max_sentences=6")
+    assert result.returncode == 0, result.stderr[-3000:]
+    members = [f"best.pt (step {steps[0]})", f"step_0000020.pt (step {steps[1]})"]
+    assert f"(beam 5, length penalty 1.0; ensemble of {members[0]} + {members[1]}): BLEU" in result.stdout
+    metrics = json.loads((run / "eval" / "test" / "metrics.json").read_text())
+    assert metrics["ensemble"] == members
+    lines = "En el principio.\nY dijo Dios.\n"
+    alone, together = (run_cli(workdir, "command=translate", *args, stdin=lines) for args in (both[:2], both))
+    assert together.returncode == 0 and len(together.stdout.splitlines()) == 2, together.stderr[-3000:]
+    assert together.stdout != alone.stdout  # the tiny model at step 20 and at its best translate apart
+    assert f"translating 2 lines with ensemble of {members[0]} + {members[1]}: beam 5" in together.stderr
+    state = torch.load(run / "best.pt", weights_only=True)
+    state["vocab"] = {**state["vocab"], "src": "0" * 64}  # as if trained with another tokenizer
+    torch.save(state, workdir / "other_vocab.pt")
+    for args, message in [
+        (("ensemble=[other_vocab.pt]",), "other_vocab.pt was trained with another vocabulary than "),
+        (
+            ("translate.engine=ct2",),
+            "translate.engine=ct2: an export is one model; an ensemble= decodes with the torch",
+        ),
+        (("ensemble=[step_0000099]",), "ensemble: step_0000099: "),
+        (("ensemble=[nosuchrun]",), "checkpoints/nosuchrun/best.pt does not exist (give a checkpoint of this run"),
+    ]:
+        refused = run_cli(workdir, "command=translate", *both, *args, stdin=lines)
+        assert refused.returncode == 2 and message in refused.stderr and "Traceback" not in refused.stderr, args
+
+
 def test_resume_continues_from_last_checkpoint(workdir):
     result = run_cli(workdir, "command=train", *TINY, "train.max_steps=60", "train.resume=true")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -16,6 +16,7 @@ from typing import Optional
 from app.checkpoint import checkpoint_path
 from app.config import Config, ScoreConfig
 from app.data.corpus import load_split
+from app.decode.ensemble import ensemble_of
 from app.decode.search import check_lengths
 from app.decode.trained import load_ct2, load_trained
 from app.decode.translate import read_translate_input, word_links
@@ -94,10 +95,10 @@ def load_scorer(cfg: Config) -> tuple:
         run = engine.info.get("run", {})
         used = f"{engine.model_dir}, the CTranslate2 export of {run.get('checkpoint')}.pt (step {run.get('step')})"
         return engine, engine.tokenizer(), engine.max_positions, used
-    engine = load_trained(cfg.run_dir, s.checkpoint, resolve_device(cfg.device), "score.checkpoint")
+    engine = load_trained(cfg.run_dir, s.checkpoint, resolve_device(cfg.device), "score.checkpoint", cfg.ensemble)
     if s.alignments and not has_attention(engine.config.model):
         raise UserError("score.alignments=true: this model has no attention to read word links from")
-    used = f"{checkpoint_path(cfg.run_dir, s.checkpoint)} (step {engine.step})"
+    used = ensemble_of(engine.members) or f"{checkpoint_path(cfg.run_dir, s.checkpoint)} (step {engine.step})"
     return engine, engine.tokenizer, getattr(engine.model, "max_positions", None), used
 
 

@@ -4,13 +4,15 @@ CTranslate2 export (``make export``) behind the same ``translate`` and ``score``
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 from tqdm import tqdm
 
 from app.checkpoint import (
+    SNAPSHOT,
     UnloadableCheckpoint,
     checkpoint_path,
     checkpoint_step,
@@ -24,6 +26,7 @@ from app.data.corpus import load_tokenizer
 from app.data.tokenizer import Tokenizer
 from app.decode.corpus import decode_corpus, forced_pass
 from app.decode.ct2_engine import EXPORT_INFO, CT2Translator, export_dir
+from app.decode.ensemble import Ensemble
 from app.decode.search import Hypotheses
 from app.errors import UserError
 from app.models import build_model
@@ -38,6 +41,7 @@ class TrainedModel:
     device: torch.device
     dtype: torch.dtype | None
     step: int = 0  # the training step of the checkpoint (of the newest averaged snapshot)
+    members: list[str] = field(default_factory=list)  # an ensemble's checkpoints, "best.pt (step 721)" (else empty)
 
     def translate(
         self, src: list[list[int]], decode: DecodeConfig, progress: bool = False, need_attention: bool = False
@@ -62,9 +66,12 @@ class TrainedModel:
         return scores, maps if attention and src and maps[0] is not None else None
 
 
-def load_trained(run_dir: str, which: str, device: torch.device, setting: str = "eval.checkpoint") -> TrainedModel:
+def load_trained(
+    run_dir: str, which: str, device: torch.device, setting: str = "eval.checkpoint", ensemble: Sequence[str] = ()
+) -> TrainedModel:
     """The checkpoint ``which`` (best, last, averaged, step_NNNNNNN: the value of ``setting``) of ``run_dir``
-    on ``device``, in eval mode. One that does not load names those that do."""
+    on ``device``, in eval mode. One that does not load names those that do. With ``ensemble`` (the setting
+    ``ensemble=``), those checkpoints decode with it as one model (app/decode/ensemble.py)."""
     path = checkpoint_path(run_dir, which)
     try:
         state = load_checkpoint(path)
@@ -78,12 +85,54 @@ def load_trained(run_dir: str, which: str, device: torch.device, setting: str = 
     model = build_model(trained.model, tokenizer)
     model.load_state_dict(state["model"])
     model.to(device).eval()
-    return TrainedModel(model, tokenizer, trained, device, amp_dtype(trained.train.amp, device), checkpoint_step(state))
+    dtype, step = amp_dtype(trained.train.amp, device), checkpoint_step(state)
+    if not ensemble:
+        return TrainedModel(model, tokenizer, trained, device, dtype, step)
+    members, names = [model], [f"{os.path.basename(path)} (step {step})"]
+    for other in ensemble:
+        member, name = load_member(ensemble_checkpoint(run_dir, other), tokenizer, path, device)
+        members.append(member)
+        names.append(name)
+    return TrainedModel(Ensemble(members), tokenizer, trained, device, dtype, step, names)
+
+
+def ensemble_checkpoint(run_dir: str, other: str) -> str:
+    """The file an ``ensemble=`` entry names: a checkpoint of this run (best, last, averaged, step_NNNNNNN), a
+    ``.pt`` file, or a run's best.pt (a run folder, or the name of one under checkpoints/)."""
+    if other in ("best", "last", "averaged") or SNAPSHOT.match(f"{other}.pt"):
+        path = checkpoint_path(run_dir, other)
+    elif other.endswith(".pt"):
+        path = other
+    else:
+        path = checkpoint_path(other if os.path.isdir(other) else os.path.join("checkpoints", other), "best")
+    if not os.path.isfile(path):
+        raise UserError(
+            f"ensemble: {other}: {path} does not exist (give a checkpoint of this run, a run, or a .pt file)"
+        )
+    return path
+
+
+def load_member(path: str, tokenizer: Tokenizer, first: str, device: torch.device) -> tuple[torch.nn.Module, str]:
+    """One more model of an ensemble, and its name; it must share the first one's vocabulary."""
+    try:
+        state = load_checkpoint(path)
+    except UnloadableCheckpoint as err:
+        raise UserError(f"ensemble: {err}") from None
+    if state["vocab"] != tokenizer.fingerprint():
+        raise UserError(
+            f"ensemble: {path} was trained with another vocabulary than {first}: they cannot decode together"
+        )
+    model = build_model(config_from_dict(state["config"]).model, tokenizer)
+    model.load_state_dict(state["model"])
+    name = os.path.relpath(path) if os.path.dirname(path) != os.path.dirname(first) else os.path.basename(path)
+    return model.to(device).eval(), f"{name} (step {checkpoint_step(state)})"
 
 
 def load_ct2(cfg: Config, trained: Optional[TrainedModel], setting: str) -> CT2Translator:
     """The run's CTranslate2 export (``make export``) on ``cfg.device``; with ``trained``, it must be an
     export of that same checkpoint (an export left from an earlier checkpoint would be scored as this one)."""
+    if cfg.ensemble:
+        raise UserError(f"{setting}=ct2: an export is one model; an ensemble= decodes with the torch engine")
     path = export_dir(cfg)
     if not os.path.exists(os.path.join(path, EXPORT_INFO)):
         raise UserError(f'{setting}=ct2: no CTranslate2 export in {path}; make export ARGS="name={cfg.name}" writes it')

@@ -11,6 +11,7 @@ from app.checkpoint import checkpoint_path
 from app.config import Config
 from app.data.links import hard_alignment, pharaoh_line
 from app.data.tokenizer import EOS
+from app.decode.ensemble import ensemble_of
 from app.decode.search import describe
 from app.decode.trained import load_ct2, load_trained
 from app.errors import UserError
@@ -35,9 +36,14 @@ def translate_lines(cfg: Config) -> None:
             f"{run.get('checkpoint')}.pt (step {run.get('step')})"
         )
     else:
-        engine = load_trained(cfg.run_dir, cfg.translate.checkpoint, resolve_device(cfg.device), "translate.checkpoint")
+        engine = load_trained(
+            cfg.run_dir, cfg.translate.checkpoint, resolve_device(cfg.device), "translate.checkpoint", cfg.ensemble
+        )
         tokenizer = engine.tokenizer
-        used = f"{checkpoint_path(cfg.run_dir, cfg.translate.checkpoint)} (step {engine.step})"
+        used = (
+            ensemble_of(engine.members)
+            or f"{checkpoint_path(cfg.run_dir, cfg.translate.checkpoint)} (step {engine.step})"
+        )
         if cfg.translate.alignments and not has_attention(engine.config.model):
             raise UserError("translate.alignments=true: this model has no attention to read word links from")
     # on stderr: stdout holds the translations alone

@@ -21,6 +21,7 @@ from app.config import Config, VizConfig
 from app.data.corpus import ParallelData, load_split
 from app.data.links import pharaoh_line, piece_links, read_pharaoh
 from app.data.sources import SPLITS
+from app.decode.ensemble import ensemble_of
 from app.decode.search import Hypotheses, describe
 from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.errors import UserError
@@ -68,7 +69,9 @@ def evaluate_run(cfg: Config) -> dict:
     check_settings(cfg)
     clock = Stopwatch()
     with clock("load"):
-        trained = load_trained(cfg.run_dir, cfg.eval.checkpoint, resolve_device(cfg.device), "eval.checkpoint")
+        trained = load_trained(
+            cfg.run_dir, cfg.eval.checkpoint, resolve_device(cfg.device), "eval.checkpoint", cfg.ensemble
+        )
         data = load_split(trained.config.data.dir, cfg.eval.split, trained.tokenizer)
         split_size, data = len(data), data.head(cfg.eval.max_sentences)
         ct2 = load_ct2(cfg, trained, "eval.engine") if cfg.eval.engine == "ct2" else None
@@ -213,6 +216,7 @@ def decoding_stats(cfg: Config, trained: TrainedModel, ct2, hyps: Hypotheses, se
         "kv_cache_mib": None if hyps.kv_cache_bytes is None else round(hyps.kv_cache_bytes / 2**20, 3),
         "device": torch.cuda.get_device_name(trained.device) if trained.device.type == "cuda" else "cpu",
         "engine": f"ctranslate2 {ct2.info['ctranslate2_version']}, {ct2.info['quantization']}" if ct2 else "torch",
+        **({"ensemble": trained.members} if trained.members else {}),
     }
 
 
@@ -220,8 +224,9 @@ def print_report(metrics: dict, out_dir: str, tb: str, step: int, ct2, has_atten
     scored = f"{metrics['sentences']} sentences"
     if metrics["subset"]:  # eval.max_sentences
         scored = f"{metrics['subset']}: a subset, not the split's score"
+    which = ensemble_of(metrics.get("ensemble")) or f"{metrics['checkpoint']}.pt, step {step}"
     print(
-        f"{metrics['split']} ({metrics['decoding']}; {metrics['checkpoint']}.pt, step {step}): "
+        f"{metrics['split']} ({metrics['decoding']}; {which}): "
         f"BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}  "
         f"TER {metrics['ter']:.2f}  ({scored}; {metrics['sentences_per_s']} sent/s on {metrics['device']})"
     )
@@ -266,7 +271,7 @@ def explorer_meta(cfg: Config, trained: TrainedModel, metrics: dict) -> dict:
     meta = {
         "run": cfg.name,
         "model": f"{family} ({count_parameters(trained.model) / 1e6:.1f} M parameters)",
-        "checkpoint": f"{cfg.eval.checkpoint} (step {trained.step})",
+        "checkpoint": ensemble_of(trained.members) or f"{cfg.eval.checkpoint} (step {trained.step})",
         "split": cfg.eval.split,
         "sentences": metrics["subset"] or metrics["sentences"],
         "decoding": metrics["decoding"],

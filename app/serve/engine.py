@@ -26,6 +26,7 @@ from app.config import Config, DecodeConfig
 from app.data.links import hard_alignments, piece_links
 from app.data.tokenizer import Tokenizer
 from app.decode.corpus import forced_attention, forced_self_attention
+from app.decode.ensemble import ensemble_of
 from app.decode.search import check_lengths, check_source_lengths
 from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.models import count_parameters
@@ -45,7 +46,8 @@ class Engine:
         i = self.info
         what = os.path.relpath(i["checkpoint"] if i["engine"] == "torch" else i["export"])
         params = f", {i['parameters']:,} parameters" if i.get("parameters") else ""
-        return f"loaded {what} (step {i['step']}): {i['model']['arch']}{params}, engine {i['engine']} on {i['device']}"
+        what = ensemble_of(i.get("ensemble")) or f"{what} (step {i['step']})"
+        return f"loaded {what}: {i['model']['arch']}{params}, engine {i['engine']} on {i['device']}"
 
     def encode_targets(self, texts: list[str]) -> list[list[int]]:
         """Target token ids of given translations; one longer than the model takes is a UserError naming it."""
@@ -224,7 +226,9 @@ def load_engine(cfg: Config) -> Engine:
             "device": str(resolve_device(cfg.device)),
         }
         return Engine(ct2, ct2.tokenizer(), cfg.decode, {"run": cfg.name, **info})
-    trained = load_trained(cfg.run_dir, cfg.serve.checkpoint, resolve_device(cfg.device), "serve.checkpoint")
+    trained = load_trained(
+        cfg.run_dir, cfg.serve.checkpoint, resolve_device(cfg.device), "serve.checkpoint", cfg.ensemble
+    )
     info = {
         "engine": "torch",
         "checkpoint": os.path.join(cfg.run_dir, f"{cfg.serve.checkpoint}.pt"),
@@ -233,5 +237,6 @@ def load_engine(cfg: Config) -> Engine:
         "parameters": count_parameters(trained.model),
         "device": str(trained.device),
         "dtype": str(trained.dtype or torch.float32).removeprefix("torch."),
+        **({"ensemble": trained.members} if trained.members else {}),
     }
     return Engine(trained, trained.tokenizer, cfg.decode, {"run": cfg.name, **info})
