@@ -158,6 +158,14 @@ def checkpoint_path(run_dir: str, which: str) -> str:
     return os.path.join(run_dir, f"{which}.pt")
 
 
+def named_checkpoint(given: str) -> str:
+    """The checkpoint file ``given`` names (it may not exist): a ``.pt`` file, a run folder's best.pt, or that of
+    the run of that name (``checkpoints/<name>/best.pt``, as the CLI's run folders)."""
+    if given.endswith(".pt"):
+        return given
+    return checkpoint_path(given if os.path.isdir(given) else os.path.join("checkpoints", given), "best")
+
+
 def check_compatible(state: dict, path: str, vocab: dict, model_cfg: ModelConfig, free: tuple = ()) -> None:
     """A checkpoint must match the run's vocabulary and model settings (those of its family) but the ``free``
     ones; the error names what differs."""

@@ -55,9 +55,6 @@ class Ensemble(torch.nn.Module):
         logits = mean_log_probs([logits for logits, _ in outputs]) if need_logits else None
         return logits, mean_attention([attention for _, attention in outputs])
 
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, src_lengths=None, alignment: bool = False):
-        return self.decode(self.encode(src), tgt_in)[0]
-
 
 def mean_log_probs(logits: list[torch.Tensor]) -> torch.Tensor:
     """log of the mean of the members' next-token probabilities."""

@@ -39,10 +39,13 @@ def describe(decode) -> str:
     d = decode
     search = "greedy" if d.beam_size == 1 else f"beam {d.beam_size}, length penalty {d.length_penalty}"
     if d.sampling:
-        narrowed = [f"top-k {d.sampling_topk}"] * (d.sampling_topk > 0) + [f"top-p {d.sampling_topp}"] * (
-            d.sampling_topp < 1
-        )
-        narrowed += [f"temperature {d.sampling_temperature}"] * (d.sampling_temperature != 1)
+        narrowed = []
+        if d.sampling_topk > 0:
+            narrowed.append(f"top-k {d.sampling_topk}")
+        if d.sampling_topp < 1:
+            narrowed.append(f"top-p {d.sampling_topp}")
+        if d.sampling_temperature != 1:
+            narrowed.append(f"temperature {d.sampling_temperature}")
         search = f"sampling {', '.join(narrowed) or 'the whole distribution'}, seed {d.sampling_seed}"
     return search + (f", no repeated {d.no_repeat_ngram_size}-grams" if d.no_repeat_ngram_size else "")
 

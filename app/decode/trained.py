@@ -19,6 +19,7 @@ from app.checkpoint import (
     intact_checkpoints,
     intact_note,
     load_checkpoint,
+    named_checkpoint,
 )
 from app.config import Config, DecodeConfig
 from app.config_load import config_from_dict
@@ -99,12 +100,8 @@ def load_trained(
 def ensemble_checkpoint(run_dir: str, other: str) -> str:
     """The file an ``ensemble=`` entry names: a checkpoint of this run (best, last, averaged, step_NNNNNNN), a
     ``.pt`` file, or a run's best.pt (a run folder, or the name of one under checkpoints/)."""
-    if other in ("best", "last", "averaged") or SNAPSHOT.match(f"{other}.pt"):
-        path = checkpoint_path(run_dir, other)
-    elif other.endswith(".pt"):
-        path = other
-    else:
-        path = checkpoint_path(other if os.path.isdir(other) else os.path.join("checkpoints", other), "best")
+    this_run = other in ("best", "last", "averaged") or SNAPSHOT.match(f"{other}.pt")
+    path = checkpoint_path(run_dir, other) if this_run else named_checkpoint(other)
     if not os.path.isfile(path):
         raise UserError(
             f"ensemble: {other}: {path} does not exist (give a checkpoint of this run, a run, or a .pt file)"

@@ -27,7 +27,7 @@ from app.data.links import hard_alignments, piece_links
 from app.data.tokenizer import Tokenizer
 from app.decode.corpus import forced_attention, forced_self_attention
 from app.decode.ensemble import ensemble_of
-from app.decode.search import check_lengths, check_source_lengths
+from app.decode.search import check_lengths
 from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.models import count_parameters
 from app.report.attention_files import SCALE, store_attention
@@ -52,16 +52,19 @@ class Engine:
     def encode_targets(self, texts: list[str]) -> list[list[int]]:
         """Target token ids of given translations; one longer than the model takes is a UserError naming it."""
         tgt = self.tokenizer.encode_tgt(texts)
-        check_lengths(
-            getattr(self.trained.model if self.trained else self.translator, "max_positions", None), tgt, "translation"
-        )
+        check_lengths(self.max_positions, tgt, "translation")
         return tgt
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Source token ids of ``texts``; a line longer than the model takes is a UserError naming it."""
         src = self.tokenizer.encode_src(texts)
-        check_source_lengths(self.trained.model if self.trained else self.translator, src)
+        check_lengths(self.max_positions, src)
         return src
+
+    @property
+    def max_positions(self) -> Optional[int]:
+        """The positions the model has (None: any length)."""
+        return getattr(self.trained.model if self.trained else self.translator, "max_positions", None)
 
     def translate(
         self,
@@ -116,9 +119,9 @@ class Engine:
                 "piece_log_probs": [round(p, 4) for p in logp],
             }
             results.append({"source_pieces": self.tokenizer.src_pieces(ids), "hypotheses": [hypothesis]})
-        if attention:  # None: a model without attention
-            for result, weights in zip(results, maps or [None] * len(results)):
-                result["attention"] = attention_entry(result, [weights]) if maps else None
+        if attention:  # maps None: a model without attention
+            for i, result in enumerate(results):
+                result["attention"] = attention_entry(result, [maps[i]]) if maps else None
         if self_attention:
             own = self.hypothesis_self_attention(src, [[tokens] for tokens in tgt])
             for i, result in enumerate(results):

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from app.checkpoint import UnloadableCheckpoint, check_compatible, checkpoint_path, checkpoint_step, load_checkpoint
+from app.checkpoint import UnloadableCheckpoint, check_compatible, checkpoint_step, load_checkpoint, named_checkpoint
 from app.config import Config
 from app.config_load import config_from_dict
 from app.errors import UserError
@@ -30,11 +30,7 @@ FREE_SETTINGS = ("dropout", "attention_dropout", "activation_dropout", "align_la
 def start_checkpoint(init_from: str) -> str:
     """The checkpoint ``train.init_from`` names: a ``.pt`` file, a run folder's best.pt, or that of the run of
     that name (``checkpoints/<name>/best.pt``)."""
-    if init_from.endswith(".pt"):
-        path = init_from
-    else:  # a run folder, or the name of one under checkpoints/ (the CLI's run_folder)
-        run_dir = init_from if os.path.isdir(init_from) else os.path.join("checkpoints", init_from)
-        path = checkpoint_path(run_dir, "best")
+    path = named_checkpoint(init_from)
     if not os.path.isfile(path):
         given = f"train.init_from={init_from}: {path} does not exist"
         raise UserError(f"{given} (give a run name, a run folder or a .pt file)")
