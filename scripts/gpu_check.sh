@@ -22,6 +22,9 @@
 #   bash scripts/gpu_check.sh bench        # make bench: compiled Transformer and Bahdanau, rnn_luong, rnn_plain
 #   bash scripts/gpu_check.sh ablation     # bench.ablate=true for the Transformer and Bahdanau: training speed
 #                                          # with each speed feature off in turn (the before/after table)
+#   bash scripts/gpu_check.sh decoding     # on a compare run this machine trained: test-set eval greedy, beam 5,
+#                                          # sampling (top-k 10, top-p 0.9, whole), a 2-run ensemble, make score:
+#                                          # $OUT/decoding_<setting>_metrics.json (decode seconds), score's log
 #   PLAN=docs/compare_h100 bash scripts/gpu_check.sh compare
 #                                          # the next COMPARE_COUNT (1) runs of PLAN/plan.txt that have no record
 #                                          # in PLAN/runs/ (so every call, in any session, takes the next ones)
@@ -40,7 +43,7 @@
 # model, to try the script on a CPU); the test tier sets its own small models, and without CUDA its tests
 # skip, so paths and tests on a CPU check only the script.
 set -uo pipefail
-part=${1:?usage: $0 paths|compile|tests|transformer|rnn|bench|ablation|compare|collect}
+part=${1:?usage: $0 paths|compile|tests|transformer|rnn|bench|ablation|decoding|compare|collect}
 OUT=${OUT:-checkpoints/gpu_check}
 mkdir -p "$OUT"
 if [ "$part" != collect ] && compgen -G ".whl/*.whl" >/dev/null; then  # the lent machine's missing packages
@@ -292,6 +295,23 @@ PYEOF
     done 3<"$plan/plan.txt"
     ((pending == 0)) && echo "every run of $plan/plan.txt has its record in $plan/runs" | tee -a "$log"
     ;;
+decoding)  # what decoding settings cost on the GPU, on a trained run: RUN=<run folder> (default: the first
+    # compare run this machine trained), OTHER=<another run's best.pt> for the ensemble (default: the second)
+    runs=$(compgen -G "checkpoints/gpu_sweeps/*/*/best.pt" | sort)
+    RUN=${RUN:-$(dirname "$(echo "$runs" | sed -n 1p)")} OTHER=${OTHER:-$(echo "$runs" | sed -n 2p)}
+    [ -f "$RUN/best.pt" ] || { echo "!! RUN=$RUN: no best.pt (train a compare run first)" | tee -a "$log"; exit 2; }
+    echo "run: $RUN; ensemble member: ${OTHER:-none}" | tee -a "$log"
+    for setting in "greedy decode.beam_size=1" "beam5 decode.beam_size=5" \
+        "topk10 decode.beam_size=1 decode.sampling=true decode.sampling_topk=10" \
+        "topp09 decode.beam_size=1 decode.sampling=true decode.sampling_topp=0.9" \
+        "whole decode.beam_size=1 decode.sampling=true" ${OTHER:+"ensemble5 decode.beam_size=5 ensemble=[$OTHER]"}; do
+        read -r tag overrides <<<"$setting"
+        # shellcheck disable=SC2086  # the overrides are words
+        run $PY -m app command=eval run_dir=$RUN $overrides $EXTRA
+        cp "$RUN/eval/test/metrics.json" "$OUT/decoding_${tag}_metrics.json" || status=1
+    done
+    run $PY -m app command=score run_dir=$RUN score.split=test score.output=$OUT/decoding_score_test.tsv $EXTRA
+    ;;
 collect)  # here, after the calls: PLAN=<folder> FROM=<the calls' files_at> unpacks each record into
     # PLAN/runs/ and writes PLAN/compare.md and its figures over every record there
     plan=${PLAN:?PLAN=<a folder with plan.txt>} from=${FROM:?FROM=<the folder holding the <name>.tar.gz of the calls>}
@@ -305,6 +325,6 @@ collect)  # here, after the calls: PLAN=<folder> FROM=<the calls' files_at> unpa
     run $PY -m app command=compare compare.dir="$plan/runs" compare.out="$plan"
     ;;
 *)
-    echo "usage: $0 paths|compile|tests|transformer|rnn|bench|ablation|compare|collect"; exit 2 ;;
+    echo "usage: $0 paths|compile|tests|transformer|rnn|bench|ablation|decoding|compare|collect"; exit 2 ;;
 esac
 exit $status
