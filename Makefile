@@ -132,7 +132,7 @@ gpu-wheels:
 		--platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
 	python3 -m pip wheel -q --no-deps -w .whl $(GPU_SDISTS)
 
-# make gpu-check PART=paths|compile|tests|transformer|rnn|bench|ablation|compare|collect. paths, compile and tests run the
+# make gpu-check PART=paths|compile|tests|transformer|rnn|bench|ablation|decoding|compare|collect. paths, compile and tests run the
 # gpu test tier (pytest -m gpu tests/test_gpu.py tests/test_decoding_gpu.py: pass/fail, junit XML and <part>.json
 # in OUT, default checkpoints/gpu_check): paths in stages whose budgets (stated in the script) fit one 10-minute
 # call, two compile tests last; compile the other compile tests; tests all in one pytest call (more than one

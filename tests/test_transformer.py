@@ -9,6 +9,7 @@ from app.data.tokenizer import BOS, EOS, PAD
 from app.decode.corpus import greedy_decode
 from app.errors import UserError
 from app.models import build_model
+from app.models.transformer_layers import Sublayer
 
 VOCAB = 23
 
@@ -50,6 +51,26 @@ def test_decode_shapes_and_cross_attention_distribution(norm):
     assert none is None and torch.allclose(fast, logits, atol=1e-5)
     no_logits, same = model.decode(memory, tgt_in, need_attention=True, need_logits=False)  # what forced passes ask
     assert no_logits is None and torch.equal(same, attention)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_residual_block_puts_the_norm_where_its_name_says(norm):
+    """Known answer: pre-norm x + f(LN(x)), post-norm LN(x + f(x)) (Vaswani et al. 2017, sec. 5.4; Xiong et al.
+    2020, eq. 1-2), in training's forward and in decoding's residual path."""
+    torch.manual_seed(0)
+    block = Sublayer(model_config(d_model=8, heads=2, dropout=0.0, norm=norm)).eval()
+    with torch.no_grad():
+        block.norm.weight.uniform_(0.5, 1.5)
+        block.norm.bias.uniform_(-0.5, 0.5)
+    x, w = torch.randn(3, 8), torch.randn(8, 8)
+
+    def ln(v):
+        return torch.nn.functional.layer_norm(v, (8,), block.norm.weight, block.norm.bias, 1e-5)
+
+    expected = ln(x + x @ w) if norm == "post" else x + ln(x) @ w
+    out, _ = block(x, lambda h: (h @ w, None))
+    assert torch.allclose(out, expected, atol=1e-5)
+    assert torch.allclose(block.residual(x, lambda h, residual: residual + h @ w), expected, atol=1e-5)
 
 
 def test_source_padding_does_not_change_translation_scores():
