@@ -294,6 +294,7 @@ class TranslateConfig(Checked, section="translate"):
     engine: str = choice("torch", "ct2")  # ct2: the run's CTranslate2 export (translate.checkpoint unused)
     # each line "translation ||| i-j ...": its word links to the source, read from the attention (Pharaoh format)
     alignments: bool = False
+    prefix: Optional[str] = None  # file, a line per input line: its translation begins so (empty line: free)
 
 
 @dataclass

@@ -136,6 +136,30 @@ def test_translate_samples_the_same_translations_for_the_same_seed(workdir):
     assert ": sampling top-k 1, temperature 0.5, seed 0\n" in top1.stderr and top1.stdout == greedy.stdout
 
 
+def test_translate_begins_each_translation_with_its_prefix(workdir, tmp_path):
+    """translate.prefix: a line per input line, each translation begins with its line (an empty one leaves it free),
+    in the n-best list too; a prefix file of another length is refused in one line."""
+    lines = "En el principio.\nY dijo Dios.\nY fue la tarde y la mañana.\n"
+    (tmp_path / "prefix.txt").write_text("In the end\n\nAnd there was\n", encoding="utf-8")
+    base = ("command=translate", "name=tiny", "device=cpu", "decode.beam_size=3")
+    free = run_cli(workdir, *base, stdin=lines)
+    forced = run_cli(workdir, *base, f"translate.prefix={tmp_path / 'prefix.txt'}", stdin=lines)
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    assert "length penalty 1.0, 2 with a translate.prefix line\n" in forced.stderr
+    first, second, third = forced.stdout.splitlines()
+    assert first.startswith("In the end") and third.startswith("And there was")
+    assert second == free.stdout.splitlines()[1]
+    nbest = run_cli(workdir, *base, "decode.n_best=3", f"translate.prefix={tmp_path / 'prefix.txt'}", stdin=lines)
+    rows = [line.split(" ||| ") for line in nbest.stdout.splitlines()]
+    assert len(rows) == 9 and all(text.startswith("In the end") for i, text, _ in rows if i == "0")
+    (tmp_path / "short.txt").write_text("In the end\n", encoding="utf-8")
+    refused = run_cli(workdir, *base, f"translate.prefix={tmp_path / 'short.txt'}", stdin=lines)
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        f"error: translate.prefix='{tmp_path / 'short.txt'}' has 1 line and standard input 3: one prefix per line "
+        "to translate (an empty line: none)"
+    )
+
+
 def test_score_reads_how_probable_each_translation_is(workdir, tmp_path):
     """Files: one tab-separated line per pair, log p(Y|X) the sum of its pieces' log p; the dev split: its mean log p
     per piece is minus the dev loss of the validation best.pt comes from."""
@@ -905,6 +929,22 @@ def test_export_to_ctranslate2_then_translate_and_eval_with_it(workdir):
     assert outputs[0].stdout == outputs[1].stdout and len(outputs[1].stdout.splitlines()) == 2
     for line in outputs[1].stdout.splitlines():  # an empty translation has no links
         assert re.fullmatch(r".* \|\|\| (\d+-\d+( \d+-\d+)*)?", line), line
+    # a target prefix: CTranslate2's target_prefix continues it as our decoder does
+    (workdir / "prefix.txt").write_text("In the end\n\n", encoding="utf-8")
+    continued = [
+        run_cli(
+            workdir,
+            "command=translate",
+            "name=tiny",
+            "decode.beam_size=1",
+            "translate.prefix=prefix.txt",
+            f"translate.engine={e}",
+            stdin=lines,
+        )
+        for e in ("torch", "ct2")
+    ]
+    assert [o.returncode for o in continued] == [0, 0], continued[1].stderr[-3000:]
+    assert continued[0].stdout == continued[1].stdout and continued[1].stdout.startswith("In the end")
 
     # make score: the export's score_batch reads the log p the checkpoint gives
     (workdir / "pair.es").write_text(lines, encoding="utf-8")

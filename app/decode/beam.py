@@ -37,9 +37,10 @@ class BeamSearch(Search):
         need_attention=False,
         onednn=True,
         no_repeat_ngram_size=0,
+        prefix=None,
     ):
         super().__init__(
-            model, src, beam_size, max_len_ratio, max_len_extra, need_attention, onednn, no_repeat_ngram_size
+            model, src, beam_size, max_len_ratio, max_len_extra, need_attention, onednn, no_repeat_ngram_size, prefix
         )
         k, device, batch = beam_size, self.device, self.batch
         self.alpha, self.n_best = alpha, n_best

@@ -15,7 +15,7 @@ from app.config import DecodeConfig
 from app.data.batching import Batcher, make_batches, sorted_batches
 from app.decode.beam import BeamSearch
 from app.decode.sampling import Sampler, make_sampler
-from app.decode.search import GreedySearch, Hypotheses, check_source_lengths
+from app.decode.search import GreedySearch, Hypotheses, check_lengths, check_source_lengths, prefix_tensor
 from app.utils import autocast
 
 log = logging.getLogger(__name__)
@@ -60,17 +60,30 @@ def beam_search(
 
 
 def searcher(
-    model, src: torch.Tensor, decode: DecodeConfig, need_attention: bool = False, sampler: Optional[Sampler] = None
+    model,
+    src: torch.Tensor,
+    decode: DecodeConfig,
+    need_attention: bool = False,
+    sampler: Optional[Sampler] = None,
+    prefix: Optional[torch.Tensor] = None,
 ):
     """The search ``decode`` asks for over a batch of sources: greedy when its beam_size is 1 (drawing each token
     with ``sampler`` when ``decode.sampling``: one sampler, one seeded generator, for all of a corpus' batches),
-    else beam search."""
+    else beam search; each hypothesis begins with its sentence's ``prefix`` (app.decode.search.prefix_tensor)."""
     d = decode
     if d.beam_size == 1:
         if d.sampling and sampler is None:
             sampler = make_sampler(d, src.device)
         return GreedySearch(
-            model, src, d.max_len_ratio, d.max_len_extra, need_attention, d.cpu_onednn, d.no_repeat_ngram_size, sampler
+            model,
+            src,
+            d.max_len_ratio,
+            d.max_len_extra,
+            need_attention,
+            d.cpu_onednn,
+            d.no_repeat_ngram_size,
+            sampler,
+            prefix,
         )
     return BeamSearch(
         model,
@@ -83,6 +96,7 @@ def searcher(
         need_attention,
         d.cpu_onednn,
         d.no_repeat_ngram_size,
+        prefix,
     )
 
 
@@ -95,11 +109,15 @@ def decode_corpus(
     amp_dtype: Optional[torch.dtype] = None,
     need_attention: bool = False,
     progress: bool = False,
+    prefix: Optional[list[list[int]]] = None,
 ) -> Hypotheses:
     """Decode many sentences in length-sorted batches as ``decode`` says (greedy when its beam_size is
     1, else beam search); results come back in input order. A batch holds up to ``decode.batch_tokens``
-    (``cuda_batch_tokens`` on CUDA) tokens after the beam: sentences × beam × padded source length."""
+    (``cuda_batch_tokens`` on CUDA) tokens after the beam: sentences × beam × padded source length. ``prefix``:
+    per sentence, the target pieces its hypotheses begin with (empty: none)."""
     check_source_lengths(model, src)
+    if prefix is not None:
+        check_lengths(getattr(model, "max_positions", None), prefix, "translation prefix")
     was_training = model.training
     model.eval()
     tokens: list = [None] * len(src)
@@ -117,7 +135,8 @@ def decode_corpus(
         indices = pending.pop()
         try:
             with autocast(device, amp_dtype):
-                hyps = searcher(model, batcher(indices).to(device).src, decode, need_attention, sampler).run()
+                forced = None if prefix is None else prefix_tensor([prefix[i] for i in indices], device)
+                hyps = searcher(model, batcher(indices).to(device).src, decode, need_attention, sampler, forced).run()
         except torch.OutOfMemoryError:
             if len(indices) == 1:
                 raise

@@ -16,7 +16,7 @@ import torch
 
 from app.config import Config, DecodeConfig
 from app.data.tokenizer import Tokenizer
-from app.decode.search import Hypotheses, check_source_lengths, length_limits, length_penalty
+from app.decode.search import Hypotheses, check_lengths, check_source_lengths, length_limits, length_penalty
 from app.errors import UserError
 
 # An export's directory holds the CTranslate2 model, its vocabularies, the SentencePiece model(s) and this
@@ -75,11 +75,19 @@ class CT2Translator:
         )
 
     def translate(
-        self, src: list[list[int]], decode: DecodeConfig, need_attention: bool = False, patience: float = 2.0
+        self,
+        src: list[list[int]],
+        decode: DecodeConfig,
+        need_attention: bool = False,
+        patience: float = 2.0,
+        prefix: Optional[list[list[int]]] = None,
     ) -> Hypotheses:
         """Source token ids without EOS (as app.decode.corpus.decode_corpus takes them) -> target ids, under the
-        settings of ``decode`` (as app.decode.trained.TrainedModel.translate takes them)."""
-        hyps = self._translate_pieces([[self.src_vocab[i] for i in s] for s in src], decode, need_attention, patience)
+        settings of ``decode``, each hypothesis beginning with its ``prefix`` where given (as
+        app.decode.trained.TrainedModel.translate takes them)."""
+        pieces = None if prefix is None else [[self.tgt_vocab[i] for i in p] for p in prefix]
+        src_pieces = [[self.src_vocab[i] for i in s] for s in src]
+        hyps = self._translate_pieces(src_pieces, decode, need_attention, patience, pieces)
         ids = lambda pieces: [self.tgt_index[p] for p in pieces]  # noqa: E731
         return Hypotheses(
             [ids(t) for t in hyps.tokens],
@@ -105,7 +113,12 @@ class CT2Translator:
         return [list(result.log_probs) for result in results], None
 
     def _translate_pieces(
-        self, src: list[list[str]], decode: DecodeConfig, need_attention: bool, patience: float
+        self,
+        src: list[list[str]],
+        decode: DecodeConfig,
+        need_attention: bool,
+        patience: float,
+        prefix: Optional[list[list[str]]] = None,
     ) -> Hypotheses:
         """Source SentencePiece pieces (no </s>) -> target pieces (no </s>), as Hypotheses of pieces.
 
@@ -120,9 +133,11 @@ class CT2Translator:
         """
         beam_size, n_best, length_penalty = decode.beam_size, decode.n_best, decode.length_penalty
         check_source_lengths(self, src)
+        if prefix is not None:
+            check_lengths(self.max_positions, prefix, "translation prefix")
         patience = patience if beam_size > 1 else 1.0
         groups = defaultdict(list)
-        for i, limit in enumerate(self.length_limits(src, decode).tolist()):
+        for i, limit in enumerate(self.length_limits(src, decode, prefix).tolist()):
             groups[limit].append(i)
         tokens: list = [None] * len(src)
         nbest: list = [None] * len(src)
@@ -145,6 +160,9 @@ class CT2Translator:
                 sampling_topp=decode.sampling_topp,
                 sampling_temperature=decode.sampling_temperature,
             )
+        # CTranslate2's scores leave a target prefix out: its log p is added back, so that both engines score the
+        # whole hypothesis
+        prefix_log_p = self._prefix_log_probs(src, prefix, decode.batch_source_tokens)
         for limit, indices in groups.items():
             batch = [src[i] for i in indices]
             first_rows = [None] * len(batch)
@@ -167,6 +185,7 @@ class CT2Translator:
                 # undoes; with α = 0 it stops once the best beam has ended (and num_hypotheses have)
                 length_penalty=length_penalty,
                 max_decoding_length=max(limit, 1),
+                target_prefix=None if prefix is None else [prefix[i] for i in indices],
                 no_repeat_ngram_size=decode.no_repeat_ngram_size,
                 **sampling,
                 return_scores=True,
@@ -174,7 +193,7 @@ class CT2Translator:
                 **common,
             )
             for i, result, first_row in zip(indices, results, first_rows):
-                ranked = _rank(result, length_penalty, need_attention, first_row)[:n_best]
+                ranked = _rank(result, length_penalty, need_attention, first_row, prefix_log_p[i])[:n_best]
                 tokens[i] = ranked[0][0]
                 nbest[i] = [(t, s) for t, s, _ in ranked]
                 if need_attention:
@@ -182,6 +201,22 @@ class CT2Translator:
         if need_attention:
             self._add_final_rows(src, tokens, attention, common)
         return Hypotheses(tokens, attention if need_attention else None, nbest if beam_size > 1 else None)
+
+    def _prefix_log_probs(self, src: list[list[str]], prefix: Optional[list[list[str]]], batch_tokens: int) -> list:
+        """Per sentence, log p of its target prefix's pieces (0 for none), by score_batch."""
+        log_p = [0.0] * len(src)
+        given = [i for i, pieces in enumerate(prefix or []) if pieces]
+        if given:
+            results = self.translator.score_batch(
+                [src[i] for i in given],
+                [prefix[i] for i in given],
+                max_batch_size=batch_tokens,
+                batch_type="tokens",
+                max_input_length=0,
+            )
+            for i, result in zip(given, results):
+                log_p[i] = sum(result.log_probs[:-1])  # not the </s> that score_batch appends
+        return log_p
 
     def _add_final_rows(self, src: list[list[str]], tokens: list, attention: list, common: dict) -> None:
         """Give each hypothesis cut at the length limit (it has no </s>, so CTranslate2 returned no row
@@ -203,22 +238,24 @@ class CT2Translator:
             row = torch.cat([row, (1 - row.sum(-1, keepdim=True)).clamp(min=0)])  # the </s> column, as in _rank
             attention[i] = torch.cat([attention[i], row[None]])
 
-    def length_limits(self, src: list[list], decode: DecodeConfig) -> torch.Tensor:
+    def length_limits(self, src: list[list], decode: DecodeConfig, prefix: Optional[list[list]] = None) -> torch.Tensor:
         """Each sentence's output length limit, as our decoder computes it (sources without EOS)."""
         lengths = torch.tensor([len(sentence) + 1 for sentence in src])
-        return length_limits(lengths, decode.max_len_ratio, decode.max_len_extra, self.max_positions)
+        prefix_lengths = None if prefix is None else torch.tensor([len(p) for p in prefix])
+        return length_limits(lengths, decode.max_len_ratio, decode.max_len_extra, self.max_positions, prefix_lengths)
 
 
 def _rank(
-    result, alpha: float, with_attention: bool, first_row: Optional[list[float]] = None
+    result, alpha: float, with_attention: bool, first_row: Optional[list[float]] = None, prefix_log_p: float = 0.0
 ) -> list[tuple[list[str], float, Optional[torch.Tensor]]]:
     """(pieces without </s>, our GNMT score, attention (|Y| + 1, src + EOS) or None), best first;
-    ``first_row`` replaces every hypothesis' first attention row."""
+    ``first_row`` replaces every hypothesis' first attention row; ``prefix_log_p`` is the log p of a target prefix
+    the scores leave out."""
     ranked = []
     for k, (hyp, score) in enumerate(zip(result.hypotheses, result.scores)):
         ended = bool(hyp) and hyp[-1] == "</s>"
         pieces = hyp[:-1] if ended else hyp
-        log_p = score * len(hyp) ** alpha  # CTranslate2's score is log p / |hyp|^α, </s> included
+        log_p = score * len(hyp) ** alpha + prefix_log_p  # CTranslate2's score is log p / |hyp|^α, </s> included
         weights = None
         if with_attention and not hyp:  # an empty source: CTranslate2 skips it (an empty output, score 0)
             weights = torch.ones(1, 1)  # its one EOS row over its one EOS column

@@ -77,15 +77,34 @@ def block_repeated_ngrams(logp: torch.Tensor, history: torch.Tensor, n: int) -> 
     return logp
 
 
-def max_output_lengths(model, src_mask: torch.Tensor, ratio: float, extra: int) -> torch.Tensor:
+def max_output_lengths(
+    model, src_mask: torch.Tensor, ratio: float, extra: int, prefix_lengths: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """ratio × source length + extra, within the positions the model has (``max_positions``, if any)."""
-    return length_limits(src_mask.sum(-1), ratio, extra, getattr(model, "max_positions", None))
+    return length_limits(src_mask.sum(-1), ratio, extra, getattr(model, "max_positions", None), prefix_lengths)
 
 
-def length_limits(src_lengths: torch.Tensor, ratio: float, extra: int, max_positions: Optional[int]) -> torch.Tensor:
-    """The output length limits of sources of ``src_lengths`` tokens (EOS included); every decoder's."""
+def length_limits(
+    src_lengths: torch.Tensor,
+    ratio: float,
+    extra: int,
+    max_positions: Optional[int],
+    prefix_lengths: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """The output length limits of sources of ``src_lengths`` tokens (EOS included); every decoder's. A forced
+    target prefix of ``prefix_lengths`` pieces leaves room for ``extra`` more after it."""
     limits = (src_lengths.float() * ratio).long() + extra
+    if prefix_lengths is not None:
+        limits = torch.maximum(limits, prefix_lengths.to(limits.device) + extra)
     return limits if max_positions is None else limits.clamp(max=max_positions - 1)
+
+
+def prefix_tensor(prefixes: list[list[int]], device: torch.device) -> Optional[torch.Tensor]:
+    """Target prefixes as (sentences, longest) token ids, PAD after each one's end; None when all are empty."""
+    longest = max((len(p) for p in prefixes), default=0)
+    if not longest:
+        return None
+    return torch.tensor([p + [PAD] * (longest - len(p)) for p in prefixes], dtype=torch.long, device=device)
 
 
 def check_source_lengths(model, src: list[list[int]]) -> None:
@@ -156,7 +175,9 @@ def length_penalty(length: int, alpha: float) -> float:
 class Search:
     """What greedy and beam search share: a batch of sentences decoding ``beam`` rows each; which of them
     are still in the batch (``ids``, their places in it, and their length ``limits``); the model's state;
-    results written per segment of steps between two compactions, into tensors of the whole batch."""
+    results written per segment of steps between two compactions, into tensors of the whole batch. A target
+    ``prefix`` forces each sentence's first pieces, each at its log p (CTranslate2's ``target_prefix``): the
+    hypotheses begin with it."""
 
     def __init__(
         self,
@@ -168,12 +189,16 @@ class Search:
         need_attention: bool,
         onednn: bool,
         no_repeat_ngram_size: int = 0,
+        prefix: Optional[torch.Tensor] = None,
     ):
         self.model, self.beam, self.need_attention, self.device = model, beam, need_attention, src.device
         src_mask = src != PAD
         self.src_lengths = src_mask.sum(-1).tolist()
         self.memory = model.encode(src, src_mask)
-        self.limits = max_output_lengths(model, src_mask, max_len_ratio, max_len_extra)
+        # each sentence's forced first pieces (prefix_tensor: PAD where free), or None
+        self.prefix = prefix
+        prefix_lengths = None if prefix is None else (prefix != PAD).sum(-1)
+        self.limits = max_output_lengths(model, src_mask, max_len_ratio, max_len_extra, prefix_lengths)
         self.host_limits = self.limits.tolist()
         self.steps = max(self.host_limits) + 1  # the last step can only end every hypothesis
         self.state = model.start(self.memory, beam, self.steps, onednn=onednn)
@@ -204,8 +229,15 @@ class Search:
         if self.never is None:
             self.never = never_outputs(logits.device)
         logp = next_token_scores(logits, self.never)
+        forced = None
+        if self.prefix is not None and self.t < self.prefix.size(1):  # a prefix's piece, kept at its log p
+            forced = self.prefix[:, self.t].repeat_interleave(self.beam)[:, None]
+            forced_logp = logp.gather(1, forced)
         if self.history is not None:
             block_repeated_ngrams(logp, self.history, self.no_repeat_ngram_size)
+        if forced is not None:
+            only = torch.full_like(logp, float("-inf")).scatter_(1, forced, forced_logp)
+            logp = torch.where(forced != PAD, only, logp)
         return logp
 
     def keep(self, kept: list[bool]) -> Optional[torch.Tensor]:
@@ -217,6 +249,8 @@ class Search:
         index = torch.tensor([i for i, keep in enumerate(kept) if keep], dtype=torch.long, device=self.device)
         self.kept = [i for i, keep in zip(self.kept, kept) if keep]
         self.ids, self.limits = self.ids[index], self.limits[index]
+        if self.prefix is not None:
+            self.prefix = self.prefix[index]
         self.min_limit = min(self.host_limits[i] for i in self.kept) if self.kept else 0
         return index
 
@@ -246,8 +280,11 @@ class GreedySearch(Search):
         onednn=True,
         no_repeat_ngram_size=0,
         sampler=None,
+        prefix=None,
     ):
-        super().__init__(model, src, 1, max_len_ratio, max_len_extra, need_attention, onednn, no_repeat_ngram_size)
+        super().__init__(
+            model, src, 1, max_len_ratio, max_len_extra, need_attention, onednn, no_repeat_ngram_size, prefix
+        )
         self.choose = sampler if sampler is not None else lambda logp: logp.argmax(-1)
         self.compact_share = 1 / COMPACT_SHARE  # leaving copies the others' caches: worth it once enough are done
         self.prev = torch.full((self.batch,), BOS, dtype=torch.long, device=self.device)

@@ -45,11 +45,15 @@ class TrainedModel:
     members: list[str] = field(default_factory=list)  # an ensemble's checkpoints, "best.pt (step 721)" (else empty)
 
     def translate(
-        self, src: list[list[int]], decode: DecodeConfig, progress: bool = False, need_attention: bool = False
+        self,
+        src: list[list[int]],
+        decode: DecodeConfig,
+        progress: bool = False,
+        need_attention: bool = False,
+        prefix: Optional[list[list[int]]] = None,
     ) -> Hypotheses:
-        return decode_corpus(
-            self.model, src, self.device, decode, amp_dtype=self.dtype, need_attention=need_attention, progress=progress
-        )
+        """Hypotheses of ``src`` under ``decode``; each begins with its ``prefix`` pieces where given."""
+        return decode_corpus(self.model, src, self.device, decode, self.dtype, need_attention, progress, prefix)
 
     def score(
         self, src: list[list[int]], tgt: list[list[int]], batch_tokens: int, progress: bool = False, attention=False

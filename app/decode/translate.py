@@ -1,6 +1,7 @@
 """``make translate``: lines from a file or standard input to a file or standard output, by a run's
 checkpoint or its CTranslate2 export; with ``decode.n_best`` > 1 in the Moses n-best format, with
-``translate.alignments`` each line followed by its word links to the source (``translation ||| 0-0 1-2 ...``)."""
+``translate.alignments`` each line followed by its word links to the source (``translation ||| 0-0 1-2 ...``),
+with ``translate.prefix`` each translation beginning with the words given for it (interactive translation)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,16 @@ def translate_lines(cfg: Config) -> None:
     """translate.input (or stdin) to translate.output (or stdout); with decode.n_best > 1 the lines are
     ``index ||| hypothesis ||| score``."""
     lines = read_translate_input(cfg.translate.input)  # bad input fails before the model loads
+    prefixes = None
+    if cfg.translate.prefix:
+        prefixes = read_translate_input(cfg.translate.prefix, "translate.prefix", "begin the translations with")
+        if len(prefixes) != len(lines):
+            where = cfg.translate.input or "standard input"
+            raise UserError(
+                f"translate.prefix={cfg.translate.prefix!r} has {len(prefixes)} line{'s' * (len(prefixes) != 1)} and "
+                f"{where} {len(lines)}: "
+                "one prefix per line to translate (an empty line: none)"
+            )
     if cfg.translate.alignments and cfg.decode.n_best > 1:
         raise UserError(
             f"translate.alignments=true links the best hypothesis only: not with decode.n_best={cfg.decode.n_best}"
@@ -48,9 +59,11 @@ def translate_lines(cfg: Config) -> None:
             raise UserError("translate.alignments=true: this model has no attention to read word links from")
     # on stderr: stdout holds the translations alone
     count = f"{len(lines)} line{'s' * (len(lines) != 1)}"
-    print(f"translating {count} with {used}: {describe(cfg.decode)}", file=sys.stderr, flush=True)
+    forced = "" if prefixes is None else f", {sum(map(bool, prefixes))} with a translate.prefix line"
+    print(f"translating {count} with {used}: {describe(cfg.decode)}{forced}", file=sys.stderr, flush=True)
     src = tokenizer.encode_src(lines)
-    hyps = engine.translate(src, cfg.decode, need_attention=cfg.translate.alignments)
+    prefix = None if prefixes is None else tokenizer.encode_tgt(prefixes)
+    hyps = engine.translate(src, cfg.decode, need_attention=cfg.translate.alignments, prefix=prefix)
     if cfg.translate.alignments:
         links = word_links(src, hyps.tokens, hyps.attention, tokenizer, cfg.viz.layer)
         text = "".join(f"{t} ||| {line}\n" for t, line in zip(tokenizer.decode_tgt(hyps.tokens), links))
