@@ -176,7 +176,7 @@ BAD_INPUT = [
         b'{"text": "Hola", "beam": 5}',
         422,
         "beam: an unknown field (known: text, beam_size, n_best, attention, self_attention, no_repeat_ngram_size, "
-        "translation)",
+        "translation, prefix)",
     ),
     (b'{"text": ["Hola", "Adios"], "translation": "Hello"}', 422, "translation: 1 for 2 lines of text; give one"),
     (b'{"text": "Hola", "translation": ["a", "b"]}', 422, "translation: 2 for 1 lines of text"),
@@ -187,6 +187,9 @@ BAD_INPUT = [
         "translation[0]: 51 characters; at most 50 a line (serve.max_chars)",
     ),
     (b'{"text": "Hola", "translation": 5}', 422, "translation"),
+    (b'{"text": ["Hola", "Adios"], "prefix": ["In"]}', 422, "prefix: 1 for 2 lines of text; give one prefix a line"),
+    (b'{"text": "Hola", "prefix": "x", "translation": "y"}', 422, "prefix: a given translation is scored whole"),
+    (json.dumps({"text": "Hola", "prefix": "x" * 51}).encode(), 413, "prefix[0]: 51 characters; at most 50 a line"),
     (json.dumps({"text": ["x" * 40] * 3, "pad": "y" * 3_000_000}).encode(), 413, "a body of"),
 ]
 
@@ -377,6 +380,37 @@ def test_a_given_translation_is_scored_as_make_score_scores_it(served, workdir, 
 
 
 @pytest_slow
+def test_a_prefix_begins_each_hypothesis_as_in_make_translate(served, workdir, tmp_path):
+    """``prefix``: the hypotheses of make translate with translate.prefix (the same n-best and scores); the attention
+    has the prefix's rows; a line with an empty prefix decodes as without one; refused with a given translation."""
+    (tmp_path / "prefix.txt").write_text("In the end\n\n", encoding="utf-8")
+    args = (
+        "command=translate",
+        "name=tiny",
+        "device=cpu",
+        "decode.n_best=2",
+        f"translate.prefix={tmp_path / 'prefix.txt'}",
+    )
+    expected = run_cli(workdir, *args, stdin="\n".join(LINES[:2]) + "\n")
+    assert expected.returncode == 0, expected.stderr[-2000:]
+    body = {"text": LINES[:2], "prefix": ["In the end", ""], "n_best": 2, "attention": True}
+    status, answer = request(served.port, "POST", "/translate", body)
+    assert status == 200, answer
+    TranslateResponse.model_validate(answer)
+    rows = [
+        f"{i} ||| {h['text']} ||| {h['score']:.4f}"
+        for i, t in enumerate(answer["translations"])
+        for h in t["hypotheses"]
+    ]
+    assert rows == expected.stdout.splitlines() and rows[0].startswith("0 ||| In the end")
+    first = answer["translations"][0]
+    for hypothesis, maps in zip(first["hypotheses"], first["attention"]["hypotheses"]):
+        assert maps["rows"] == hypothesis["target_pieces"] + ["</s>"]
+    free = request(served.port, "POST", "/translate", {"text": LINES[1], "n_best": 2})[1]
+    assert free["translations"][0]["hypotheses"] == answer["translations"][1]["hypotheses"]
+
+
+@pytest_slow
 def test_attention_of_every_hypothesis_with_its_views_and_links(served):
     status, answer = request(served.port, "POST", "/translate", {"text": LINES[:2], "n_best": 2, "attention": True})
     assert status == 200, answer
@@ -544,7 +578,7 @@ def test_decode_settings_of_a_request_are_the_runs_with_its_beam(monkeypatch):
     seen = []
 
     class Translator:
-        def translate(self, src, decode, need_attention=False):
+        def translate(self, src, decode, need_attention=False, prefix=None):
             seen.append((decode, need_attention))
             from app.decode.search import Hypotheses
 
@@ -573,11 +607,14 @@ def browser():
         yield b
 
 
-def translate_on_page(b, server, text: str, beam: int = 5, n_best: int = 1, ngram: int = 0, given: str = "") -> None:
+def translate_on_page(
+    b, server, text: str, beam: int = 5, n_best: int = 1, ngram: int = 0, given: str = "", complete: bool = False
+) -> None:
     b.open_url(server.url, "window.pageLoaded")
     b.evaluate(
         f"(() => {{ $('text').value = {json.dumps(text)}; $('beam').value = {beam}; $('nbest').value = {n_best};"
-        f" $('ngram').value = {ngram}; $('reference').value = {json.dumps(given)}; window.serveReady = undefined; }})()"
+        f" $('ngram').value = {ngram}; $('reference').value = {json.dumps(given)};"
+        f" $('complete').checked = {json.dumps(complete)}; window.serveReady = undefined; }})()"
     )
     b.click(*b.center("#go"))
     b.wait_for("window.serveReady || window.serveError", timeout=60)
@@ -610,6 +647,22 @@ def test_the_page_scores_your_translation_and_draws_the_attention_that_read_it(s
     b.click(*b.center("#go"))
     assert texts(b, "#status") == ["1 translation for 2 lines: give one a line, or none"]
     assert request(served.port, "GET", "/info")[1]["decoded"]["calls"] == calls
+
+
+@pytest_slow
+def test_the_page_continues_your_translation(served, browser):
+    """Ticked, the second box's lines are the beginnings the hypotheses continue: the API's answer with ``prefix``."""
+    from test_explorer import texts
+
+    b = browser
+    translate_on_page(b, served, "\n".join(LINES[:2]), n_best=2, given="In the end\nAnd", complete=True)
+    body = {"text": LINES[:2], "prefix": ["In the end", "And"], "n_best": 2, "attention": True, "self_attention": True}
+    answer = request(served.port, "POST", "/translate", body)[1]
+    hyps = [h["text"] for t in answer["translations"] for h in t["hypotheses"]]
+    assert texts(b, "#results .hyp .text") == hyps and hyps[0].startswith("In the end") and hyps[2].startswith("And")
+    assert not texts(b, "#results .hyp .score")[0].startswith("log p")  # searched, not scored
+    assert texts(b, "#title")[0].startswith("line 1, hypothesis 1")
+    assert texts(b, "#ylabels .tok") == answer["translations"][0]["attention"]["hypotheses"][0]["rows"]
 
 
 @pytest_slow

@@ -56,10 +56,14 @@ def create_app(engine: Engine, limits: ServeConfig, defaults: DecodeConfig) -> F
 
     def decode(sources: list, key: tuple) -> list[dict[str, Any]]:
         """One call for the lines of a batch: decoded (key: beam size, n-best, attention, self-attention, n-gram
-        ban), or their given translations scored (key: "score", attention, self-attention; sources: pairs)."""
+        ban, whether each source comes with its prefix, as a pair), or their given translations scored (key:
+        "score", attention, self-attention; sources: pairs)."""
         if key[0] == "score":
             return engine.score([s for s, _ in sources], [t for _, t in sources], *key[1:])
-        return engine.translate(sources, *key)
+        *how, prefixed = key
+        if prefixed:
+            return engine.translate([s for s, _ in sources], *how, prefix=[p for _, p in sources])
+        return engine.translate(sources, *how)
 
     batcher = Batcher(decode, limits.batch_wait_ms / 1000, limits.max_batch_lines)
 
@@ -114,14 +118,15 @@ def create_app(engine: Engine, limits: ServeConfig, defaults: DecodeConfig) -> F
         """Translate ``text`` (a line or a list of lines): per line its hypotheses, best first, with their scores
         and pieces, with ``attention`` each hypothesis' cross-attention (app.serve.engine.attention_entry), with
         ``self_attention`` the encoder's and each hypothesis' decoder's self-attention (self_attention_entry). With
-        ``translation``, each line's given translation is its one hypothesis, scored (make score's log p)."""
+        ``translation``, each line's given translation is its one hypothesis, scored (make score's log p); with
+        ``prefix``, each line's hypotheses begin with its prefix."""
         start = time.monotonic()
-        lines, translations, key = check_request(body, limits, defaults)
+        lines, given, key = check_request(body, limits, defaults)
         sources = engine.encode(lines)
-        if translations is not None:
-            if body.attention and engine.trained is None:
+        if given is not None:
+            if key[0] == "score" and body.attention and engine.trained is None:
                 raise RequestError(422, "attention: the CTranslate2 export scores a translation without attention")
-            sources = list(zip(sources, engine.encode_targets(translations)))
+            sources = list(zip(sources, engine.encode_targets(given, "translation" if key[0] == "score" else "prefix")))
         results = await batcher.submit(sources, key)
         return JSONResponse({"translations": results, "seconds": round(time.monotonic() - start, 4)})
 

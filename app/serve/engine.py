@@ -49,10 +49,11 @@ class Engine:
         what = ensemble_of(i.get("ensemble")) or f"{what} (step {i['step']})"
         return f"loaded {what}: {i['model']['arch']}{params}, engine {i['engine']} on {i['device']}"
 
-    def encode_targets(self, texts: list[str]) -> list[list[int]]:
-        """Target token ids of given translations; one longer than the model takes is a UserError naming it."""
+    def encode_targets(self, texts: list[str], what: str = "translation") -> list[list[int]]:
+        """Target token ids of given translations (or prefixes: ``what``); one longer than the model takes is a
+        UserError naming it."""
         tgt = self.tokenizer.encode_tgt(texts)
-        check_lengths(self.max_positions, tgt, "translation")
+        check_lengths(self.max_positions, tgt, what)
         return tgt
 
     def encode(self, texts: list[str]) -> list[list[int]]:
@@ -74,15 +75,16 @@ class Engine:
         attention: bool,
         self_attention: bool = False,
         no_repeat_ngram_size: int = 0,
+        prefix: Optional[list[list[int]]] = None,
     ) -> list[dict[str, Any]]:
         """One decoding call for every sentence of ``src``: per sentence its source pieces, its hypotheses (text,
-        score, target pieces; best first) and, with ``attention``, the attention of each hypothesis; with
-        ``self_attention`` too, the self-attention of the encoder and of each hypothesis (``self_attention_entry``:
-        None where the model has none)."""
+        score, target pieces; best first; each beginning with its ``prefix`` where given) and, with ``attention``,
+        the attention of each hypothesis; with ``self_attention`` too, the self-attention of the encoder and of
+        each hypothesis (``self_attention_entry``: None where the model has none)."""
         decode = dataclasses.replace(
             self.decode, beam_size=beam_size, n_best=n_best, no_repeat_ngram_size=no_repeat_ngram_size
         )
-        hyps = self.translator.translate(src, decode, need_attention=attention)
+        hyps = self.translator.translate(src, decode, need_attention=attention, prefix=prefix)
         results, candidates = [], []  # candidates: per sentence, its hypotheses' tokens, best first
         for i, ids in enumerate(src):
             nbest = hyps.nbest[i] if hyps.nbest is not None else [(hyps.tokens[i], None)]  # greedy: no score kept

@@ -16,7 +16,8 @@ class TranslateRequest(BaseModel):
     ``self_attention``: a Transformer's self-attention, the encoder's and each hypothesis' decoder's;
     ``no_repeat_ngram_size``: no n-gram of pieces twice in a hypothesis (unset: decode.no_repeat_ngram_size);
     ``translation``: one per line of ``text``, scored instead of searched (make score's log p, and the attention that
-    read it, as one hypothesis; beam size and n-gram ban do not apply)."""
+    read it, as one hypothesis; beam size and n-gram ban do not apply); ``prefix``: one per line of ``text``, the
+    words its hypotheses begin with (make translate's translate.prefix; an empty one: none)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -27,12 +28,16 @@ class TranslateRequest(BaseModel):
     self_attention: StrictBool = False
     no_repeat_ngram_size: Optional[StrictInt] = None
     translation: Union[StrictStr, list[StrictStr], None] = None
+    prefix: Union[StrictStr, list[StrictStr], None] = None
 
     def lines(self) -> list[str]:
         return [self.text] if isinstance(self.text, str) else list(self.text)
 
     def translations(self) -> Optional[list[str]]:
         return [self.translation] if isinstance(self.translation, str) else self.translation
+
+    def prefixes(self) -> Optional[list[str]]:
+        return [self.prefix] if isinstance(self.prefix, str) else self.prefix
 
 
 class Hypothesis(BaseModel):
@@ -63,13 +68,25 @@ class RequestError(Exception):
         self.status, self.message = status, message
 
 
+def check_given(name: str, given: list[str], lines: list[str], limits: ServeConfig) -> None:
+    """A translation or prefix per line, each within serve.max_chars, else a RequestError naming ``name``."""
+    if len(given) != len(lines):
+        raise RequestError(422, f"{name}: {len(given)} for {len(lines)} lines of text; give one {name} a line")
+    for i, line in enumerate(given):
+        if len(line) > limits.max_chars:
+            raise RequestError(
+                413, f"{name}[{i}]: {len(line)} characters; at most {limits.max_chars} a line (serve.max_chars)"
+            )
+
+
 def check_request(
     request: TranslateRequest, limits: ServeConfig, defaults: DecodeConfig
 ) -> tuple[list[str], Optional[list[str]], tuple]:
-    """The request's lines, their given translations (None: decode them), and how (the key its batch shares:
-    beam size, n-best, attention, self-attention, n-gram ban; a given translation's: "score", attention,
-    self-attention), within ``serve.*``'s limits (else a RequestError); unset, ``defaults``' (decode.*)."""
-    lines, translations = request.lines(), request.translations()
+    """The request's lines, their given translations or prefixes (None: neither), and how (the key its batch
+    shares: beam size, n-best, attention, self-attention, n-gram ban, whether prefixes are given; a given
+    translation's: "score", attention, self-attention), within ``serve.*``'s limits (else a RequestError); unset,
+    ``defaults``' (decode.*)."""
+    lines, translations, prefixes = request.lines(), request.translations(), request.prefixes()
     if not lines:
         raise RequestError(422, "text: give a line to translate (a string or a list of strings)")
     if len(lines) > limits.max_lines:
@@ -82,21 +99,16 @@ def check_request(
                 413, f"text[{i}]: {len(line)} characters; at most {limits.max_chars} a line (serve.max_chars)"
             )
     if translations is not None:
-        if len(translations) != len(lines):
-            raise RequestError(
-                422, f"translation: {len(translations)} for {len(lines)} lines of text; give one translation a line"
-            )
+        if prefixes is not None:
+            raise RequestError(422, "prefix: a given translation is scored whole; give a translation or a prefix")
+        check_given("translation", translations, lines, limits)
         if request.n_best != 1:
             raise RequestError(
                 422, f"n_best: {request.n_best}; a given translation is scored, not searched: leave it 1"
             )
-        for i, line in enumerate(translations):
-            if len(line) > limits.max_chars:
-                raise RequestError(
-                    413,
-                    f"translation[{i}]: {len(line)} characters; at most {limits.max_chars} a line (serve.max_chars)",
-                )
         return lines, translations, ("score", request.attention, request.self_attention)
+    if prefixes is not None:
+        check_given("prefix", prefixes, lines, limits)
     beam = defaults.beam_size if request.beam_size is None else request.beam_size
     if not 1 <= beam <= limits.max_beam:
         raise RequestError(422, f"beam_size: {beam}; choose 1 to {limits.max_beam} (serve.max_beam)")
@@ -105,4 +117,5 @@ def check_request(
     ban = defaults.no_repeat_ngram_size if request.no_repeat_ngram_size is None else request.no_repeat_ngram_size
     if ban < 0:
         raise RequestError(422, f"no_repeat_ngram_size: {ban}; choose 0 (no ban) or more")
-    return lines, None, (beam, request.n_best, request.attention, request.self_attention, ban)
+    key = (beam, request.n_best, request.attention, request.self_attention, ban, prefixes is not None)
+    return lines, prefixes, key

@@ -1,7 +1,8 @@
 // make serve's page: the lines of the text box to POST /translate, the hypotheses with their scores, and the chosen
 // hypothesis' cross-attention drawn by the explorer's code (AttentionMap, /static/attention_map.js); of a
 // Transformer also the encoder's self-attention and the hypothesis' decoder self-attention (the "map" buttons).
-// With lines in the second box, those translations are scored instead (log p) and their attention drawn.
+// With lines in the second box, those translations are scored instead (log p) and their attention drawn; with
+// "continue my translation" ticked, each is the beginning the hypotheses of its line continue (the API's prefix).
 'use strict';
 const $ = id => document.getElementById(id);
 const page = { data: null, lines: [], line: 0, hyp: 0, l: null, h: null, map: 'cross' };
@@ -40,11 +41,12 @@ async function translate() {
     return status(`${given.length} translation${given.length > 1 ? 's' : ''} for ${lines.length} line` +
       `${lines.length > 1 ? 's' : ''}: give one a line, or none`, true);
   }
-  const body = given.length ? { text: lines, translation: given, attention: true, self_attention: true } : {
+  const scored = given.length > 0 && !$('complete').checked;
+  const body = scored ? { text: lines, translation: given, attention: true, self_attention: true } : {
     text: lines, beam_size: Number($('beam').value), n_best: Number($('nbest').value), attention: true,
-    self_attention: true, no_repeat_ngram_size: Number($('ngram').value),
+    self_attention: true, no_repeat_ngram_size: Number($('ngram').value), ...(given.length ? { prefix: given } : {}),
   };
-  status(given.length ? 'scoring…' : 'translating…');
+  status(scored ? 'scoring…' : 'translating…');
   const response = await fetch('/translate', {
     method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body),
   });
@@ -53,7 +55,7 @@ async function translate() {
     window.serveError = data.error;
     return status(`error ${response.status}: ${data.error}`, true);
   }
-  Object.assign(page, { data, lines, line: 0, hyp: 0, scored: given.length > 0 });
+  Object.assign(page, { data, lines, line: 0, hyp: 0, scored });
   status(`${lines.length} line${lines.length > 1 ? 's' : ''} in ${data.seconds.toFixed(2)} s`);
   renderResults();
   drawMap();
