@@ -496,6 +496,19 @@ def test_the_ctranslate2_export_is_served_as_make_translate_decodes_it(workdir, 
             a = translation["attention"]
             assert a["views"] == ["attention"] and a["hypotheses"][0]["rows"][-1] == "</s>"
             assert translation["self_attention"] is None  # the export returns nothing of it
+        (workdir / "prefix.txt").write_text("In the end\n" * len(LINES), encoding="utf-8")
+        continued = run_cli(
+            workdir,
+            "command=translate",
+            "name=tiny",
+            "translate.engine=ct2",
+            "translate.prefix=prefix.txt",
+            stdin="\n".join(LINES) + "\n",
+        )
+        body = {"text": LINES, "prefix": ["In the end"] * len(LINES), "n_best": 1}
+        answer = request(server.port, "POST", "/translate", body)[1]
+        texts = [t["hypotheses"][0]["text"] for t in answer["translations"]]
+        assert texts == continued.stdout.splitlines() and all(t.startswith("In the end") for t in texts)
         status, _ = request(server.port, "POST", "/translate", {"text": "", "beam_size": 5})
         assert status == 422 and request(server.port, "GET", "/health")[0] == 200  # refused, still serving
     finally:
