@@ -189,7 +189,11 @@ BAD_INPUT = [
     (b'{"text": "Hola", "translation": 5}', 422, "translation"),
     (b'{"text": ["Hola", "Adios"], "prefix": ["In"]}', 422, "prefix: 1 for 2 lines of text; give one prefix a line"),
     (b'{"text": "Hola", "prefix": "x", "translation": "y"}', 422, "prefix: a given translation is scored whole"),
-    (json.dumps({"text": "Hola", "prefix": "x" * 51}).encode(), 413, "prefix[0]: 51 characters; at most 50 a line"),
+    (
+        json.dumps({"text": "Hola", "prefix": "x" * 51}).encode(),
+        413,
+        "prefix[0]: 51 characters; at most 50 a line (serve.max_chars)",
+    ),
     (json.dumps({"text": ["x" * 40] * 3, "pad": "y" * 3_000_000}).encode(), 413, "a body of"),
 ]
 
