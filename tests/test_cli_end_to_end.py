@@ -258,6 +258,9 @@ def test_an_ensemble_of_checkpoints_evaluates_and_translates_as_one_model(workdi
     assert together.returncode == 0 and len(together.stdout.splitlines()) == 2, together.stderr[-3000:]
     assert together.stdout != alone.stdout  # the tiny model at step 20 and at its best translate apart
     assert f"translating 2 lines with ensemble of {members[0]} + {members[1]}: beam 5" in together.stderr
+    # the run named by its name is a checkpoint of the same run folder: named as the first, not by another path
+    twice = run_cli(workdir, "command=translate", *both[:2], "ensemble=[tiny]", stdin=lines)
+    assert f"translating 2 lines with ensemble of {members[0]} + {members[0]}: beam 5" in twice.stderr, twice.stderr
     state = torch.load(run / "best.pt", weights_only=True)
     state["vocab"] = {**state["vocab"], "src": "0" * 64}  # as if trained with another tokenizer
     torch.save(state, workdir / "other_vocab.pt")

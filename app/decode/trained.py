@@ -125,7 +125,8 @@ def load_member(path: str, tokenizer: Tokenizer, first: str, device: torch.devic
         )
     model = build_model(config_from_dict(state["config"]).model, tokenizer)
     model.load_state_dict(state["model"])
-    name = os.path.relpath(path) if os.path.dirname(path) != os.path.dirname(first) else os.path.basename(path)
+    same_run = os.path.dirname(os.path.abspath(path)) == os.path.dirname(os.path.abspath(first))
+    name = os.path.basename(path) if same_run else os.path.relpath(path)
     return model.to(device).eval(), f"{name} (step {checkpoint_step(state)})"
 
 
