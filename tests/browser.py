@@ -8,6 +8,7 @@ Also a command line that photographs an explorer file for the README:
 and m=decoder a Transformer's self-attention), and
 one that photographs make serve's page after translating a text:
     python tests/browser.py --serve http://127.0.0.1:8000/ docs/serve.png "En el principio creó Dios ..." ["In ..."]
+    python tests/browser.py --serve-continue http://127.0.0.1:8000/ docs/serve_continue.png "Toda ..." "All"
 """
 
 from __future__ import annotations
@@ -261,15 +262,18 @@ def explorer_screenshot(
     return len(png)
 
 
-def serve_screenshot(url: str, png_path: str, text: str, given: str = "", size: tuple[int, int] = (1280, 900)) -> int:
+def serve_screenshot(
+    url: str, png_path: str, text: str, given: str = "", complete: bool = False, size: tuple[int, int] = (1280, 900)
+) -> int:
     """Photograph make serve's page at ``url`` after translating ``text`` (scoring the translation ``given``, if
-    any), a row token hovered; 256 colours."""
+    any, or with ``complete`` continuing it), a row token hovered; 256 colours."""
     from PIL import Image
 
     with Browser(*size) as browser:
         browser.open_url(url, "window.pageLoaded")
         browser.evaluate(f"document.getElementById('text').value = {json.dumps(text)}")
         browser.evaluate(f"document.getElementById('reference').value = {json.dumps(given)}")
+        browser.evaluate(f"document.getElementById('complete').checked = {json.dumps(complete)}")
         browser.click(*browser.center("#go"))
         browser.wait_for("window.serveReady || window.serveError", timeout=120)
         browser.hover(*browser.center("#ylabels .tok:nth-child(3)"))
@@ -283,6 +287,9 @@ def serve_screenshot(url: str, png_path: str, text: str, given: str = "", size: 
 if __name__ == "__main__":
     if len(sys.argv) in (5, 6) and sys.argv[1] == "--serve":  # python tests/browser.py --serve URL PNG "text" ["yours"]
         print(f"wrote {sys.argv[3]} ({serve_screenshot(*sys.argv[2:]) // 1024} KB)")
+        sys.exit()
+    if len(sys.argv) == 6 and sys.argv[1] == "--serve-continue":  # ... --serve-continue URL PNG "text" "beginning"
+        print(f"wrote {sys.argv[3]} ({serve_screenshot(*sys.argv[2:], complete=True) // 1024} KB)")
         sys.exit()
     if len(sys.argv) not in (3, 4):
         sys.exit(__doc__)
