@@ -173,7 +173,13 @@ PYEOF
 nvidia-smi -L 2>/dev/null || echo "no nvidia-smi: running on the CPU"
 $PY -c 'import importlib.metadata as m, torch
 print("cuda:", torch.cuda.is_available(), {p: m.version(p) for p in
-      ("torch", "pyarrow", "datasets", "huggingface-hub", "fsspec", "hydra-core", "sentencepiece", "sacrebleu")})' || exit 1
+      ("torch", "pyarrow", "datasets", "huggingface-hub", "fsspec", "hydra-core", "sentencepiece", "sacrebleu")})' \
+    >>"$log" 2>&1 || {  # a machine without the packages: said in the log and on the output (a call that came back
+    # with an empty log and no reason, 2026-11-26, had not carried .whl)
+    echo "!! $PY lacks a package the checks need (above): make gpu-wheels here, then carry .whl" | tee -a "$log"
+    exit 1
+}
+tail -n 1 "$log"
 
 case $part in
 paths)  # every stage bounded, the slowest last: a stage cut by its timeout still leaves the others' results.
