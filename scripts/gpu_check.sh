@@ -310,13 +310,14 @@ decoding)  # what decoding settings cost on the GPU, on a trained run: RUN=<run 
     for setting in "greedy decode.beam_size=1" "beam5 decode.beam_size=5" \
         "topk10 decode.beam_size=1 decode.sampling=true decode.sampling_topk=10" \
         "topp09 decode.beam_size=1 decode.sampling=true decode.sampling_topp=0.9" \
-        "whole decode.beam_size=1 decode.sampling=true" ${OTHER:+"ensemble5 decode.beam_size=5 ensemble=[$OTHER]"}; do
+        "whole decode.beam_size=1 decode.sampling=true" ${OTHER:+"ensemble5 decode.beam_size=5 ensemble=['$OTHER']"}; do
         read -r tag overrides <<<"$setting"
         # shellcheck disable=SC2086  # the overrides are words
-        run $PY -m app command=eval run_dir=$RUN $overrides $EXTRA
+        # quoted for Hydra: a sweep's run folder is named by its overrides (= and , in it)
+        run $PY -m app command=eval "run_dir='$RUN'" $overrides $EXTRA
         cp "$RUN/eval/test/metrics.json" "$OUT/decoding_${tag}_metrics.json" || status=1
     done
-    run $PY -m app command=score run_dir=$RUN score.split=test score.output=$OUT/decoding_score_test.tsv $EXTRA
+    run $PY -m app command=score "run_dir='$RUN'" score.split=test score.output=$OUT/decoding_score_test.tsv $EXTRA
     ;;
 collect)  # here, after the calls: PLAN=<folder> FROM=<the calls' files_at> unpacks each record into
     # PLAN/runs/ and writes PLAN/compare.md and its figures over every record there

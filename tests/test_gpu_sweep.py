@@ -89,3 +89,19 @@ def test_each_call_trains_the_next_run_without_a_record_and_collect_reports_them
     assert rows[1:] == ["| rope", "| alibi"]  # the plan's order, each labelled by its name in the plan
     assert "(code abc1234, " in report and "(code def5678, " in report
     assert (plan / "bleu_by_length.png").stat().st_size > 10_000 and (plan / "learning_curves.png").exists()
+
+    # the decoding part on the runs this machine trained (alibi, first by name, with rope in the ensemble); the run
+    # folders of a sweep are named by their overrides (= and , in them: Hydra takes them quoted)
+    settings = " ".join([a for a in TINY if not a.startswith("name=")] + ["eval.max_sentences=4"])
+    decoded = gpu_check(tmp_path, "decoding", tmp_path / "decoding", GPU_CHECK_ARGS=settings)
+    assert decoded.returncode == 0, decoded.stdout[-3000:] + decoded.stderr[-3000:]
+    how = {
+        tag: json.loads((tmp_path / "decoding" / f"decoding_{tag}_metrics.json").read_text())["decoding"]
+        for tag in ("greedy", "beam5", "topk10", "topp09", "whole", "ensemble5")
+    }
+    assert how["greedy"] == "greedy" and how["topk10"] == "sampling top-k 10, seed 0", how
+    assert how["topp09"] == "sampling top-p 0.9, seed 0" and how["whole"] == "sampling the whole distribution, seed 0"
+    metrics = json.loads((tmp_path / "decoding" / "decoding_ensemble5_metrics.json").read_text())
+    assert len(metrics["ensemble"]) == 2 and "gpu_sweeps/rope/" in metrics["ensemble"][1]
+    scores = (tmp_path / "decoding" / "decoding_score_test.tsv").read_text().splitlines()
+    assert scores and all(len(line.split("\t")) == 3 for line in scores)
