@@ -680,6 +680,18 @@ def test_the_page_continues_your_translation(served, browser):
     assert not texts(b, "#results .hyp .score")[0].startswith("log p")  # searched, not scored
     assert texts(b, "#title")[0].startswith("line 1, hypothesis 1")
     assert texts(b, "#ylabels .tok") == answer["translations"][0]["attention"]["hypotheses"][0]["rows"]
+    # typing a beginning asks again once typing pauses (no click), the newest answer shown; unticked, typing does not
+    b.evaluate("(() => { $('text').value = " + json.dumps(LINES[0]) + "; window.serveReady = undefined; })()")
+    for typed in ("In", "In the", "In the end"):
+        b.evaluate(f"$('reference').value = {json.dumps(typed)}")
+        b.evaluate("$('reference').dispatchEvent(new Event('input'))")
+    b.wait_for("window.serveReady", timeout=60)
+    assert texts(b, "#results .hyp .text")[0].startswith("In the end") and len(texts(b, "#results .hyp")) == 2
+    calls = request(served.port, "GET", "/info")[1]["decoded"]["calls"]
+    b.evaluate("(() => { $('complete').checked = false; $('reference').value = 'And'; })()")
+    b.evaluate("$('reference').dispatchEvent(new Event('input'))")
+    time.sleep(1.0)  # past the page's pause
+    assert request(served.port, "GET", "/info")[1]["decoded"]["calls"] == calls
 
 
 @pytest_slow

@@ -2,7 +2,8 @@
 // hypothesis' cross-attention drawn by the explorer's code (AttentionMap, /static/attention_map.js); of a
 // Transformer also the encoder's self-attention and the hypothesis' decoder self-attention (the "map" buttons).
 // With lines in the second box, those translations are scored instead (log p) and their attention drawn; with
-// "continue my translation" ticked, each is the beginning the hypotheses of its line continue (the API's prefix).
+// "continue my translation" ticked, each is the beginning the hypotheses of its line continue (the API's prefix),
+// asked again as it is typed.
 'use strict';
 const $ = id => document.getElementById(id);
 const page = { data: null, lines: [], line: 0, hyp: 0, l: null, h: null, map: 'cross' };
@@ -33,7 +34,10 @@ async function loadInfo() {
   $('ngram').value = info.defaults.no_repeat_ngram_size;
 }
 
+let asked = 0;  // requests sent: only the newest one's answer is shown
+
 async function translate() {
+  const ask = ++asked;
   const lines = $('text').value.split('\n').map(s => s.trim()).filter(Boolean);
   if (!lines.length) return status('type a sentence to translate', true);
   const given = $('reference').value.split('\n').map(s => s.trim()).filter(Boolean);
@@ -51,6 +55,7 @@ async function translate() {
     method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body),
   });
   const data = await response.json();
+  if (ask !== asked) return;  // a newer request went out meanwhile (typing a beginning)
   if (!response.ok) {
     window.serveError = data.error;
     return status(`error ${response.status}: ${data.error}`, true);
@@ -141,6 +146,14 @@ $('text').addEventListener('keydown', e => {
     e.preventDefault();
     translate();
   }
+});
+// "continue my translation" ticked: the page asks again as the beginning is typed, once typing pauses
+const TYPING_PAUSE_MS = 400;
+let typing = null;
+$('reference').addEventListener('input', () => {
+  if (!$('complete').checked) return;
+  clearTimeout(typing);
+  typing = setTimeout(() => translate(), TYPING_PAUSE_MS);
 });
 window.addEventListener('unhandledrejection', e => {
   window.serveError = String(e.reason);
