@@ -85,9 +85,14 @@ class CT2Translator:
         """Source token ids without EOS (as app.decode.corpus.decode_corpus takes them) -> target ids, under the
         settings of ``decode``, each hypothesis beginning with its ``prefix`` where given (as
         app.decode.trained.TrainedModel.translate takes them)."""
+        if prefix is not None:
+            check_lengths(self.max_positions, prefix, "translation prefix")
         pieces = None if prefix is None else [[self.tgt_vocab[i] for i in p] for p in prefix]
         src_pieces = [[self.src_vocab[i] for i in s] for s in src]
-        hyps = self._translate_pieces(src_pieces, decode, need_attention, patience, pieces)
+        # CTranslate2's scores leave a target prefix out: its log p is added back, so that both engines score the
+        # whole hypothesis
+        prefix_log_p = self._prefix_log_probs(src, prefix, decode.batch_tokens)
+        hyps = self._translate_pieces(src_pieces, decode, need_attention, patience, pieces, prefix_log_p)
         ids = lambda pieces: [self.tgt_index[p] for p in pieces]  # noqa: E731
         return Hypotheses(
             [ids(t) for t in hyps.tokens],
@@ -119,8 +124,10 @@ class CT2Translator:
         need_attention: bool,
         patience: float,
         prefix: Optional[list[list[str]]] = None,
+        prefix_log_p: Optional[list[float]] = None,
     ) -> Hypotheses:
-        """Source SentencePiece pieces (no </s>) -> target pieces (no </s>), as Hypotheses of pieces.
+        """Source SentencePiece pieces (no </s>) -> target pieces (no </s>), as Hypotheses of pieces; each begins
+        with its ``prefix`` where given, scored with the prefix's log p (``prefix_log_p``).
 
         The length limit is ours, ratio × (source length + EOS) + extra below model.max_len, per sentence:
         CTranslate2 takes one max_decoding_length per translate_batch call, so sentences are grouped by
@@ -133,8 +140,6 @@ class CT2Translator:
         """
         beam_size, n_best, length_penalty = decode.beam_size, decode.n_best, decode.length_penalty
         check_source_lengths(self, src)
-        if prefix is not None:
-            check_lengths(self.max_positions, prefix, "translation prefix")
         patience = patience if beam_size > 1 else 1.0
         groups = defaultdict(list)
         for i, limit in enumerate(self.length_limits(src, decode, prefix).tolist()):
@@ -160,9 +165,7 @@ class CT2Translator:
                 sampling_topp=decode.sampling_topp,
                 sampling_temperature=decode.sampling_temperature,
             )
-        # CTranslate2's scores leave a target prefix out: its log p is added back, so that both engines score the
-        # whole hypothesis
-        prefix_log_p = self._prefix_log_probs(src, prefix, decode.batch_source_tokens)
+        prefix_log_p = prefix_log_p or [0.0] * len(src)
         for limit, indices in groups.items():
             batch = [src[i] for i in indices]
             first_rows = [None] * len(batch)
@@ -202,20 +205,14 @@ class CT2Translator:
             self._add_final_rows(src, tokens, attention, common)
         return Hypotheses(tokens, attention if need_attention else None, nbest if beam_size > 1 else None)
 
-    def _prefix_log_probs(self, src: list[list[str]], prefix: Optional[list[list[str]]], batch_tokens: int) -> list:
-        """Per sentence, log p of its target prefix's pieces (0 for none), by score_batch."""
+    def _prefix_log_probs(self, src: list[list[int]], prefix: Optional[list[list[int]]], batch_tokens: int) -> list:
+        """Per sentence, the log p of its target prefix's pieces (0 for none), by ``score``."""
         log_p = [0.0] * len(src)
         given = [i for i, pieces in enumerate(prefix or []) if pieces]
         if given:
-            results = self.translator.score_batch(
-                [src[i] for i in given],
-                [prefix[i] for i in given],
-                max_batch_size=batch_tokens,
-                batch_type="tokens",
-                max_input_length=0,
-            )
-            for i, result in zip(given, results):
-                log_p[i] = sum(result.log_probs[:-1])  # not the </s> that score_batch appends
+            scores, _ = self.score([src[i] for i in given], [prefix[i] for i in given], batch_tokens)
+            for i, logp in zip(given, scores):
+                log_p[i] = sum(logp[:-1])  # not the </s> that scoring adds
         return log_p
 
     def _add_final_rows(self, src: list[list[str]], tokens: list, attention: list, common: dict) -> None:

@@ -29,10 +29,10 @@ def translate_lines(cfg: Config) -> None:
         prefixes = read_translate_input(cfg.translate.prefix, "translate.prefix", "begin the translations with")
         if len(prefixes) != len(lines):
             where = cfg.translate.input or "standard input"
+            has = f"{len(prefixes)} line{'s' * (len(prefixes) != 1)}"
             raise UserError(
-                f"translate.prefix={cfg.translate.prefix!r} has {len(prefixes)} line{'s' * (len(prefixes) != 1)} and "
-                f"{where} {len(lines)}: "
-                "one prefix per line to translate (an empty line: none)"
+                f"translate.prefix={cfg.translate.prefix!r} has {has} and {where} {len(lines)}: one prefix per line "
+                "to translate (an empty line: none)"
             )
     if cfg.translate.alignments and cfg.decode.n_best > 1:
         raise UserError(
