@@ -10,6 +10,14 @@ SWORD_PACKAGES := sword-text-sparv sword-text-web sword-text-kjv
 TORCH_CPU ?= torch==2.13.0
 TORCH_GPU ?= torch
 
+# A setting given outside ARGS (make eval ARGS=name=quick decode.beam_size=1, unquoted) would be a make variable
+# of its own, silently dropped: refuse any command-line variable whose name holds a dot.
+DOTTED := $(strip $(foreach v,$(.VARIABLES),$(if $(findstring .,$(v)),$(if $(filter command line,$(origin $(v))),$(v)))))
+ifneq ($(DOTTED),)
+$(error $(firstword $(DOTTED))=$($(firstword $(DOTTED))) is a setting outside ARGS: quote them all, \
+  make $(or $(MAKECMDGOALS),train) ARGS="$(strip $(ARGS) $(foreach v,$(DOTTED),$(v)=$($(v))))")
+endif
+
 .PHONY: setup data train eval translate score serve export tensorboard lint test test-fast bench compare average clean gpu-wheels gpu-check
 COMPARE_MODELS ?= rnn_plain,rnn_bahdanau,rnn_luong,transformer
 COMPARE_EXPERIMENT ?= compare

@@ -6,6 +6,7 @@ Hydra's own record of a run (``.hydra/<command>/``) says which command ran with 
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import sys
@@ -150,7 +151,9 @@ def checked(cfg: DictConfig) -> Config:
         raise UserError(f"command is not set: {USAGE}")
     config = load_config(cfg)
     if config.command not in COMMANDS:
-        raise UserError(f"command={config.command!r} is unknown: {USAGE}")
+        close = difflib.get_close_matches(config.command, list(COMMANDS), n=1)
+        guess = f"did you mean command={close[0]}? " if close else ""
+        raise UserError(f"command={config.command!r} is unknown: {guess}{USAGE}")
     if config.ensemble and config.command not in ENSEMBLE_COMMANDS:
         raise UserError(f"ensemble= decodes with {', '.join(ENSEMBLE_COMMANDS)}: not with command={config.command}")
     return config

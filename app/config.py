@@ -37,9 +37,8 @@ class DataConfig(Checked, section="data"):
     sword_path: str = "/usr/share/sword"
     src_module: str = "spaRV1909eb"
     tgt_module: str = "engWEB2015eb"
-    # bible: link the words of a verse pair that carry the same Strong's number, written as
-    # <split>.align next to <split>.tsv; make eval scores attention against them (AER). The KJV's tags
-    # are reliable (data=bible_es_kjv), the WEB's noisy.
+    # bible: <split>.align, the words of a verse pair with the same Strong's number linked (AER's reference);
+    # the KJV's tags are reliable (data=bible_es_kjv), the WEB's noisy
     reference_links: bool = False
     # files / hf: where each split comes from (files: paths; hf: split names). A missing dev/test is
     # carved out of train with the hash split below.
@@ -60,8 +59,7 @@ class DataConfig(Checked, section="data"):
     test_fraction: float = 0.032
     max_train_pairs: int = 0  # 0 = all; otherwise keep the first N train pairs (quick experiments)
     num_proc: int = 0  # processes that tokenize into the Arrow cache; 0 = one per CPU core for big corpora
-    # hf: read the dataset as a stream (no download of the whole dataset); train pairs pass through a
-    # shuffle buffer of this many pairs, so data.max_train_pairs takes a shuffled sample of the stream
+    # hf: stream the dataset (no whole download); train pairs pass a shuffle buffer of shuffle_buffer pairs
     streaming: bool = False
     shuffle_buffer: int = 10_000
     filters: FilterConfig = field(default_factory=FilterConfig)
@@ -139,8 +137,15 @@ class RNNConfig(Checked, section="model"):
     bidirectional: bool = True
     enc_layers: int = 2
     dec_layers: int = 1
-    dropout: float = 0.3
+    dropout: float = 0.3  # on embeddings, encoder outputs and between stacked RNN layers
+    attention_dropout: float = 0.0  # on the attention weights that make the context (as a Transformer's)
+    activation_dropout: Optional[float] = None  # on the output layer's tanh activations; unset: model.dropout
     tie_embeddings: bool = True  # decoder input/output (and encoder input with a joint vocab)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.attention == "none" and self.attention_dropout:
+            raise UserError(f"model.attention_dropout={self.attention_dropout}: model.attention=none has no attention")
 
 
 MODEL_SCHEMAS = {"transformer": TransformerConfig, "rnn": RNNConfig}
@@ -169,11 +174,9 @@ class TrainConfig(Checked, section="train"):
     log_every: int = 100
     patience: int = 10  # validations without a better dev BLEU before stopping; 0 = never
     resume: bool = False
-    # fine-tune: start from another run's weights (a run name, a run folder: its best.pt, or a .pt file) and its
-    # tokenizer, on this run's data and settings; optimizer, learning-rate schedule and step start afresh
+    # fine-tune from another run's weights and tokenizer (a run name, a run folder, a .pt file), afresh otherwise
     init_from: Optional[str] = None
-    # resume where last.pt exists, else start; a finished run (train_summary.json newer than last.pt) is
-    # left as it is: what lets make compare continue a cut sweep or add runs to an existing one
+    # resume where last.pt exists, else start; a finished run (train_summary.json newer than last.pt) is kept
     auto_resume: bool = False
     amp: str = choice("auto", "bf16", "fp32")  # auto: bf16 on CUDA, fp32 on a CPU
     max_dev_sentences: int = 0  # validate on the first N dev pairs only; 0 = all
@@ -243,7 +246,7 @@ class DecodeConfig:
     max_len_extra: int = 10
     # tokens per decoding batch after the beam: sentences × beam_size × their padded source length (on a CPU)
     batch_tokens: int = 16000
-    # the same on CUDA, where a step's cost is its launches more than its rows: the test split in one batch
+    # the same on CUDA, where a step costs its launches more than its rows: the test split in one batch
     cuda_batch_tokens: int = 200_000
     cpu_onednn: bool = True  # a Transformer's decoding steps multiply through oneDNN on a CPU (false: MKL, as training)
 
@@ -281,8 +284,8 @@ class EvalConfig(Checked, section="eval"):
     # linked for the corpus's own reference links (Strong's numbers leave function words untagged), all for gold_align
     align_scope: Optional[str] = choice(None, "all", "linked")
     max_sentences: int = 0  # score only the first N sentences of the split (a quick look, said so everywhere); 0 = all
-    # what the attention files and the explorer keep of a Transformer's attention: every layer's mean of heads and the
-    # heads of viz.layer (layer), or of every layer (all: files 3 to 5 times the size)
+    # what the attention files and explorer keep: every layer's mean of heads and viz.layer's heads (layer), or
+    # every layer's heads (all: files 3 to 5 times the size)
     attention: str = choice("layer", "all")
 
 
@@ -322,8 +325,7 @@ class BenchConfig:
     warmup: int = 10  # untimed steps first (allocator, cuDNN/compile warm-up)
     decode_sentences: int = 0  # decode the first N test sentences (greedy and with decode.beam_size); 0 = all
     decode_rounds: int = 1  # decode that many times, the engines taking turns; the best time of each is kept
-    # CTranslate2's threads on a CPU (0: its default); one, as it decodes one call per group of sentences with the
-    # same length limit (docs/benchmarking.md#measurements-behind-the-code)
+    # CTranslate2's threads on a CPU (0: its default); one call per length limit (docs/benchmarking.md)
     ct2_threads: int = 1
     checkpoint_path: Optional[str] = None  # a trained run's .pt (same model= settings): decode timings of real output
     profile_steps: int = 0  # then profile this many more steps: time per kind of work, top ops, a Chrome trace
@@ -338,11 +340,9 @@ class VizConfig:
     sentences: int = 4  # dev sentences whose alignments go to TensorBoard at every validation
     eval_plots: int = 20  # eval: PNG heatmaps for the first N sentences (alignments.npz has every sentence's maps)
     layer: int = -1  # Transformer layer whose heads are shown, kept in alignments.npz and the explorer
-    # validation's dev scoring and heatmaps, and make eval's TER, in a process beside (app/host_worker.py)
-    worker: bool = True
-    # a Transformer's self-attention too (encoder: source over source; decoder: hypothesis over hypothesis), read by a
-    # teacher-forced pass: beside the cross-attention in make eval's files, explorer and TensorBoard figures, and in
-    # the figures of every validation
+    worker: bool = True  # validation's scoring and heatmaps, make eval's TER: in a process beside (host_worker.py)
+    # a Transformer's self-attention too (encoder's, decoder's over the hypothesis: a teacher-forced pass), in make
+    # eval's files, explorer and figures, and in every validation's figures
     self_attention: bool = True
 
 

@@ -5,6 +5,9 @@ configuration error of OmegaConf or Hydra as one line naming its key."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import re
+from typing import Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -37,6 +40,12 @@ def load_config(cfg: DictConfig) -> Config:
         config = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:
         raise UserError(config_error(err)) from None
+    added = _added_keys(config)
+    if added:  # ``+section.key=...`` adds a key the schema does not have: nothing would read it
+        key, schema = added[0]
+        raise UserError(
+            f"{key}: Key {key.rpartition('.')[2]!r} not in {schema.__name__!r}{_suggestion(key, schema.__name__)}"
+        )
     required = {"files": "train", "hf": "hf_path"}.get(config.data.source)
     if required and not getattr(config.data, required):
         raise UserError(
@@ -47,17 +56,95 @@ def load_config(cfg: DictConfig) -> Config:
 
 
 def config_error(err: Exception) -> str:
-    """One line for a configuration error of OmegaConf or Hydra, naming the key where known."""
-    cause = err.__cause__ if isinstance(err.__cause__, OmegaConfBaseException) else err
-    key = getattr(cause, "full_key", None)
-    lines = [line.strip() for line in str(cause).splitlines() if line.strip() and not line.startswith("    ")]
-    message = lines[0] if lines else type(err).__name__
+    """One line for a configuration error of OmegaConf or Hydra, whatever the shape of its message: where it was
+    raised (a preset), the key, the cause, and the closest known key of the section for a misspelled one."""
+    chain = list(_chain(err))
+    cause = next((e for e in reversed(chain) if getattr(e, "full_key", None)), chain[-1])
+    key = getattr(cause, "full_key", None) or _field(chain, "full_key")
+    text = "\n".join(str(e) for e in chain)
+    missing = re.search(r"Could not find '(.+)/([^/']+)'", text)
+    if missing and "Available options" in text:  # an unknown preset: list them
+        listed = text.split("Available options", 1)[1].split("Config search path")[0]
+        group, choice = missing.groups()
+        available = ", ".join(listed.split(":", 1)[-1].split())
+        return f"{group}={choice} is not a preset of conf/{group}/: available: {available}"
+    # the first line that is not a heading: Hydra composing a preset's keys puts the cause on the next line
+    lines = _lines(str(cause)) or _lines(text)
+    message = next((line for line in lines if not line.endswith(":")), lines[0] if lines else type(err).__name__)
+    where = re.match(r"In '([^']+)': \w+ raised while composing config", text)
     if "Missing mandatory value" in message and key:
         return f"{key} is not set: give {key}=..."
-    if "Could not find" in message and "Available options" in str(cause):  # an unknown preset: list them
-        listed = str(cause).split("Available options", 1)[1].split("Config search path")[0]
-        return f"{message}; available: {', '.join(listed.split(':', 1)[-1].split())}"
-    return f"{key}: {message}" if key and key not in message else message
+    if where:
+        message = f"{message} (set by the preset {where.group(1)})"
+    if key and key not in message:
+        message = f"{key}: {message}"
+    unknown = re.search(r"Key '([^']+)' not in '(\w+)'", message)
+    if unknown and key:
+        message += _suggestion(key, unknown.group(2))
+    elif message.startswith("Could not override '") and "No match in the defaults list" in message:
+        group, added = message.split("'")[1], re.search(r"use (\+\S+)", text)
+        addition = added.group(1) if added else f"+{group}=..."
+        message = f"{group} is not in the defaults list, so it is added, not overridden: {addition}"
+    return message
+
+
+def _added_keys(settings: object, prefix: str = "") -> list[tuple[str, type]]:
+    """Keys of a built section that are none of its schema's fields (given with a leading +), with the schema."""
+    fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+    added = [(f"{prefix}{name}", type(settings)) for name in vars(settings) if name not in fields]
+    for name, value in fields.items():
+        if dataclasses.is_dataclass(value):
+            added += _added_keys(value, f"{prefix}{name}.")
+    return added
+
+
+def _chain(err: BaseException):
+    """The error and its causes, outermost first."""
+    while err is not None:
+        yield err
+        err = err.__cause__ or (err.__context__ if not err.__suppress_context__ else None)
+
+
+def _lines(text: str) -> list[str]:
+    """A message's lines, without OmegaConf's indented detail lines (full_key, object_type, ...)."""
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("    ")]
+
+
+def _field(chain: list, name: str) -> Optional[str]:
+    """A detail line (``    full_key: model.x``) of a message that carries it only as text."""
+    for err in chain:
+        found = re.search(rf"^\s+{name}: (\S+)$", str(err), re.MULTILINE)
+        if found:
+            return found.group(1)
+    return None
+
+
+def _suggestion(key: str, schema_name: str) -> str:
+    """For a key its section does not have: the closest key the section has, by similarity of spelling
+    (difflib's ratio), or the model family that has it."""
+    section, _, name = key.rpartition(".")
+    schema = next((s for s in _schemas() if s.__name__ == schema_name), None)
+    if schema is None:
+        return ""
+    if schema in MODEL_SCHEMAS.values():
+        others = [arch for arch, s in MODEL_SCHEMAS.items() if name in {f.name for f in dataclasses.fields(s)}]
+        if others:
+            return f": a setting of the {others[0]} family; this model's family is {schema.arch!r}"
+    close = difflib.get_close_matches(name, [f.name for f in dataclasses.fields(schema)], n=1, cutoff=0.6)
+    return f": did you mean {section + '.' if section else ''}{close[0]}?" if close else ""
+
+
+def _schemas() -> list[type]:
+    """Every section's dataclass, from the root down."""
+    found, todo = [], [Config]
+    while todo:
+        schema = todo.pop()
+        found.append(schema)
+        for f in dataclasses.fields(schema):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+            if dataclasses.is_dataclass(default) and type(default) not in found:
+                todo.append(type(default))
+    return found + [s for s in MODEL_SCHEMAS.values() if s not in found]
 
 
 def config_from_dict(stored: dict) -> Config:

@@ -79,3 +79,23 @@ def test_many_queries_rows_sum_to_one_and_gradients_flow(kind):
 def test_dot_needs_equal_sizes():
     with pytest.raises(ValueError, match="equal"):
         rnn_attention("dot", 4, 6, 4)
+
+
+@pytest.mark.parametrize("kind", ["bahdanau", "dot", "general", "concat"])
+def test_attention_dropout_drops_context_weights_in_training_only(kind):
+    """model.attention_dropout: while training, the context is made of dropped (and rescaled) weights; the weights
+    returned, which plots and alignments read, are the softmax's; in evaluation nothing is dropped."""
+    torch.manual_seed(0)
+    attention = rnn_attention(kind, 2, 2, 4, dropout=0.5)
+    keys, values = attention.prepare(KEYS), torch.randn(1, 3, 8)
+    queries, mask = torch.randn(1, 64, 2), ALL
+    context, weights = attention(queries, keys, values, mask)
+    assert torch.allclose(weights.sum(-1), torch.ones(1, 64))  # not dropped
+    assert not torch.allclose(context, weights @ values)  # the context is
+    # each weight is dropped or kept ×2 (p = 0.5): every context is one of the 8 such mixtures of the values
+    subsets = torch.tensor([[a, b, c] for a in (0, 1) for b in (0, 1) for c in (0, 1)], dtype=torch.float32)
+    mixtures = (2 * weights[0, :, None, :] * subsets) @ values[0]  # (64, 8, 8)
+    assert (mixtures - context[0, :, None, :]).abs().amax(-1).amin(-1).max() < 1e-5
+    attention.eval()
+    context, weights = attention(queries, keys, values, mask)
+    assert torch.allclose(context, weights @ values)

@@ -176,3 +176,17 @@ def test_the_encoder_packs_by_the_host_lengths_it_is_given():
     assert shorter[0, 4].abs().sum() == 0 and memory.states[0, 4].abs().sum() > 0
     logits = m(SRC, TGT_IN, src_lengths=mask.sum(-1))
     assert torch.equal(logits, m(SRC, TGT_IN))
+
+
+def test_the_output_layers_dropout_follows_model_dropout_unless_set():
+    """model.activation_dropout (the tanh output layer's): unset, model.dropout's rate, as before it existed."""
+    assert model("bahdanau", dropout=0.3).decoder.output_dropout.p == 0.3
+    assert model("luong_dot", dropout=0.3, activation_dropout=0.0).decoder.output_dropout.p == 0.0
+    assert model("bahdanau", attention_dropout=0.2).decoder.attention.dropout == 0.2
+
+
+def test_attention_dropout_needs_attention():
+    from app.errors import UserError
+
+    with pytest.raises(UserError, match="model.attention=none has no attention"):
+        model_config(arch="rnn", attention="none", attention_dropout=0.1)

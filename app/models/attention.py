@@ -194,8 +194,11 @@ class RNNAttention(nn.Module):
     ``prepare(states)`` computes whatever depends on the source alone, once per sentence;
     ``forward`` scores any number of queries at once (one decoding step, or every step of a target
     when the queries do not depend on earlier contexts) and returns the context vectors
-    c = Σ_j α_j h_j with the weights α (batch, queries, S).
+    c = Σ_j α_j h_j with the weights α (batch, queries, S). ``dropout`` (model.attention_dropout) drops weights
+    of the context while training, as a Transformer's attention does; the weights returned are never dropped.
     """
+
+    dropout: float = 0.0
 
     def prepare(self, states: torch.Tensor) -> torch.Tensor:
         return states
@@ -206,7 +209,7 @@ class RNNAttention(nn.Module):
     def forward(self, query, keys, values, mask):
         """query (B, T, Dq), keys from prepare (B, S, ·), values (B, S, Dv), mask (B, S) True at tokens."""
         weights = attention_weights(self.score(query, keys), mask[:, None, :])
-        return weights @ values, weights
+        return F.dropout(weights, self.dropout, self.training) @ values, weights
 
 
 class AdditiveAttention(RNNAttention):
@@ -262,13 +265,16 @@ class ConcatAttention(AdditiveAttention):
     difference from Bahdanau is the query: the current state h_t, not the previous one."""
 
 
-def rnn_attention(kind: str, query_dim: int, key_dim: int, attn_dim: int) -> RNNAttention:
+def rnn_attention(kind: str, query_dim: int, key_dim: int, attn_dim: int, dropout: float = 0.0) -> RNNAttention:
     if kind == "bahdanau" or kind == "concat":
-        return (AdditiveAttention if kind == "bahdanau" else ConcatAttention)(query_dim, key_dim, attn_dim)
-    if kind == "dot":
+        attention = (AdditiveAttention if kind == "bahdanau" else ConcatAttention)(query_dim, key_dim, attn_dim)
+    elif kind == "dot":
         if query_dim != key_dim:
             raise ValueError(f"dot attention needs equal decoder and encoder output sizes ({query_dim} != {key_dim})")
-        return DotAttention()
-    if kind == "general":
-        return GeneralAttention(query_dim, key_dim)
-    raise ValueError(f"attention score {kind!r} is unknown; choose bahdanau, dot, general or concat")
+        attention = DotAttention()
+    elif kind == "general":
+        attention = GeneralAttention(query_dim, key_dim)
+    else:
+        raise ValueError(f"attention score {kind!r} is unknown; choose bahdanau, dot, general or concat")
+    attention.dropout = dropout
+    return attention

@@ -147,6 +147,8 @@ class RNNDecoder(nn.Module):
     def __init__(self, cfg: RNNConfig, embed: nn.Embedding, rnn_input: int, out_dim: int, vocab: int):
         super().__init__()
         self.cfg, self.embed, self.dropout = cfg, embed, nn.Dropout(cfg.dropout)
+        activation = cfg.dropout if cfg.activation_dropout is None else cfg.activation_dropout
+        self.output_dropout = nn.Dropout(activation)  # on the output layer's tanh activations
         self.rnn_dropout = cfg.dropout if cfg.dec_layers > 1 else 0.0  # between the RNN's layers
         self.rnn = _rnn(cfg.cell, rnn_input, cfg.hidden, cfg.dec_layers, dropout=self.rnn_dropout)
         self.bridge = nn.Linear(cfg.hidden, cfg.dec_layers * cfg.hidden)
@@ -191,7 +193,7 @@ class PlainDecoder(RNNDecoder):
         y = self.dropout(self.embed(tokens))
         c = memory.summary[:, None, :].expand(-1, tokens.size(1), -1)
         s, hidden = self.run_rnn(torch.cat([y, c], -1), state.hidden)
-        out = self.dropout(torch.tanh(self.pre_output(torch.cat([s, c, y], -1))))
+        out = self.output_dropout(torch.tanh(self.pre_output(torch.cat([s, c, y], -1))))
         return out, None, RNNState(hidden)
 
 
@@ -205,7 +207,7 @@ class BahdanauDecoder(RNNDecoder):
 
     def __init__(self, cfg: RNNConfig, embed: nn.Embedding, vocab: int):
         super().__init__(cfg, embed, cfg.emb_dim + cfg.hidden, cfg.emb_dim, vocab)
-        self.attention = rnn_attention("bahdanau", cfg.hidden, cfg.hidden, cfg.hidden)
+        self.attention = rnn_attention("bahdanau", cfg.hidden, cfg.hidden, cfg.hidden, cfg.attention_dropout)
         self.pre_output = nn.Linear(2 * cfg.hidden + cfg.emb_dim, cfg.emb_dim)
 
     def forward(self, memory: RNNMemory, tokens: torch.Tensor, state: RNNState, need_attention: bool = False):
@@ -217,7 +219,7 @@ class BahdanauDecoder(RNNDecoder):
             )
             outputs.append(out)
             weights.append(alpha)
-        out = self.dropout(torch.tanh(self.pre_output(torch.stack(outputs, 1))))
+        out = self.output_dropout(torch.tanh(self.pre_output(torch.stack(outputs, 1))))
         return out, torch.cat(weights, 1) if need_attention else None, RNNState(hidden)
 
     def loop_step(self, y_t, hidden, keys, states, src_mask, weights):
@@ -237,7 +239,7 @@ class LuongDecoder(RNNDecoder):
     def __init__(self, cfg: RNNConfig, embed: nn.Embedding, vocab: int):
         feed = cfg.hidden if cfg.input_feeding else 0
         super().__init__(cfg, embed, cfg.emb_dim + feed, cfg.hidden, vocab)
-        self.attention = rnn_attention(cfg.score, cfg.hidden, cfg.hidden, cfg.hidden)
+        self.attention = rnn_attention(cfg.score, cfg.hidden, cfg.hidden, cfg.hidden, cfg.attention_dropout)
         self.W_c = nn.Linear(2 * cfg.hidden, cfg.hidden, bias=False)
 
     def initial_state(self, memory: RNNMemory) -> RNNState:
@@ -254,7 +256,7 @@ class LuongDecoder(RNNDecoder):
     def attend(self, h: torch.Tensor, keys, states, src_mask):
         """h̃ = tanh(W_c [c; h]) for queries h (B, T, H), with the weights α."""
         c, alpha = self.attention(h, keys, states, src_mask)
-        return self.dropout(torch.tanh(self.W_c(torch.cat([c, h], -1)))), alpha
+        return self.output_dropout(torch.tanh(self.W_c(torch.cat([c, h], -1)))), alpha
 
     def forward(self, memory: RNNMemory, tokens: torch.Tensor, state: RNNState, need_attention: bool = False):
         y = self.dropout(self.embed(tokens))

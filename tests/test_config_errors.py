@@ -1,0 +1,151 @@
+"""What a user types wrong on the command line: an unknown preset of any config group is refused listing the
+group's presets, a misspelled key of any section gets the closest key, and every one-line error names its key
+and cause, whatever the shape of OmegaConf's or Hydra's message."""
+
+import dataclasses
+import os
+import shutil
+import subprocess
+
+import pytest
+from conftest import REPO, TINY, compose_config, run_cli
+
+from app.cli import CONF_DIR, check_arguments
+from app.config import MODEL_SCHEMAS, Config
+from app.config_load import config_error
+from app.errors import UserError
+
+# the config groups a user names on the command line: every folder of conf/ (a later one is found too)
+GROUPS = sorted(d for d in os.listdir(CONF_DIR) if os.path.isdir(os.path.join(CONF_DIR, d)))
+
+
+def refusal(*overrides: str) -> str:
+    with pytest.raises(UserError) as caught:
+        check_arguments(["command=train", *overrides])
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def presets(group: str) -> list[str]:
+    return sorted(f[: -len(".yaml")] for f in os.listdir(os.path.join(CONF_DIR, group)) if f.endswith(".yaml"))
+
+
+def in_defaults(group: str) -> bool:
+    with open(os.path.join(CONF_DIR, "config.yaml"), encoding="utf-8") as f:
+        return f"  - {group}:" in f.read()
+
+
+def test_the_groups_are_found():
+    assert {"data", "experiment", "model", "variant"} <= set(GROUPS)
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_an_unknown_preset_of_any_group_is_refused_listing_the_groups_presets(group):
+    override = f"{group}=nosuch" if in_defaults(group) else f"+{group}=nosuch"
+    message = refusal(override)
+    assert message == f"{group}=nosuch is not a preset of conf/{group}/: available: {', '.join(presets(group))}"
+
+
+def test_a_group_outside_the_defaults_list_says_to_add_it():
+    assert (
+        refusal("variant=rope") == "variant is not in the defaults list, so it is added, not overridden: +variant=rope"
+    )
+
+
+def misspelled(name: str) -> str:
+    """A near miss: the last character dropped, or doubled for a short name."""
+    return name[:-1] if len(name) > 4 else name + name[-1]
+
+
+def sections() -> list:
+    """(section path, schema) for every section of the configuration, each model family's too."""
+    found, todo = [], [("", Config)]
+    while todo:
+        path, schema = todo.pop()
+        found.append((path, schema))
+        for f in dataclasses.fields(schema):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+            if dataclasses.is_dataclass(default) and f.name != "model":
+                todo.append((f"{path}{f.name}.", type(default)))
+    return found + [("model.", schema) for schema in MODEL_SCHEMAS.values()]
+
+
+@pytest.mark.parametrize("path, schema", sections(), ids=lambda v: v if isinstance(v, str) else v.__name__)
+def test_a_misspelled_key_of_every_section_gets_the_closest_key(path, schema):
+    family = (
+        [f"model={'rnn_bahdanau' if schema is MODEL_SCHEMAS['rnn'] else 'transformer'}"] if path == "model." else []
+    )
+    # a key of this section whose near miss is closer to it than to any other of the section's keys
+    names = [f.name for f in dataclasses.fields(schema) if len(f.name) > 2 and f.name not in ("run_dir", "model")]
+    name = next(n for n in names if not any(m != n and misspelled(n) in m for m in names))
+    value = "1" if path else "x"  # a top-level key may be a plain string
+    message = refusal(*family, f"{path}{misspelled(name)}={value}")
+    assert f"did you mean {path}{name}?" in message, message
+    assert f"{path}{misspelled(name)}" in message and f"not in '{schema.__name__}'" in message
+
+
+def test_a_key_of_another_model_family_says_which_family_has_it():
+    message = refusal("model=rnn_bahdanau", "model.d_model=256")
+    assert message == (
+        "model.d_model: Key 'd_model' not in 'RNNConfig': a setting of the transformer family; this model's family is "
+        "'rnn'"
+    )
+
+
+def test_a_key_added_with_a_plus_is_refused_rather_than_ignored():
+    assert refusal("+train.max_minute=2") == (
+        "train.max_minute: Key 'max_minute' not in 'TrainConfig': did you mean train.max_minutes?"
+    )
+
+
+def test_an_unknown_command_gets_the_closest_one():
+    assert refusal("command=trian").startswith("command='trian' is unknown: did you mean command=train?")
+
+
+@pytest.mark.parametrize("model", sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, "model"))))
+def test_the_quick_preset_composes_with_every_model_without_dropout(model):
+    cfg = compose_config("experiment=quick", f"model={model}")
+    assert cfg.model.dropout == 0 and cfg.train.max_minutes == 12
+    if cfg.model.arch == "rnn":
+        assert cfg.model.attention_dropout == 0 and cfg.model.activation_dropout == 0
+
+
+def test_a_presets_bad_key_is_one_line_with_the_key_the_section_and_the_preset(tmp_path):
+    """Hydra puts the cause of a preset's bad key on the second line of its message: the one line keeps it."""
+    from hydra import compose, initialize_config_dir
+
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    (conf / "experiment" / "mine.yaml").write_text("# @package _global_\nmodel:\n  d_model: 128\n")
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        with pytest.raises(Exception) as caught:
+            compose("config", overrides=["command=train", "model=rnn_luong", "experiment=mine"])
+    assert "\n" in str(caught.value)  # the shape this test is about
+    assert config_error(caught.value) == (
+        "model.d_model: Key 'd_model' not in 'RNNConfig' (set by the preset experiment/mine): a setting of the "
+        "transformer family; this model's family is 'rnn'"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", GROUPS)
+def test_the_cli_refuses_an_unknown_preset_before_making_any_folder(tmp_path, group):
+    override = f"{group}=nosuch" if in_defaults(group) else f"+{group}=nosuch"
+    result = run_cli(tmp_path, "command=train", *TINY, "name=refused", override)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == f"error: {refusal(override)}"
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "data").exists()
+
+
+@pytest.mark.slow
+def test_make_refuses_a_setting_outside_args():
+    result = subprocess.run(
+        ["make", "-n", "eval", "ARGS=name=quick", "decode.beam_size=1"], cwd=REPO, capture_output=True, text=True
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert (
+        'decode.beam_size=1 is a setting outside ARGS: quote them all, make eval ARGS="name=quick decode.beam_size=1"'
+        in (result.stderr)
+    )
