@@ -352,7 +352,7 @@ def test_entropy_is_the_hypothesis_attentions_mean_row_entropy_over_every_head(t
 
 def test_monotonicity_is_that_of_the_plotted_layers_mean_of_heads(tmp_path):
     """The list's M (a sort key): app.report.attention_views.monotonicity of the map the heatmaps show, layer
-    viz.layer's mean of heads, or an RNN's one map: 1 for a diagonal, 0 for an anti-diagonal."""
+    viz.layer's mean of heads, or an RNN's one map: 1 for a diagonal, -1 for an anti-diagonal."""
     tokens = ["▁a", "▁b", "▁c", "</s>"]
     diagonal, anti = np.eye(4, dtype=np.float32), np.eye(4, dtype=np.float32)[::-1].copy()
     # layer 0 anti-diagonal, layer 1 (the plotted one) diagonal in both heads
@@ -363,9 +363,9 @@ def test_monotonicity_is_that_of_the_plotted_layers_mean_of_heads(tmp_path):
     ]
     path = tmp_path / "explorer.html"
     write_explorer(str(path), records, "test", {}, layer=-1)
-    assert [sent["mono"] for sent in read_explorer(path)[2]] == [1.0, 0.0]
+    assert [sent["mono"] for sent in read_explorer(path)[2]] == [1.0, -1.0]
     write_explorer(str(path), records, "test", {}, layer=0)
-    assert read_explorer(path)[2][0]["mono"] == 0.0
+    assert read_explorer(path)[2][0]["mono"] == -1.0
 
 
 def test_text7_round_trips_every_byte_and_avoids_what_html_changes():
@@ -705,7 +705,7 @@ def test_explorer_in_chromium(browser, tmp_path):
     assert texts(b, "#columns")[0].startswith("BLEU: sentence BLEU · H: attention entropy · M: monotonicity")
     assert "1 = a diagonal" in texts(b, "#measures")[0]
     first = texts(b, "#list .item .line span")[0]
-    assert re.fullmatch(r"BLEU [\d.–]+ · H \d\.\d\d · M \d\.\d\d · \d+×\d+( · ref)?", first), first
+    assert re.fullmatch(r"BLEU [\d.–]+ · H \d\.\d\d · M -?\d\.\d\d · \d+×\d+( · ref)?", first), first
     sort_by("length")
     b.click(*b.center("#order"))
     assert order() == [3, 1, 0, 2]  # 2, 3, 5, 24 source pieces

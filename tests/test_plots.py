@@ -163,8 +163,9 @@ def test_entropy_and_monotonicity_known_answers():
     assert attention_entropy(one_hot) == pytest.approx(0.0, abs=1e-6)
     assert attention_entropy(torch.full((2, 4), 0.25)) == pytest.approx(torch.log(torch.tensor(4.0)).item())
     assert monotonicity(one_hot) == 1.0  # diagonal
-    assert monotonicity(torch.eye(3).flip(0)) == 0.0  # anti-diagonal: always moving back
-    assert monotonicity(torch.tensor([[1.0, 0, 0], [0, 0, 1], [0, 1, 0]])) == 0.5
+    assert monotonicity(torch.eye(3).flip(0)) == -1.0  # anti-diagonal: every pair in reverse order
+    # Kendall's tau over attended positions 0, 2, 1: 2 pairs in order, 1 reversed
+    assert monotonicity(torch.tensor([[1.0, 0, 0], [0, 0, 1], [0, 1, 0]])) == pytest.approx(1 / 3)
 
 
 def test_attention_shape_averages_the_plotted_map_over_sentences():
@@ -173,9 +174,9 @@ def test_attention_shape_averages_the_plotted_map_over_sentences():
     rnn = attention_shape([diagonal, uniform])
     assert rnn["view"] == "attention"
     assert rnn["entropy"] == pytest.approx(torch.log(torch.tensor(4.0)).item() / 2, abs=1e-6)
-    assert rnn["monotonicity"] == 1.0  # the uniform map's argmax never moves
+    assert rnn["monotonicity"] == 0.5  # the diagonal's 1 and the uniform map's 0 (no order)
     layers = torch.stack([torch.eye(3).flip(0).expand(2, 3, 3), torch.eye(3).expand(2, 3, 3)])  # (layers, heads, t, s)
-    assert attention_shape([layers], layer=0) == {"view": "layer 0 mean", "entropy": 0.0, "monotonicity": 0.0}
+    assert attention_shape([layers], layer=0) == {"view": "layer 0 mean", "entropy": 0.0, "monotonicity": -1.0}
     assert attention_shape([layers], layer=-1) == {"view": "layer 1 mean", "entropy": 0.0, "monotonicity": 1.0}
 
 
