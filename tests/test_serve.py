@@ -141,42 +141,55 @@ def counting_server():
     server.close()
 
 
-def raw(port: int, body: bytes, path="/translate", method="POST", content_type="application/json"):
+def raw(port: int, body: bytes | None, path="/translate", method="POST", content_type="application/json"):
+    """``body`` None: a request with no body and no Content-Type."""
     connection = __import__("http.client").client.HTTPConnection("127.0.0.1", port, timeout=30)
-    connection.request(method, path, body=body, headers={"Content-Type": content_type})
+    headers = {} if body is None or content_type is None else {"Content-Type": content_type}
+    connection.request(method, path, body=body, headers=headers)
     response = connection.getresponse()
     text = response.read().decode()
     connection.close()
     return response.status, text
 
 
-# (body, status, the error's start): every refusal is one JSON line naming what is wrong
+KNOWN = "(known: text, beam_size, n_best, attention, self_attention, no_repeat_ngram_size, translation, prefix)"
+SEND = 'send a JSON object with "text" (a string or a list of strings), e.g. {"text": "Hola"}'
+
+# (body, None for none; status; the error's start): every refusal is one JSON line naming what is wrong; a body the
+# schema refuses names every unknown field, every missing one and every wrong type, none left out
 BAD_INPUT = [
-    (b'{"text": ["Hola"', 400, "malformed JSON"),
-    (b"not json at all", 400, "malformed JSON"),
-    (b'["Hola"]', 422, "the body: Input should be a valid dictionary"),
-    (b"{}", 422, "text: Field required"),
+    (b'{"text": ["Hola"', 400, "malformed JSON: Expecting ',' delimiter (at character 16)"),
+    (b"not json at all", 400, "malformed JSON: Expecting value (at character 0)"),
+    (None, 422, f"no body: {SEND}"),
+    (b"", 422, f"no body: {SEND}"),
+    (b'["Hola"]', 422, f"the body is a JSON array, not an object: {SEND}"),
+    (b'"Hola"', 422, f"the body is a JSON string, not an object: {SEND}"),
+    (b"null", 422, f"the body is JSON null, not an object: {SEND}"),
+    (b"{}", 422, 'missing field "text" (a string or a list of strings)'),
+    (b'{"txt": "Hola"}', 422, f'unknown field "txt" {KNOWN}; missing field "text" (a string or a list of strings)'),
+    (b'{"text": "a", "beam": 2, "nbest": 1}', 422, f'unknown fields "beam", "nbest" {KNOWN}'),
+    (b'{"text": 5}', 422, 'wrong type: "text" should be a string or a list of strings (got 5)'),
     (b'{"text": []}', 422, "text: give a line to translate"),
     (b'{"text": ""}', 422, "text[0]: an empty line"),
     (b'{"text": ["Hola", "  "]}', 422, "text[1]: an empty line"),
-    (b'{"text": 5}', 422, "text"),
-    (b'{"text": ["Hola", 5]}', 422, "text"),
-    (b'{"text": null}', 422, "text"),
+    (b'{"text": ["Hola", 5]}', 422, 'wrong type: "text[1]" should be a string (got 5)'),
+    (b'{"text": null}', 422, 'wrong type: "text" should be a string or a list of strings (got null)'),
     (b'{"text": ["a", "b", "c", "d"]}', 413, "text: 4 lines; at most 3 a request (serve.max_lines)"),
     (json.dumps({"text": ["x" * 51]}).encode(), 413, "text[0]: 51 characters; at most 50 a line (serve.max_chars)"),
     (b'{"text": "Hola", "beam_size": 0}', 422, "beam_size: 0; choose 1 to 6 (serve.max_beam)"),
     (b'{"text": "Hola", "beam_size": 7}', 422, "beam_size: 7; choose 1 to 6"),
-    (b'{"text": "Hola", "beam_size": "5"}', 422, "beam_size: Input should be a valid integer"),
-    (b'{"text": "Hola", "beam_size": 2.5}', 422, "beam_size"),
+    (b'{"text": "Hola", "beam_size": "5"}', 422, 'wrong type: "beam_size" should be an integer or null (got "5")'),
+    (b'{"text": "Hola", "beam_size": 2.5}', 422, 'wrong type: "beam_size" should be an integer or null (got 2.5)'),
     (b'{"text": "Hola", "beam_size": 2, "n_best": 3}', 422, "n_best: 3; choose 1 to beam_size (2)"),
     (b'{"text": "Hola", "n_best": 0}', 422, "n_best: 0"),
-    (b'{"text": "Hola", "attention": "yes"}', 422, "attention: Input should be a valid boolean"),
+    (b'{"text": "Hola", "attention": "yes"}', 422, 'wrong type: "attention" should be true or false (got "yes")'),
     (b'{"text": "Hola", "no_repeat_ngram_size": -1}', 422, "no_repeat_ngram_size: -1; choose 0 (no ban) or more"),
+    (b'{"text": "Hola", "beam": 5}', 422, f'unknown field "beam" {KNOWN}'),
     (
-        b'{"text": "Hola", "beam": 5}',
+        b'{"n_best": "2", "txt": "Hola", "attention": 1}',
         422,
-        "beam: an unknown field (known: text, beam_size, n_best, attention, self_attention, no_repeat_ngram_size, "
-        "translation, prefix)",
+        f'unknown field "txt" {KNOWN}; missing field "text" (a string or a list of strings); wrong type: "n_best" '
+        'should be an integer (got "2"); wrong type: "attention" should be true or false (got 1)',
     ),
     (b'{"text": ["Hola", "Adios"], "translation": "Hello"}', 422, "translation: 1 for 2 lines of text; give one"),
     (b'{"text": "Hola", "translation": ["a", "b"]}', 422, "translation: 2 for 1 lines of text"),
@@ -186,7 +199,11 @@ BAD_INPUT = [
         413,
         "translation[0]: 51 characters; at most 50 a line (serve.max_chars)",
     ),
-    (b'{"text": "Hola", "translation": 5}', 422, "translation"),
+    (
+        b'{"text": "Hola", "translation": 5}',
+        422,
+        'wrong type: "translation" should be a string, a list of strings or null (got 5)',
+    ),
     (b'{"text": ["Hola", "Adios"], "prefix": ["In"]}', 422, "prefix: 1 for 2 lines of text; give one prefix a line"),
     (b'{"text": "Hola", "prefix": "x", "translation": "y"}', 422, "prefix: a given translation is scored whole"),
     (
@@ -219,6 +236,16 @@ def test_bad_input_is_a_clear_4xx_and_the_server_goes_on(counting_server, body, 
     assert "\n" not in answer["error"] and "Traceback" not in text
     assert request(port, "GET", "/health") == (200, {"status": "ok"})
     assert request(port, "POST", "/translate", {"text": "Hola"})[0] == 200
+
+
+def test_a_json_body_sent_as_other_content_says_so(counting_server):
+    port, _ = counting_server
+    for content_type in ("text/plain", None):
+        got, text = raw(port, b'{"text": "Hola"}', content_type=content_type)
+        assert (got, json.loads(text)) == (
+            422,
+            {"error": "the body was not read as JSON: send it with Content-Type: application/json"},
+        )
 
 
 def test_unknown_paths_and_methods_are_json_errors(counting_server):
@@ -636,6 +663,24 @@ def translate_on_page(
     b.click(*b.center("#go"))
     b.wait_for("window.serveReady || window.serveError", timeout=60)
     assert not b.evaluate("window.serveError"), b.evaluate("window.serveError")
+
+
+@pytest_slow
+def test_the_page_draws_no_colour_bar_before_its_first_map(served, browser):
+    """The map's colour scale comes with the first map: none on the fresh page, nor after a refusal, then drawn."""
+    b = browser
+    shown = "(() => Object.fromEntries(['attention-map', 'scale', 'bar', 'legend'].map(id => [id,"
+    shown += " document.getElementById(id).checkVisibility()])))()"
+    none = {"attention-map": False, "scale": False, "bar": False, "legend": False}
+    b.open_url(served.url, "window.pageLoaded")
+    assert b.evaluate(shown) == none
+    b.evaluate("(() => { $('text').value = 'Hola'; $('beam').value = 99; window.serveError = undefined; })()")
+    b.click(*b.center("#go"))
+    b.wait_for("window.serveError")
+    assert b.evaluate(shown) == none
+    translate_on_page(b, served, LINES[0])
+    assert b.evaluate(shown) == {"attention-map": True, "scale": True, "bar": True, "legend": True}
+    assert b.evaluate("document.getElementById('bar').getBoundingClientRect().height") >= 120
 
 
 @pytest_slow

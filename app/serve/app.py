@@ -22,6 +22,7 @@ from app.errors import UserError
 from app.report.explorer import attention_map_script
 from app.serve.batcher import Batcher
 from app.serve.engine import Engine
+from app.serve.refusals import validation_message
 from app.serve.schema import RequestError, TranslateRequest, check_request
 
 log = logging.getLogger(__name__)
@@ -34,20 +35,6 @@ OUT_OF_MEMORY = (
 
 def error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
-
-
-def validation_message(err: RequestValidationError) -> tuple[int, str]:
-    """A refused body in one line: 400 for JSON that does not parse, 422 for a field that is wrong or unknown."""
-    errors = err.errors()
-    first = errors[0]
-    if first.get("type") == "json_invalid":
-        return 400, f"malformed JSON: {first.get('ctx', {}).get('error', first.get('msg'))}"
-    where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or "the body"
-    unknown = first["type"] == "extra_forbidden"
-    known = ", ".join(TranslateRequest.model_fields)
-    message = f"an unknown field (known: {known})" if unknown else first["msg"]
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return 422, f"{where}: {message}{more}"
 
 
 def create_app(engine: Engine, limits: ServeConfig, defaults: DecodeConfig) -> FastAPI:

@@ -8,6 +8,7 @@
 const $ = id => document.getElementById(id);
 const page = { data: null, lines: [], line: 0, hyp: 0, l: null, h: null, map: 'cross' };
 const MAP_LABELS = { cross: 'cross', encoder: 'encoder self', decoder: 'decoder self' };
+// the map's markup, colour scale and all, is made here; #attention-map stays hidden (index.html) until a map is drawn
 const heatmap = new AttentionMap($('attention-map'), (l, h) => { Object.assign(page, { l, h }); drawMap(); });
 const LEGEND = 'outlined: <span class="sure">▭ word links read from this map</span> ' +
   '(each target word to the source word it attends to most, pieces summed into words)';
