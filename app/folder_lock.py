@@ -2,18 +2,31 @@
 
 The kernel releases the lock when its process ends, however it ends, so a killed run never blocks its
 resume. The file records who holds it (PID, start time, command and name) for the message the next process
-prints. The file stays when its holder ends: deleting it while it is held would let a second process lock
-a new file of the same name.
+prints.
+
+Its holder removes the file when it lets go of the lock: on ``release``, and at the exit of the process
+(``atexit``) for a lock still held then, whatever ended it: a return, an error, Ctrl-C, ``sys.exit``, and SIGTERM,
+which while this process holds a lock ends it as ``sys.exit(143)`` does (unless something else handles
+SIGTERM: training does, app/train/stop_rules.py), so that its exit handlers run. A SIGKILL leaves the file,
+which is harmless: the next process takes the flock of a file nobody holds. Removing the file is safe because
+taking the lock checks, after ``flock``, that the file it locked is still the one at the path (the classic
+flock-and-unlink protocol): its holder removes the file while it still holds it, so a process that was
+waiting on that file wakes to find it removed (or replaced by a newer one), lets go of it and tries again,
+and never holds a removed file while another holds the new one. A process forked while a lock is held (a
+``multiprocessing`` worker) closes its copy of the descriptor, so that the lock ends with its holder.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from datetime import datetime
 from typing import Optional
 
@@ -22,10 +35,18 @@ from app.errors import UserError
 log = logging.getLogger(__name__)
 LOCK_FILE = ".lock"
 _held: dict[str, FolderLock] = {}  # the folders ``owning`` holds, by real path
+_holding: list[FolderLock] = []  # every lock this process holds: released (their files removed) at its exit
+_sigterm_pid: Optional[int] = None  # the process that set SIGTERM to end it as sys.exit (not a forked one)
+_terminated = False  # SIGTERM ended it: said at exit, once its locks are released
 
 
 class FolderBusy(UserError):
     """Another process owns the folder."""
+
+
+class Terminated(SystemExit):
+    """SIGTERM, while this process holds a folder lock: it exits with status 143 (128 + 15), running its
+    ``finally`` blocks and exit handlers on the way."""
 
 
 class FolderLock:
@@ -40,31 +61,110 @@ class FolderLock:
         """Lock the folder, or raise FolderBusy naming its holder (``advice``: what to do instead); with
         ``wait``, say once whom it waits for and wait until the holder ends."""
         os.makedirs(self.folder, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            busy = None
-        except BlockingIOError:
-            busy = holder(fd)
-        if busy and not wait:
-            os.close(fd)
-            raise FolderBusy(f"{self.folder} is in use by {busy}{advice}")
-        if busy:
-            log.info("%s is in use by %s: waiting for it to finish", self.folder, busy)
+        said = False
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            except BaseException:  # Ctrl-C while waiting
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    busy = holder(fd)
+                    if not wait:
+                        raise FolderBusy(f"{self.folder} is in use by {busy}{advice}") from None
+                    if not said:
+                        log.info("%s is in use by %s: waiting for it to finish", self.folder, busy)
+                        said = True
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                if _is_at_path(fd, self.path):
+                    break
+            except BaseException:  # busy, or Ctrl-C while waiting
                 os.close(fd)
                 raise
+            os.close(fd)  # its holder removed it (or it was replaced) while this process waited: again
         record = json.dumps(owner_record()).encode()
         os.ftruncate(fd, 0)
         os.pwrite(fd, record, 0)
         self.fd = fd
+        _holding.append(self)
+        _end_on_sigterm()
 
     def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing the only descriptor of the open file releases its lock
-            self.fd = None
+        """Remove the lock file, then let go of the lock (in this order: see the module's docstring)."""
+        if self.fd is None:
+            return
+        fd, self.fd = self.fd, None
+        if self in _holding:
+            _holding.remove(self)
+        try:
+            if _is_at_path(fd, self.path):
+                os.unlink(self.path)
+        except OSError:  # removed by hand, or a folder this process may no longer write: the lock still ends
+            pass
+        os.close(fd)  # closing the only descriptor of the open file releases its lock
+        if not _holding:
+            _default_on_sigterm()
+
+
+def _is_at_path(fd: int, path: str) -> bool:
+    """Whether the file open as ``fd`` is the one at ``path`` (not removed, nor replaced by another)."""
+    try:
+        at_path = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (at_path.st_dev, at_path.st_ino)
+
+
+def _end_on_sigterm() -> None:
+    """While this process holds a lock, SIGTERM raises Terminated (sys.exit(143)) in its main thread, where it
+    would otherwise end the process at once, with no exit handler to remove the lock file. A handler already set
+    (training's, a server's) is left as it is."""
+    global _sigterm_pid
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        _sigterm_pid = os.getpid()
+
+
+def _default_on_sigterm() -> None:
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _on_sigterm(signum, frame) -> None:
+    global _terminated
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+    if os.getpid() != _sigterm_pid:  # a forked process that inherited the handler: as if it had none
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    _terminated = True
+    raise Terminated(128 + signum)
+
+
+@atexit.register
+def _release_all() -> None:
+    """At exit: every lock still held released, its file removed; and a SIGTERM that ended the process said."""
+    for lock in list(_holding):
+        lock.release()
+    if _terminated:
+        sys.stderr.write("interrupted: SIGTERM\n")
+        sys.stderr.flush()
+
+
+def _forget_in_child() -> None:
+    """In a process forked from a holder: its copies of the descriptors closed (the lock stays the parent's,
+    and ends with it), nothing to release at its exit."""
+    for lock in _holding:
+        if lock.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(lock.fd)
+            lock.fd = None
+    _holding.clear()
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def owner_record() -> dict:
@@ -98,7 +198,7 @@ def owning(folder: str):
         yield
     finally:
         if lock:
-            del _held[key]
+            _held.pop(key, None)  # gone in a process forked meanwhile (_forget_in_child)
             lock.release()
 
 

@@ -10,9 +10,12 @@ returns, so nothing is pending between validations and none is lost.
 
 Shutdown. The worker reads jobs from a pipe whose sending end this process alone holds: when this process
 ends, however it ends, the worker reads end-of-file and exits. At interpreter exit that pipe is closed and
-the worker joined (no zombie). It ignores SIGINT, which a terminal sends to the whole process group: Ctrl-C
-is the training process's to handle (app/train/stop_rules.py). Should the worker fail to start or die, its jobs
-run in this process instead: the same functions, the same results."""
+the worker joined (no zombie); one whose results nobody will read (a validation a signal cut short) is killed
+at once instead of finishing its job. It ignores SIGINT and SIGTERM, which a terminal's Ctrl-C or a ``kill`` of
+the process group sends to every process of the group: stopping is the training process's to handle
+(app/train/stop_rules.py), and the worker ends with it. It is started with SIGINT ignored, so that a Ctrl-C
+while it starts up does not end it with a traceback. Should the worker fail to start or die, its jobs run in
+this process instead: the same functions, the same results."""
 
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, Optional
 
 log = logging.getLogger(__name__)
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}  # the training process's to handle, not the worker's
 
 
 def _serve(jobs, results, preload: tuple[str, ...]) -> None:
@@ -40,7 +44,8 @@ def _serve(jobs, results, preload: tuple[str, ...]) -> None:
     ``preload``: modules imported at once, while the first jobs are still being prepared. When it ends, the
     collector's objects are frozen (as app/__main__.py does): the process that waits for it at exit does not
     wait for its shutdown to collect what numpy and matplotlib made (0.2 s)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     for module in preload:
         importlib.import_module(module)
     try:
@@ -101,9 +106,16 @@ class HostWorker:
         # module with no file.
         main = sys.modules["__main__"]
         sys.modules["__main__"] = types.ModuleType("__main__")
+        # SIGINT ignored from its first instruction (an ignored signal stays ignored across exec), not only once
+        # _serve runs: a Ctrl-C while it starts would end it with a traceback. This process ignores one for the
+        # few milliseconds of the start (the user presses again); SIGTERM ends a starting worker without a word.
+        ignoring = threading.current_thread() is threading.main_thread()
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignoring else None
         try:
             self._process.start()
         finally:
+            if ignoring:
+                signal.signal(signal.SIGINT, handler)
             sys.modules["__main__"] = main
         jobs_end.close()  # the worker holds the other copies: this process keeps only its own ends
         results_end.close()
@@ -132,12 +144,18 @@ class HostWorker:
 
     def receive_next(self) -> None:
         """The oldest pending job's result. If the worker died, it is broken: jobs without a result then
-        run here when asked for (``Job.result``)."""
+        run here when asked for (``Job.result``). Interrupted while reading it (a signal that stops training, in
+        the middle of a message perhaps), the worker is given up on: stopped, broken, its results unread."""
         try:
             ok, value = self._results.recv()
         except (EOFError, OSError) as error:
             self._fail(error)
             return
+        except BaseException:
+            self.broken, self._pending = True, deque()
+            self._process.kill()
+            self.close()
+            raise
         self._pending.popleft()._reply = ok, value
 
     def _fail(self, error: BaseException) -> None:
@@ -150,15 +168,16 @@ class HostWorker:
         self.broken, self._pending = True, deque()
 
     def close(self) -> None:
-        """Send the worker end-of-file after its jobs (it exits once they are done) and wait for it."""
-        if self._pending:  # results no one will read: the worker stops at the first it cannot send
-            self._results.close()
+        """Send the worker end-of-file after its jobs (it exits once they are done) and wait for it; one with jobs
+        whose results no one will read is stopped at once."""
+        if self._pending:
+            self._process.kill()
         self._outbox.put(None)
         self._sender.join(timeout=30)
         self._jobs.close()
         self._process.join(timeout=30)
         if self._process.is_alive():
-            self._process.terminate()
+            self._process.kill()  # it ignores SIGTERM
             self._process.join()
         self._results.close()
 

@@ -5,10 +5,12 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
-from conftest import TINY, compose_config
+from conftest import REPO, TINY, compose_config
 
 from app.train import trainer as training
 
@@ -114,3 +116,44 @@ def test_a_budget_past_the_warm_up_gives_no_warning(workdir, caplog):
     limits = ["train.max_steps=30", "train.max_minutes=5", "train.eval_every=0", "train.warmup_steps=10"]
     summary = training.train(config(workdir / "run", *limits))
     assert "warm-up" not in caplog.text and "warning" not in summary
+
+
+def test_log_lines_during_training_are_whole_lines_above_the_bar_and_the_budget_warning_ends_the_first_ones(
+    workdir,
+):
+    """Through the CLI, stdout and stderr in one stream as a terminal shows them: every log line printed while the
+    progress bar runs (the budget warning among them) is a line of its own, never glued to the bar's text; the
+    warning is the last of the run's opening lines on the console, before its first validation, and in
+    train.log."""
+    args = [a for a in TINY if not a.startswith(("name=", "train.eval_every="))]
+    limits = ["train.max_steps=100000", "train.max_minutes=0.1", "train.eval_every=20", "train.warmup_steps=100000"]
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "command=train", *args, *limits, "name=budget"],
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0"},
+        timeout=600,
+    )
+    out = result.stdout.decode()
+    assert result.returncode == 0, out[-3000:]
+    warning = "too few updates for this model to learn anything"
+    pieces = [(m.start(), m.group()) for m in re.finditer(r"[^\r\n]+", out)]
+    logged = [(start, piece) for start, piece in pieces if re.search(r"\]\[(INFO|WARNING)\] - ", piece)]
+    assert any(warning in piece for _, piece in logged), out[-3000:]
+    for start, piece in logged:
+        assert piece.startswith("[") and "step/s" not in piece, piece  # nothing of the bar before or after it
+        assert out[start + len(piece)] == "\n", piece
+        before = out[:start]
+        # at the start of a line: after a newline, or after the bar's line cleared (\r, blanks, \r)
+        assert start == 0 or before.endswith("\n") or re.search(r"(^|[\r\n]) *\r$", before), repr(before[-200:])
+
+    lines = [piece for _, piece in pieces if "step/s" not in piece and piece.strip()]  # the bar's pieces left out
+    first_validation = next(i for i, line in enumerate(lines) if re.match(r"step \d+: dev loss", line))
+    assert warning in lines[first_validation - 1], lines[: first_validation + 1]
+
+    log = (workdir / "checkpoints" / "budget" / "train.log").read_text().splitlines()
+    at = next(i for i, line in enumerate(log) if warning in line)
+    opening = ("model: ", "each update: ", "closing validation: about")
+    assert all(any(kind in line for line in log[:at]) for kind in opening), log
+    assert not any(kind in line for line in log[at + 1 :] for kind in opening), log

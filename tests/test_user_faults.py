@@ -260,8 +260,9 @@ def test_run_dir_moves_the_log_and_the_settings_record_with_the_run(root):
     args = ["name=moved", f"run_dir={moved}", "train.max_steps=2", "train.eval_every=0"]
     result = run_cli(root, "command=train", *RUN, *args)
     assert result.returncode == 0, result.stderr[-3000:]
-    for name in ("last.pt", "train.log", ".hydra/train/overrides.yaml", ".lock"):
+    for name in ("last.pt", "train.log", ".hydra/train/overrides.yaml"):
         assert (moved / name).exists(), name
+    assert not (moved / ".lock").exists()  # its lock file: removed when the run let go of it
     assert "training stopped" in (moved / "train.log").read_text()
     assert not (root / "checkpoints" / "moved").exists()
 

@@ -142,30 +142,39 @@ def build_tokenized(tsv: str, cache: str, stamp: str, key: str, tokenizer: Token
     features = datasets.Features(
         {"id": datasets.Value("string"), "src": datasets.Value("string"), "tgt": datasets.Value("string")}
     )
-    rows = datasets.Dataset.from_generator(
-        _tsv_rows, features=features, gen_kwargs={"path": tsv}, cache_dir=os.path.join(work, "hf")
-    )
-    procs = num_proc or (min(os.cpu_count() or 1, 8) if len(rows) > PARALLEL_ABOVE else 1)
-    log.info(
-        "data: tokenizing %s (%d pairs, %d process%s) into %s", tsv, len(rows), procs, "es" if procs > 1 else "", cache
-    )
-    encoded = rows.map(
-        _encode_rows,
-        batched=True,
-        batch_size=2000,
-        num_proc=procs if procs > 1 else None,
-        fn_kwargs={"src_model": tokenizer.src_path, "tgt_model": tokenizer.tgt_path},
-        features=datasets.Features(
-            {
-                **features,
-                "src_ids": datasets.List(datasets.Value("int32")),
-                "tgt_ids": datasets.List(datasets.Value("int32")),
-                "src_len": datasets.Value("int32"),
-                "tgt_len": datasets.Value("int32"),
-            }
-        ),
-    )
-    encoded.save_to_disk(os.path.join(work, "final"))
+    try:  # a build cut short (an error, a signal) leaves no half-written folder behind
+        rows = datasets.Dataset.from_generator(
+            _tsv_rows, features=features, gen_kwargs={"path": tsv}, cache_dir=os.path.join(work, "hf")
+        )
+        procs = num_proc or (min(os.cpu_count() or 1, 8) if len(rows) > PARALLEL_ABOVE else 1)
+        log.info(
+            "data: tokenizing %s (%d pairs, %d process%s) into %s",
+            tsv,
+            len(rows),
+            procs,
+            "es" if procs > 1 else "",
+            cache,
+        )
+        encoded = rows.map(
+            _encode_rows,
+            batched=True,
+            batch_size=2000,
+            num_proc=procs if procs > 1 else None,
+            fn_kwargs={"src_model": tokenizer.src_path, "tgt_model": tokenizer.tgt_path},
+            features=datasets.Features(
+                {
+                    **features,
+                    "src_ids": datasets.List(datasets.Value("int32")),
+                    "tgt_ids": datasets.List(datasets.Value("int32")),
+                    "src_len": datasets.Value("int32"),
+                    "tgt_len": datasets.Value("int32"),
+                }
+            ),
+        )
+        encoded.save_to_disk(os.path.join(work, "final"))
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     del rows, encoded
     shutil.rmtree(cache, ignore_errors=True)
     os.replace(os.path.join(work, "final"), cache)

@@ -26,6 +26,8 @@ class Prefetcher(Generic[Item, Ready]):
     def _work(self) -> None:
         try:
             for item in self.source:
+                if self.stopped.is_set():  # closed: no more work for items no one will take
+                    return
                 ready = self.prepare(item)
                 while not self.stopped.is_set():
                     try:
@@ -48,7 +50,8 @@ class Prefetcher(Generic[Item, Ready]):
         return ready
 
     def close(self) -> None:
-        """Stop the background thread (it finishes the item in hand)."""
+        """Stop the background thread: it finishes the item in hand, if any, and prepares no other (the queued
+        one is dropped)."""
         self.stopped.set()
         while self.thread.is_alive():
             try:

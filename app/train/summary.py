@@ -8,15 +8,18 @@ import contextlib
 import logging
 import math
 import os
+import sys
 import time
 from typing import Optional
 
 import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from app.config import Config, TrainConfig
 from app.models import count_parameters
+from app.train.stop_rules import abortable
 from app.train.validation import sampled_seconds
 from app.utils import atomic_write_text
 
@@ -167,7 +170,8 @@ def first_estimate(trainer, seconds_per_step: float) -> None:
     t = cfg.train
     if t.max_minutes and t.eval_every > 0 and not p.last_validation_seconds:
         start, d = time.perf_counter(), trainer.data
-        p.last_validation_seconds = sampled_seconds(trainer.state.served_model, d.dev, cfg, d.dev_links is not None)
+        with abortable():  # a signal stops it at once, as it does a validation
+            p.last_validation_seconds = sampled_seconds(trainer.state.served_model, d.dev, cfg, d.dev_links is not None)
         p.eval_seconds += time.perf_counter() - start
         log.info(
             "closing validation: about %.0f s, sampled on dev; the time budget keeps it", p.last_validation_seconds
@@ -233,6 +237,19 @@ def record_start(trainer) -> None:
     log.info("model: %s, %s; device %s, %s; %s", cfg.model.arch, size, trainer.device, trainer.dtype or "fp32", data)
     s = trainer.schedule
     log.info("each update: %s", update_size(cfg.train, s.world, s.accum, s.batch_tokens))
+
+
+@contextlib.contextmanager
+def bar_safe_logging():
+    """While training's progress bar runs: the console's log lines written through ``tqdm.write``, each on a line
+    of its own above the bar instead of glued to the bar's line; the log file's handler as it is. Nothing changes
+    where no handler logs to the console (tests, a library's caller)."""
+    console = [h for h in logging.getLogger().handlers if type(h) is logging.StreamHandler]
+    if not any(h.stream in (sys.stdout, sys.stderr) for h in console):
+        yield
+        return
+    with logging_redirect_tqdm():
+        yield
 
 
 def progress_bar(t: TrainConfig, step: int, main: bool) -> tqdm:

@@ -1,8 +1,7 @@
 """The training run: ``build_trainer`` assembles its parts (device, data, model, optimizer, batch schedule)
-and a ``Trainer`` runs them: set-up or exact resume, ``for update in schedule: train on it``, validation
-and checkpoints (last, best, rotated snapshots), early stopping and a wall-clock budget that includes the
-closing validation, a graceful stop on SIGINT/SIGTERM, out-of-memory handling, DDP under torchrun, and a
-progress bar with what is left.
+and a ``Trainer`` runs them: set-up or exact resume, ``for update in schedule: train on it``, validation and
+checkpoints (last, best, rotated snapshots), early stopping and a wall-clock budget that includes the closing
+validation, a stop on SIGINT/SIGTERM, out-of-memory handling, DDP under torchrun, and a progress bar.
 
 The math of one update is in app/train/update.py, the batch order in app/data/schedule.py, what a checkpoint
 holds in app/train/state.py, validation in app/train/validation.py. The loop's own host work is kept off the
@@ -41,11 +40,12 @@ from app.train.init_from import starting_point
 from app.train.master_weights import MasterWeights
 from app.train.metrics_window import MetricsWindow, progress_postfix, report_skips
 from app.train.state import Progress, TrainingState, check_settings, resuming
-from app.train.stop_rules import StopRequest, StopRules, resume_hint
+from app.train.stop_rules import StopNow, StopRequest, StopRules, abortable, stopped
 from app.train.summary import (
     CompileWatch,
     LoopClock,
     RunEstimate,
+    bar_safe_logging,
     first_estimate,
     progress_bar,
     record_start,
@@ -115,7 +115,7 @@ class Trainer:
         self.postfix: dict = {}  # what the bar shows after the step count
         self.train_loss: Optional[float] = None  # of the last logged window, for the validation history
         self.postfix_at = 0.0  # when its time_left was last set
-        self.estimate = RunEstimate(self.progress.step)
+        self.estimate, self.saved_step = RunEstimate(self.progress.step), self.progress.step  # last.pt's step
         self.parameters = count_parameters(model)
         self.keep_last, self.keep_best = kept_snapshots(cfg.train)
         self.average: Optional[dict] = None  # what the closing average kept (train.average_snapshots)
@@ -127,15 +127,16 @@ class Trainer:
     def elapsed(self) -> float:
         return time.time() - self.loop_start
 
-    def save(self) -> None:
-        """``last.pt`` and a model-only snapshot ``step_NNNNNNN.pt`` for averaging, rotated (train.keep_last /
-        keep_best), written in the background. Called on every rank (it gathers their RNG states); rank 0
-        alone writes."""
+    def save(self, snapshot: bool = True) -> None:
+        """``last.pt`` and (``snapshot``) a model-only snapshot ``step_NNNNNNN.pt`` for averaging, rotated
+        (train.keep_last / keep_best), written in the background. Called on every rank (it gathers their RNG
+        states); rank 0 alone writes."""
         rng_ranks = distributed.gather_objects(rng_state(self.device)) if self.world > 1 else None
+        self.saved_step = self.progress.step
         if not self.main:
             return
         self.checkpoints.submit(save_checkpoint, self.last_path, host_copy(self.state.checkpoint(rng_ranks)))
-        if self.keep_last > 0:
+        if snapshot and self.keep_last > 0:
             self.snapshot()
 
     def snapshot(self) -> None:
@@ -202,9 +203,9 @@ class Trainer:
     def optimize(self, ready: Prepared) -> Optional[str]:
         """One optimizer update on the prepared micro-batches. When it runs out of memory, nothing changes
         and the batch's shape comes back."""
-        n_tokens = ready.update.tgt_tokens
-        try:
-            with self.compiles.watch(self.progress.step + 1):
+        n_tokens, step = ready.update.tgt_tokens, self.progress.step
+        try:  # a signal cuts the step short where nothing is unsaved (it would lose nothing), until it counts
+            with self.compiles.watch(step + 1), abortable(step == self.saved_step):
                 parts = (self.optimizer, self.scheduler, self.cfg, self.dtype, self.world, self.master)
                 result = train_step(self.trained, ready.on_device, n_tokens, *parts)
         except torch.OutOfMemoryError:
@@ -246,58 +247,79 @@ class Trainer:
 
     def run(self, max_steps: Optional[int] = None, clock: Optional[LoopClock] = None) -> dict:
         """Train until a stop rule (``max_steps``: a step limit in place of train.max_steps); ``clock`` (make
-        bench) times the loop's steps."""
-        cfg, p = self.cfg, self.progress
+        bench) times the loop's steps. The console's log lines go above the progress bar meanwhile; SIGINT and
+        SIGTERM stop it (app/train/stop_rules.py)."""
+        p = self.progress
         if max_steps is not None:
             self.limits.max_steps = max_steps
-        if self.main:
-            record_start(self)
-        stop_reason = self.limits.reached(p.step, self.limits.out_of_time(p.elapsed_seconds))  # resumed: maybe done
-        last_eval_step = -1
         self.model.train()
         self.window.reset()
-        crossed = lambda every, before: every > 0 and p.step // every > before // every  # noqa: E731
+        self.saved_step = p.step  # last.pt holds it (a resumed run), or there is nothing to save yet
+        self.last_eval_step = p.validations[-1][0] if p.validations else -1  # the same on every rank
         self.checkpoints = CheckpointWriter()  # every checkpoint of this run is written through it
-        updates = Prefetcher(iter(self.schedule), self.prepare) if stop_reason is None else iter(())
-        try:
-            with StopRequest() as stop:
-                for ready in updates:
-                    before = p.step
-                    self.train_update(ready)
-                    if clock is not None:
-                        clock.tick(p.step)
-                    if crossed(cfg.train.eval_every, before):
-                        last_eval_step = p.step
-                        if self.validate():
-                            stop_reason = f"early stopping (no dev BLEU gain in {cfg.train.patience} validations)"
-                    if crossed(cfg.train.save_every, before):
-                        self.save()
-                    p.elapsed_seconds = self.elapsed()
-                    self.after_step()
-                    budget_used = p.elapsed_seconds + self.closing_reserve()
-                    stop_reason, signalled = self.limits.check(p.step, budget_used, stop.requested, stop_reason)
-                    if signalled:
-                        self.interrupt(stop.signum or signal.SIGTERM)
-                    if stop_reason:
-                        break
-                self.bar.close()
-                self.log_window(write_scalars=False)  # skipped updates of the last, partial window
-                if cfg.train.eval_every > 0 and last_eval_step != p.step:
-                    self.validate(closing=True)
-                p.elapsed_seconds = self.elapsed()
+        updates = iter(())
+        with bar_safe_logging(), StopRequest(can_abort=self.world == 1) as stop:
+            try:
+                if self.main:
+                    record_start(self)
+                stop_reason = self.limits.reached(p.step, self.limits.out_of_time(p.elapsed_seconds))  # resumed
+                updates = Prefetcher(iter(self.schedule), self.prepare) if stop_reason is None else updates
+                stop_reason = self.loop(updates, stop, stop_reason, clock)
+                self.close_run()
+            except StopNow as now:  # in a validation (its frames let go of first: its progress bar closes)
+                self.interrupt(now.with_traceback(None).signum)
+            finally:
+                if isinstance(updates, Prefetcher):
+                    updates.close()
+                self.bar.close()  # now, not at exit after the error message
+                self.checkpoints.close()  # every checkpoint on disk before the run returns or raises
+            summary = self.finish(stop_reason)
+            if stop.requested:  # during the last saves: the run is complete
+                self.interrupt(stop.signum)
+        return summary
+
+    def loop(self, updates, stop: StopRequest, stop_reason: Optional[str], clock: Optional[LoopClock]) -> Optional[str]:
+        """The updates until a stop rule says why training stops; a signal stops it after the step it came in."""
+        cfg, p = self.cfg, self.progress
+        crossed = lambda every, before: every > 0 and p.step // every > before // every  # noqa: E731
+        for ready in updates:
+            before = p.step
+            self.train_update(ready)
+            if clock is not None:
+                clock.tick(p.step)
+            if crossed(cfg.train.eval_every, before):
+                self.last_eval_step = p.step
+                if self.validate():
+                    stop_reason = f"early stopping (no dev BLEU gain in {cfg.train.patience} validations)"
+            if crossed(cfg.train.save_every, before):
                 self.save()
-                self.average = average_at_end(self)
-                p.elapsed_seconds = self.elapsed()
-        finally:
-            if isinstance(updates, Prefetcher):
-                updates.close()
-            self.bar.close()  # now, not at exit after the error message
-            self.checkpoints.close()  # every checkpoint on disk before the run returns or raises
+            p.elapsed_seconds = self.elapsed()
+            self.after_step()
+            budget_used = p.elapsed_seconds + self.closing_reserve()
+            stop_reason, signalled = self.limits.check(p.step, budget_used, stop.requested, stop_reason)
+            if signalled:
+                self.interrupt(stop.signum or signal.SIGTERM)
+            if stop_reason:
+                break
+        return stop_reason
+
+    def close_run(self) -> None:
+        """After the last step: the closing validation (unless that step was validated), the last checkpoint, the
+        closing average, and best.pt where no validation wrote one."""
+        cfg, p = self.cfg, self.progress
+        self.bar.close()
+        self.log_window(write_scalars=False)  # skipped updates of the last, partial window
+        if cfg.train.eval_every > 0 and self.last_eval_step != p.step:
+            self.validate(closing=True)
+        p.elapsed_seconds = self.elapsed()
+        self.save()
+        self.average = average_at_end(self)
+        p.elapsed_seconds = self.elapsed()
+        self.checkpoints.wait()
         if self.main and not os.path.exists(self.best_path):
             if cfg.train.eval_every <= 0:
                 log.info("train.eval_every=0: no validation, best.pt holds the last weights (step %d)", p.step)
             save_checkpoint(self.best_path, host_copy(self.state.snapshot()))
-        return self.finish(stop_reason)
 
     def after_step(self) -> None:
         """Once a second at most: the time left on the bar; once, early on: how long the whole run will take."""
@@ -311,15 +333,14 @@ class Trainer:
             first_estimate(self, seconds_per_step)
 
     def interrupt(self, signum: int) -> None:
-        self.save()
+        """Stop on a signal, with ``last.pt`` (no snapshot) where a step was done since the last save."""
+        step = self.progress.step
+        if saved := step > self.saved_step:
+            self.save(snapshot=False)
         self.checkpoints.wait()
         self.bar.close()
         self.writer.close()
-        raise TrainingInterrupted(
-            f"{signal.Signals(signum).name}: stopped after step {self.progress.step} and saved "
-            f"{self.last_path}; continue with: {resume_hint()}",
-            signum,
-        )
+        raise TrainingInterrupted(stopped(signum, self.last_path, step, saved), signum)
 
     def finish(self, stop_reason: str) -> dict:
         summary = run_summary(self, stop_reason)
@@ -359,13 +380,19 @@ def build_trainer(cfg: Config, model: Optional[nn.Module] = None, quiet: bool = 
 
 
 def train(cfg: Config, model: Optional[nn.Module] = None) -> dict:
-    stopped, summary = None, {}
+    """Train a run: build its parts, then ``Trainer.run``. A signal before its update loop (preparing the data,
+    building the model) stops it at once: nothing of it to save yet."""
+    stopped_by, summary = None, {}
     try:
-        summary = build_trainer(cfg, model).run()
+        with StopRequest(deferred=False):
+            summary = build_trainer(cfg, model).run()
+    except StopNow as now:
+        last_path = os.path.join(cfg.run_dir, "last.pt")
+        stopped_by = TrainingInterrupted(stopped(now.signum, last_path), now.signum)
     except TrainingInterrupted as err:  # every rank stops at the same step
-        stopped = err.with_traceback(None)  # its frames hold the DDP model, which must go before the group
+        stopped_by = err.with_traceback(None)  # its frames hold the DDP model, which must go before the group
     gc.collect()
     distributed.teardown()
-    if stopped:
-        raise stopped
+    if stopped_by:
+        raise stopped_by
     return summary

@@ -29,6 +29,7 @@ from app.report.board import alignment_figures, sample_table, tensorboard_senten
 from app.report.plots import draw_pngs
 from app.report.scores import score, sentence_bleu
 from app.report.split_pass import add_self_attention, sentence_records
+from app.train.stop_rules import abortable
 from app.train.update import sequence_loss
 from app.utils import Stopwatch, amp_dtype, autocast
 
@@ -72,46 +73,49 @@ def validate(
     short enough for readable labels), and two scalars over them, mean attention entropy and monotonicity
     (the step slider shows alignment emerging). With the dev split's reference links (``dev_links``), also
     the AER of the best view of the attention (``dev/aer``). ``closing``: the validation after the last
-    step, with a progress bar (nothing else is on screen then)."""
+    step, with a progress bar (nothing else is on screen then). During training a signal stops its model work
+    and its wait for the worker at once (``abortable``, app/train/stop_rules.py): nothing of it is recorded."""
     device = next(model.parameters()).device
     dtype = amp_dtype(cfg.train.amp, device)
     start, step, clock = time.perf_counter(), progress.step, Stopwatch()
     worker = validation_worker(cfg)
     if closing:
         tqdm.write(f"step {step}: closing validation on {len(dev)} dev sentences")
-    greedy = cfg.decode.greedy()
-    with clock("decode"):
-        hyps = decode_corpus(model, dev.src, device, greedy, amp_dtype=dtype, progress=closing)
-    scoring = submit(worker, score, tokenizer.decode_tgt(hyps.tokens), dev.tgt_texts, False)
-    chosen = tensorboard_sentences(dev.src, min(cfg.viz.sentences, len(dev)))
-    samples = drawing = None
-    if chosen:
+    with abortable():  # the model's work and the worker's: a signal during training stops it at once
+        greedy = cfg.decode.greedy()
         with clock("decode"):
-            src = [dev.src[i] for i in chosen]
-            samples = decode_corpus(model, src, device, greedy, amp_dtype=dtype, need_attention=True)
-        if samples.attention is not None:  # a model with attention: the one pass's records, only for TensorBoard
-            records = sentence_records(dev, samples, tokenizer, chosen)
-            if cfg.viz.self_attention and hasattr(model, "self_attention"):  # a Transformer's, of these sentences
-                with clock("forward"):
-                    batch = (model, dev.src, samples.tokens, device, cfg.decode.batch_tokens, dtype)
-                    add_self_attention(records, *batch, keep="layer", layer=cfg.viz.layer)
-            drawing = submit(worker, draw_pngs, alignment_figures("alignment", records, cfg.viz.layer))
-    with clock("forward"):
-        metrics = dev_loss(model, dev, cfg, device, dtype)
-    aer = ""
-    if dev_links is not None:
-        scope = align_scope(cfg.eval.align_scope, gold_file=False)  # the corpus's own links, as make eval scores them
-        with clock("aer"):  # forced attention (forward passes) and each view's hard alignments
-            result, _ = score_alignments(
-                model, dev, dev_links, tokenizer, device, dtype, cfg.decode.batch_tokens, scope=scope
-            )
-        if result is not None:
-            view = result.best()
-            metrics["aer"], metrics["aer_view"] = result.result(view)["aer"], view
-            aer = f" AER {metrics['aer']:.3f} ({view})"
-    with clock("wait"):  # for the worker, where it took longer than the forward passes
-        metrics.update(scoring.result())
-        pngs = drawing.result() if drawing is not None else {}
+            hyps = decode_corpus(model, dev.src, device, greedy, amp_dtype=dtype, progress=closing)
+        scoring = submit(worker, score, tokenizer.decode_tgt(hyps.tokens), dev.tgt_texts, False)
+        chosen = tensorboard_sentences(dev.src, min(cfg.viz.sentences, len(dev)))
+        samples = drawing = None
+        if chosen:
+            with clock("decode"):
+                src = [dev.src[i] for i in chosen]
+                samples = decode_corpus(model, src, device, greedy, amp_dtype=dtype, need_attention=True)
+            if samples.attention is not None:  # a model with attention: the one pass's records, only for TensorBoard
+                records = sentence_records(dev, samples, tokenizer, chosen)
+                if cfg.viz.self_attention and hasattr(model, "self_attention"):  # a Transformer's, of these sentences
+                    with clock("forward"):
+                        batch = (model, dev.src, samples.tokens, device, cfg.decode.batch_tokens, dtype)
+                        add_self_attention(records, *batch, keep="layer", layer=cfg.viz.layer)
+                drawing = submit(worker, draw_pngs, alignment_figures("alignment", records, cfg.viz.layer))
+        with clock("forward"):
+            metrics = dev_loss(model, dev, cfg, device, dtype)
+        aer = ""
+        if dev_links is not None:
+            # the corpus's own links, as make eval scores them
+            scope = align_scope(cfg.eval.align_scope, gold_file=False)
+            with clock("aer"):  # forced attention (forward passes) and each view's hard alignments
+                result, _ = score_alignments(
+                    model, dev, dev_links, tokenizer, device, dtype, cfg.decode.batch_tokens, scope=scope
+                )
+            if result is not None:
+                view = result.best()
+                metrics["aer"], metrics["aer_view"] = result.result(view)["aer"], view
+                aer = f" AER {metrics['aer']:.3f} ({view})"
+        with clock("wait"):  # for the worker, where it took longer than the forward passes
+            metrics.update(scoring.result())
+            pngs = drawing.result() if drawing is not None else {}
     if samples is not None:
         texts, refs = tokenizer.decode_tgt(samples.tokens), [dev.tgt_texts[i] for i in chosen]
         ids, sources = [dev.ids[i] for i in chosen], [dev.src_texts[i] for i in chosen]
