@@ -16,11 +16,11 @@ import hydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from app.config import Config
-from app.config_load import config_error, load_config, register_configs
-from app.errors import DiskFull, TrainingInterrupted, UserError, causes, disk_full
-from app.folder_lock import LOCK_FILE, FolderLock
-from app.run_record import FolderBefore
+from app.config.load import config_error, load_config, register_configs
+from app.config.schema import Config
+from app.run.errors import DiskFull, TrainingInterrupted, UserError, causes, disk_full
+from app.run.folder_lock import LOCK_FILE, FolderLock
+from app.run.record import FolderBefore
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 # commands that belong to no run keep their log here and write no record of settings
@@ -46,9 +46,9 @@ def prepare_command(cfg: Config) -> None:
 
 
 def train_command(cfg: Config) -> None:
-    from app import distributed
-    from app.checkpoint import intact_checkpoints, intact_note
-    from app.report.evaluate import evaluate_run, evaluated
+    from app.evaluation.eval_run import evaluated
+    from app.run import distributed
+    from app.run.checkpoint import intact_checkpoints, intact_note
     from app.train.state import finished
     from app.train.stop_rules import resume_hint
     from app.train.trainer import train
@@ -64,13 +64,14 @@ def train_command(cfg: Config) -> None:
             then = f"continue with: {resume_hint()}" if intact else "train again"
             raise DiskFull(f"{err}; {intact_note(cfg.run_dir, intact)}: once there is space, {then}") from None
     if cfg.train.evaluate and distributed.is_main() and not (keep and evaluated(cfg)):  # under torchrun: on rank 0
-        evaluate_run(cfg)
+        eval_command(cfg)
 
 
 def eval_command(cfg: Config) -> None:
-    from app.report.evaluate import evaluate_run
+    from app.evaluation.eval_run import evaluate_run
+    from app.report.evaluation_files import write_evaluation
 
-    evaluate_run(cfg)
+    write_evaluation(evaluate_run(cfg))
 
 
 def translate_command(cfg: Config) -> None:
@@ -80,7 +81,7 @@ def translate_command(cfg: Config) -> None:
 
 
 def score_command(cfg: Config) -> None:
-    from app.decode.score import score_pairs
+    from app.decode.likelihood import score_pairs
 
     score_pairs(cfg)
 
@@ -98,7 +99,7 @@ def export_command(cfg: Config) -> None:
 
 
 def average_command(cfg: Config) -> None:
-    from app.checkpoint import average_snapshots, save_checkpoint
+    from app.run.checkpoint import average_snapshots, save_checkpoint
 
     state, paths = average_snapshots(cfg.run_dir, cfg.average.last)
     out = os.path.join(cfg.run_dir, "averaged.pt")
@@ -111,11 +112,11 @@ def average_command(cfg: Config) -> None:
 
 def bench_command(cfg: Config) -> None:
     if cfg.bench.serve:  # make serve's API under concurrent clients, instead of the training and decoding rows
-        from app.serve.bench import bench_serve
+        from app.bench.serving import bench_serve
 
         bench_serve(cfg)
         return
-    from app.bench.run import bench
+    from app.bench.suite import bench
 
     if bench(cfg)["failed_rows"]:  # every other row was still measured, printed and written
         sys.exit(1)
@@ -191,7 +192,7 @@ _before: FolderBefore | None = None
 
 class OwnRunFolder(Callback):
     """The run folder (a sweep's folder under --multirun) is locked before Hydra writes its log and settings
-    record there: a second training process on it stops at once, naming the first (app/folder_lock.py), as does
+    record there: a second training process on it stops at once, naming the first (app/run/folder_lock.py), as does
     a second make eval, average or export beside one already running (each writes its own outputs only, so
     they run beside training). Under torchrun rank 0 takes the lock for every rank of its launcher; the other
     ranks write nothing there."""

@@ -14,7 +14,7 @@ import time
 import torch
 
 sys.path.insert(0, ".")
-from app.config import Config  # noqa: E402
+from app.config.schema import Config  # noqa: E402
 from app.data.batching import Batch  # noqa: E402
 from app.models import build_model  # noqa: E402
 

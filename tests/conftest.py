@@ -128,7 +128,7 @@ def compose_config(*overrides, command="train"):
     from omegaconf import OmegaConf
 
     import app.cli  # noqa: F401  (registers the schema and the resolvers of conf/config.yaml)
-    from app.config_load import load_config
+    from app.config.load import load_config
 
     with initialize_config_dir(config_dir=os.path.join(REPO, "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[f"command={command}", *overrides])
@@ -147,6 +147,6 @@ class Vocab(NamedTuple):
 
 def model_config(**settings):
     """The model schema of ``settings["arch"]`` (Transformer by default) with these settings."""
-    from app.config import MODEL_SCHEMAS
+    from app.config.schema import MODEL_SCHEMAS
 
     return MODEL_SCHEMAS[settings.get("arch", "transformer")](**settings)

@@ -7,10 +7,10 @@ from toy_tasks import reversal_data, train_on_reversal
 
 from app.data.batching import Batcher
 from app.data.links import hard_alignment, pharaoh_line, read_pharaoh, word_index
-from app.errors import UserError
+from app.evaluation.alignment import alignment_error_rate, hypothesis_links, links_view
+from app.evaluation.views import plotted_view
 from app.models import build_model
-from app.report.aer import alignment_error_rate, hypothesis_links, links_view
-from app.report.attention_views import plotted_view
+from app.run.errors import UserError
 
 
 def test_pieces_merge_into_words():

@@ -10,11 +10,11 @@ import pytest
 import torch
 from test_explorer import kept_views, peaked_attention
 
-from app.config import EvalConfig
+from app.config.schema import EvalConfig
 from app.data.links import piece_links, word_index
-from app.errors import UserError
-from app.report.attention_files import read_attention, store_attention, write_attention_files
-from app.report.attention_views import attention_entropy, attention_views
+from app.evaluation.views import attention_entropy, attention_views, store_attention
+from app.report.attention_files import read_attention, write_attention_files
+from app.run.errors import UserError
 
 
 def sentences(n: int = 5, layers: int = 3, heads: int = 4, seed: int = 0) -> list[tuple[dict, np.ndarray]]:

@@ -1,4 +1,4 @@
-"""Known answers of app.report.attention_views.monotonicity, the explorer's M: the rank correlation (Kendall's
+"""Known answers of app.evaluation.views.monotonicity, the explorer's M: the rank correlation (Kendall's
 tau-b) of the target pieces' positions and the source positions they attend, over the rows that are not flat.
 1 for a diagonal, -1 for a reversed one, 0 where the map shows no order (flat, or stuck on one column)."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.report.attention_views import monotonicity
+from app.evaluation.views import monotonicity
 
 
 def one_hot(columns, n_src: int) -> np.ndarray:

@@ -9,14 +9,13 @@ import pytest
 import torch
 from conftest import Vocab, model_config
 
-from app.config import TrainConfig
+from app.config.schema import TrainConfig
 from app.data.batching import Batcher, make_batches, padded_tokens
 from app.data.schedule import BatchSchedule
 from app.data.shapes import BatchShapes, ShapedBatch, choose_shapes
 from app.data.tokenizer import BOS, EOS, PAD
-from app.errors import UserError
-from app.models import build_model
-from app.train.update import sequence_loss
+from app.models import build_model, sequence_loss
+from app.run.errors import UserError
 
 
 def correlated_lengths(n, seed):

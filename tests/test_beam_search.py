@@ -7,9 +7,9 @@ import pytest
 import torch
 from conftest import Vocab, model_config
 
-from app.config import DecodeConfig
+from app.config.schema import DecodeConfig
 from app.data.tokenizer import BOS, EOS, PAD
-from app.decode.corpus import beam_search, decode_corpus, greedy_decode
+from app.decode.passes import beam_search, decode_corpus, greedy_decode
 from app.decode.search import length_penalty
 from app.models import build_model
 
@@ -148,13 +148,13 @@ def test_decode_corpus_restores_input_order_with_beams():
 def test_a_batch_out_of_memory_is_decoded_in_halves(monkeypatch, caplog):
     """A decoding budget too large for the device: the batch is split until it fits, the hypotheses those of
     decoding in small batches from the start, in input order, and the user told once which setting to lower."""
-    import app.decode.corpus
+    import app.decode.passes
 
     model = real_model("transformer")
     src = [[5 + (i * 7 + j) % 25 for j in range(1 + i % 6)] for i in range(12)]
     decode = DecodeConfig(batch_tokens=10_000, beam_size=3, n_best=2)
     small = decode_corpus(model, src, torch.device("cpu"), DecodeConfig(batch_tokens=3, beam_size=3, n_best=2))
-    real, sizes = app.decode.corpus.searcher, []
+    real, sizes = app.decode.passes.searcher, []
 
     def runs_out_above_three_sentences(model, src, *args, **kwargs):
         sizes.append(src.size(0))
@@ -162,8 +162,8 @@ def test_a_batch_out_of_memory_is_decoded_in_halves(monkeypatch, caplog):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
         return real(model, src, *args, **kwargs)
 
-    monkeypatch.setattr(app.decode.corpus, "searcher", runs_out_above_three_sentences)
-    with caplog.at_level("WARNING", logger="app.decode.corpus"):
+    monkeypatch.setattr(app.decode.passes, "searcher", runs_out_above_three_sentences)
+    with caplog.at_level("WARNING", logger="app.decode.passes"):
         split = decode_corpus(model, src, torch.device("cpu"), decode)
     assert sorted(s for s in sizes if s > 3) == [6, 6, 12] and sum(s for s in sizes if s <= 3) == 12
     assert split.tokens == small.tokens and [[t for t, _ in n] for n in split.nbest] == [
@@ -172,7 +172,7 @@ def test_a_batch_out_of_memory_is_decoded_in_halves(monkeypatch, caplog):
     warnings = [r.getMessage() for r in caplog.records if "out of memory" in r.getMessage()]
     assert len(warnings) == 1 and "batch of 12 sentences" in warnings[0] and "decode.batch_tokens" in warnings[0]
     monkeypatch.setattr(
-        app.decode.corpus, "searcher", lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("x"))
+        app.decode.passes, "searcher", lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("x"))
     )
     with pytest.raises(torch.OutOfMemoryError):  # a single sentence that does not fit is not hidden
         decode_corpus(model, src[:1], torch.device("cpu"), decode)

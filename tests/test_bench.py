@@ -7,7 +7,7 @@ from conftest import TINY, Vocab, compose_config
 
 @pytest.mark.parametrize("preset", ["transformer", "rnn_bahdanau", "rnn_luong", "rnn_plain"])
 def test_cpu_bench_caps_the_configuration_at_a_small_one(preset):
-    from app.bench.run import small_for_cpu
+    from app.bench.suite import small_for_cpu
     from app.models import build_model, count_parameters
 
     cfg = compose_config(f"model={preset}")
@@ -31,7 +31,7 @@ def test_cpu_bench_caps_the_configuration_at_a_small_one(preset):
 
 
 def test_ablation_table_keeps_a_failed_row():
-    from app.bench.run import ablation_markdown
+    from app.bench.suite import ablation_markdown
 
     ok = {
         "setting": "all speed features on (the defaults)",
@@ -53,7 +53,7 @@ def test_ablation_table_keeps_a_failed_row():
 def test_a_failing_ablation_row_does_not_lose_the_others(monkeypatch):
     import torch
 
-    import app.bench.run
+    import app.bench.suite
 
     calls = []
 
@@ -64,10 +64,10 @@ def test_a_failing_ablation_row_does_not_lose_the_others(monkeypatch):
         tokens = 1000 if len(calls) == 1 else 900  # the first call times the defaults
         return {"steps_per_s": 1.0, "train_tgt_tokens_per_s": tokens, "padding_ratio": 0.05, "mfu": None}, None
 
-    monkeypatch.setattr(app.bench.run, "time_training", fake_training)
+    monkeypatch.setattr(app.bench.suite, "time_training", fake_training)
     cfg = compose_config("model=transformer_small")
     errors = {}
-    rows = app.bench.run.ablation(cfg, lambda: None, None, torch.device("cpu"), None, 1, 0, errors)
+    rows = app.bench.suite.ablation(cfg, lambda: None, None, torch.device("cpu"), None, 1, 0, errors)
     failed = [r for r in rows if "error" in r]
     assert [r["setting"] for r in failed] == ["without fused AdamW (its non-finite check then syncs)"]
     assert failed[0]["error"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
@@ -141,7 +141,7 @@ def test_a_row_that_raises_is_recorded_and_the_bench_still_writes_the_others(tmp
     import shutil
 
     import app.bench.decoding
-    import app.bench.run
+    import app.bench.suite
     from app.cli import bench_command
 
     shutil.copy(corpus_tsv, tmp_path / "corpus.tsv")
@@ -155,7 +155,7 @@ def test_a_row_that_raises_is_recorded_and_the_bench_still_writes_the_others(tmp
     def beam_crashes(model, src, device, decode, **kwargs):
         return real_decode(model, src, device, decode, **kwargs) if decode.beam_size == 1 else crash()
 
-    monkeypatch.setattr(app.bench.run, "time_trainer", crash)
+    monkeypatch.setattr(app.bench.suite, "time_trainer", crash)
     monkeypatch.setattr(app.bench.decoding, "decode_corpus", beam_crashes)
     settings = ["bench.decode_sentences=3", "decode.beam_size=2", "bench.profile_steps=2"]
     cfg = compose_config(*TINY, *settings, command="bench")

@@ -2,12 +2,12 @@
 
 import pytest
 
-from app.config import DataConfig, FilterConfig
+from app.config.schema import DataConfig, FilterConfig
 from app.data import osis
 from app.data.osis import bible_verses, clean_osis
 from app.data.prepare import cache_key, filter_pairs
 from app.data.sources import Pair
-from app.errors import UserError
+from app.run.errors import UserError
 
 SWORD = "/usr/share/sword"
 WEB, RV = "engWEB2015eb", "spaRV1909eb"

@@ -519,11 +519,11 @@ def test_training_logs_alignment_images_and_scalars_to_tensorboard(workdir, monk
     steps = [e.step for e in events.Images("alignment/0/alignment")]
     assert 20 in steps and 40 in steps  # one per validation: the slider shows alignment emerging
     # the scalars of the validation at step 40: greedy decoding of the 2 dev sentences shown, by that model
-    from app.config import DecodeConfig
+    from app.config.schema import DecodeConfig
     from app.data.corpus import load_split
-    from app.decode.corpus import decode_corpus
+    from app.decode.passes import decode_corpus
     from app.decode.trained import load_trained
-    from app.report.attention_views import attention_entropy, monotonicity, plotted_view
+    from app.evaluation.views import attention_entropy, monotonicity, plotted_view
     from app.report.board import tensorboard_sentences
 
     monkeypatch.chdir(workdir)  # the run's settings name its data folder relative to where it ran
@@ -793,9 +793,9 @@ def test_bench_prints_and_writes_the_table(workdir, monkeypatch):
     for search in ("beam1", "beam2"):  # with the attention weights kept, as make eval keeps them: more
         assert decode_ops[f"{search}_attention"]["ops"] > decode_ops[search]["ops"]
     # the decoding rows score the checkpoint's weights, not the ones the timed training steps left
-    from app.config import DecodeConfig
+    from app.config.schema import DecodeConfig
     from app.data.corpus import load_split
-    from app.decode.corpus import decode_corpus
+    from app.decode.passes import decode_corpus
     from app.decode.trained import load_trained
 
     monkeypatch.chdir(workdir)

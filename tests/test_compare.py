@@ -11,9 +11,9 @@ import torch
 import yaml
 
 from app.cli import job_dir
-from app.config import TrainConfig
-from app.errors import UserError
+from app.config.schema import TrainConfig
 from app.report.compare import compare_report, load_runs
+from app.run.errors import UserError
 from app.train.state import finished
 from app.train.stop_rules import StopRules
 

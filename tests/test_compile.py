@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import Vocab, model_config
 
-from app.config import Config
+from app.config.schema import Config
 from app.data.batching import Batch
-from app.errors import UserError
 from app.models import build_model
+from app.run.errors import UserError
 from app.train.master_weights import MasterWeights
 from app.train.summary import CompileWatch
 from app.train.update import compiled_for_training, make_optimizer, train_step

@@ -5,9 +5,9 @@ import dataclasses
 
 import pytest
 
-from app.config import ExportConfig, RNNConfig, TrainConfig, TransformerConfig, check_choices
-from app.config_load import config_from_dict
-from app.errors import UserError
+from app.config.load import config_from_dict
+from app.config.schema import ExportConfig, RNNConfig, TrainConfig, TransformerConfig, check_choices
+from app.run.errors import UserError
 
 CHOICES = [
     (TrainConfig, "amp", "fp16", "train.amp='fp16' is not a choice: choose auto, bf16 or fp32"),
@@ -42,7 +42,7 @@ def test_a_value_outside_the_choices_is_refused_in_one_line(section, name, value
 
 
 def test_an_optional_choice_may_stay_unset_and_says_so():
-    from app.config import EvalConfig
+    from app.config.schema import EvalConfig
 
     assert EvalConfig(align_scope=None).align_scope is None
     with pytest.raises(
@@ -57,7 +57,7 @@ def test_a_stored_configuration_is_checked_too():
 
 
 def test_every_default_is_one_of_its_choices():
-    from app.config import Config
+    from app.config.schema import Config
 
     cfg = Config()
     for section in [cfg.data, cfg.tokenizer, cfg.model, cfg.train, cfg.eval, cfg.translate, cfg.export, RNNConfig()]:

@@ -11,9 +11,9 @@ import pytest
 from conftest import REPO, TINY, compose_config, run_cli
 
 from app.cli import CONF_DIR, check_arguments
-from app.config import MODEL_SCHEMAS, Config
-from app.config_load import config_error
-from app.errors import UserError
+from app.config.load import config_error
+from app.config.schema import MODEL_SCHEMAS, Config
+from app.run.errors import UserError
 
 # the config groups a user names on the command line: every folder of conf/ (a later one is found too)
 GROUPS = sorted(d for d in os.listdir(CONF_DIR) if os.path.isdir(os.path.join(CONF_DIR, d)))

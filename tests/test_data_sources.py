@@ -6,10 +6,10 @@ import re
 import datasets
 import pytest
 
-from app.config import DataConfig
+from app.config.schema import DataConfig
 from app.data import sources
 from app.data.sources import Pair
-from app.errors import UserError
+from app.run.errors import UserError
 
 datasets.disable_progress_bars()
 

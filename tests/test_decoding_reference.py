@@ -16,9 +16,9 @@ import pytest
 import torch
 from conftest import Vocab, model_config
 
-from app.config import DecodeConfig
+from app.config.schema import DecodeConfig
 from app.data.batching import Batcher
-from app.decode.corpus import beam_search, decode_corpus, greedy_decode
+from app.decode.passes import beam_search, decode_corpus, greedy_decode
 from app.models import build_model
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")

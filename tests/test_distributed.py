@@ -13,7 +13,7 @@ import torch
 from conftest import REPO, TINY, run_cli
 from test_reliability import step_losses, weights
 
-from app.config import TrainConfig
+from app.config.schema import TrainConfig
 from app.data.schedule import accumulation_steps
 
 pytestmark = pytest.mark.slow  # every test here runs the real CLI in a subprocess, or compiles

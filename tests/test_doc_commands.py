@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO
 
 from app.cli import check_arguments
-from app.errors import UserError
+from app.run.errors import UserError
 
 # make targets and the command each runs (Makefile); compare composes its training sweep
 MAKE_COMMANDS = {

@@ -11,10 +11,10 @@ import torch
 from test_beam_search import FAMILIES, real_model
 from test_scoring import pairs
 
-from app.config import DecodeConfig
+from app.config.schema import DecodeConfig
 from app.data.tokenizer import BOS
-from app.decode.corpus import decode_corpus, forced_attention, forced_pass
 from app.decode.ensemble import Ensemble
+from app.decode.passes import decode_corpus, forced_attention, forced_pass
 from app.decode.search import length_limits
 
 CPU = torch.device("cpu")

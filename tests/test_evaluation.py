@@ -3,8 +3,8 @@
 import pytest
 import sacrebleu
 
-from app.errors import UserError
-from app.report.scores import score
+from app.evaluation.metrics import score
+from app.run.errors import UserError
 
 HYPS = [
     "In the beginning God made the heavens and the earth.",
@@ -63,7 +63,7 @@ def test_count_mismatch_is_user_error():
 
 
 def test_bleu_by_source_length_buckets():
-    from app.report.scores import bleu_by_length
+    from app.evaluation.metrics import bleu_by_length
 
     sources = ["a b", "a b c d e", "one two three four five six seven eight nine ten eleven twelve"]
     hyps = ["the cat sat", "a dog ran off fast", "something else entirely here"]
@@ -78,7 +78,7 @@ def test_bleu_by_source_length_buckets():
 
 
 def test_bleu_of_the_longest_tenth():
-    from app.report.scores import bleu_of_longest
+    from app.evaluation.metrics import bleu_of_longest
 
     # 11 sentences: ⌈1.1⌉ = 2 longest sources, the 8-word one and the earlier of the two 5-word ones
     sources = ["w " * n for n in (1, 5, 2, 8, 3, 5, 1, 2, 3, 1, 2)]
@@ -97,7 +97,7 @@ def test_bleu_counted_once_gives_sacrebleus_numbers():
     sentence's BLEU are sums of them, equal to sacrebleu's own scores of those sentences."""
     from sacrebleu.metrics import BLEU
 
-    from app.report.scores import BleuStatistics, split_scores
+    from app.evaluation.metrics import BleuStatistics, split_scores
 
     hyps, refs = HYPS * 3, REFS[1:] + REFS[:1] + REFS * 2  # some sentences far from their reference
     sources = ["a " * n for n in (3, 12, 25, 7, 40, 2, 18, 9, 31, 5, 14, 22)]
@@ -127,13 +127,13 @@ def test_bleu_counted_once_gives_sacrebleus_numbers():
 def test_ter_counted_in_parts_in_the_host_worker_is_sacrebleus_ter():
     """make eval's TER, a share of the sentences counted in the host worker process and the rest here, is
     sacrebleu's corpus TER, wherever the split is cut, with the seconds the worker's share took."""
-    from app.host_worker import host_worker, submit
-    from app.report.scores import split_scores, ter_of_statistics, ter_statistics
+    from app.evaluation.metrics import split_scores, ter_of_statistics, ter_statistics
+    from app.run.host_worker import host_worker, submit
 
     hyps, refs = HYPS + [REFS[1], "", "a b c"], REFS + [HYPS[1], "the end", ""]  # an empty hypothesis, reference
     reference = score(hyps, refs)
     expected = {"ter": reference["ter"], "ter_signature": reference["ter_signature"]}
-    worker = host_worker(preload=("app.report.scores",))
+    worker = host_worker(preload=("app.evaluation.metrics",))
     assert worker is not None
     for cut in range(len(hyps) + 1):
         shared, shared_signature, seconds = submit(worker, ter_statistics, hyps[:cut], refs[:cut]).result()
@@ -152,8 +152,8 @@ def test_a_look_at_the_first_sentences_is_not_the_splits_evaluation(tmp_path):
     import json
     import time
 
-    from app.config import Config
-    from app.report.evaluate import evaluated
+    from app.config.schema import Config
+    from app.evaluation.eval_run import evaluated
 
     cfg = Config(name="run", run_dir=str(tmp_path))
     (tmp_path / "best.pt").write_bytes(b"")

@@ -15,7 +15,7 @@ import torch
 from matplotlib import colormaps
 
 from app.data.links import piece_links, word_index
-from app.report.attention_views import attention_entropy
+from app.evaluation.views import attention_entropy
 from app.report.explorer import ExplorerRecord, link_cells, text7, write_explorer
 
 VIRIDIS = (colormaps["viridis"](np.arange(256))[:, :3] * 255).round().astype(int)
@@ -327,7 +327,7 @@ def test_reference_word_links_become_the_cells_of_their_pieces(tmp_path):
 
 
 def test_entropy_is_the_hypothesis_attentions_mean_row_entropy_over_every_head(tmp_path):
-    """The list's entropy (a sort key): app.report.attention_views.attention_entropy of the hypothesis attention, the
+    """The list's entropy (a sort key): app.evaluation.views.attention_entropy of the hypothesis attention, the
     mean over every row of every layer and head; the forced attention does not change it."""
     one_hot = np.eye(4, dtype=np.float32)[[0, 2, 1]]
     uniform = np.full((3, 4), 0.25, dtype=np.float32)
@@ -351,7 +351,7 @@ def test_entropy_is_the_hypothesis_attentions_mean_row_entropy_over_every_head(t
 
 
 def test_monotonicity_is_that_of_the_plotted_layers_mean_of_heads(tmp_path):
-    """The list's M (a sort key): app.report.attention_views.monotonicity of the map the heatmaps show, layer
+    """The list's M (a sort key): app.evaluation.views.monotonicity of the map the heatmaps show, layer
     viz.layer's mean of heads, or an RNN's one map: 1 for a diagonal, -1 for an anti-diagonal."""
     tokens = ["▁a", "▁b", "▁c", "</s>"]
     diagonal, anti = np.eye(4, dtype=np.float32), np.eye(4, dtype=np.float32)[::-1].copy()

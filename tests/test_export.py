@@ -15,17 +15,16 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 import sacrebleu  # noqa: E402
 import sentencepiece as spm  # noqa: E402
 
-from app.config import DecodeConfig, RNNConfig, TransformerConfig  # noqa: E402
+from app.config.schema import DecodeConfig, RNNConfig, TransformerConfig  # noqa: E402
 from app.data.batching import Batcher  # noqa: E402
 from app.data.tokenizer import BOS, EOS, PAD  # noqa: E402
-from app.decode.corpus import decode_corpus, forced_pass  # noqa: E402
 from app.decode.ct2_engine import CT2Translator  # noqa: E402
 from app.decode.export import convert  # noqa: E402
+from app.decode.passes import decode_corpus, forced_pass  # noqa: E402
 from app.decode.sampling import Sampler  # noqa: E402
 from app.decode.search import block_repeated_ngrams, length_penalty  # noqa: E402
-from app.errors import UserError  # noqa: E402
-from app.models import build_model  # noqa: E402
-from app.train.update import sequence_loss  # noqa: E402
+from app.models import build_model, sequence_loss  # noqa: E402
+from app.run.errors import UserError  # noqa: E402
 
 SWORD = "/usr/share/sword"
 CHAPTERS = {1: 31, 2: 25, 3: 24, 4: 26, 5: 32, 6: 22, 7: 24, 8: 22}  # Genesis 1-8: 206 verses

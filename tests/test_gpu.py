@@ -116,7 +116,7 @@ def run_here(workdir, monkeypatch, command: str, *args: str) -> None:
     CLI dispatches it (app/cli.py's ``COMMANDS``). A stage's timeout (SIGINT), which training turns into a
     saved stop, ends the session as a Ctrl-C does, so that pytest still writes what passed."""
     from app.cli import COMMANDS
-    from app.errors import TrainingInterrupted
+    from app.run.errors import TrainingInterrupted
 
     monkeypatch.chdir(workdir)
     monkeypatch.setenv("TQDM_DISABLE", "1")

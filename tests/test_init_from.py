@@ -63,7 +63,7 @@ def test_make_data_tokenizes_as_the_fine_tuning_run_will(parent, monkeypatch):
 
 def test_a_run_of_other_model_settings_is_refused_naming_them(parent, monkeypatch):
     """At once: before the corpus is prepared and tokenized (minutes for a big one)."""
-    from app.errors import UserError
+    from app.run.errors import UserError
     from app.train import trainer
 
     monkeypatch.chdir(parent)
@@ -76,7 +76,7 @@ def test_a_run_of_other_model_settings_is_refused_naming_them(parent, monkeypatc
 
 @pytest.mark.parametrize("given", ["no_such_run", "checkpoints/tiny/step_0000001.pt"])
 def test_a_missing_starting_point_is_named(parent, monkeypatch, given):
-    from app.errors import UserError
+    from app.run.errors import UserError
     from app.train.init_from import starting_point
 
     monkeypatch.chdir(parent)
@@ -94,7 +94,7 @@ def test_a_run_name_a_run_folder_and_a_file_name_their_checkpoints(parent, monke
 
 
 def test_a_damaged_starting_point_is_named(parent, monkeypatch):
-    from app.errors import UserError
+    from app.run.errors import UserError
     from app.train.init_from import starting_point
 
     monkeypatch.chdir(parent)
@@ -105,7 +105,7 @@ def test_a_damaged_starting_point_is_named(parent, monkeypatch):
 
 def test_a_tokenizer_dir_without_the_model_is_named(parent, monkeypatch):
     from app.data.tokenizer import build_tokenizer
-    from app.errors import UserError
+    from app.run.errors import UserError
 
     monkeypatch.chdir(parent)
     cfg = compose_config(*TINY, "tokenizer.dir=data/tiny", "tokenizer.vocab_size=300")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from app.report.attention_views import (
+from app.evaluation.views import (
     attention_entropy,
     attention_shape,
     attention_views,

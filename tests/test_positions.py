@@ -10,7 +10,7 @@ from conftest import Vocab, model_config
 from toy_tasks import SYMBOLS, reversal_data, train_on_reversal
 
 from app.data.batching import Batcher
-from app.decode.corpus import greedy_decode
+from app.decode.passes import greedy_decode
 from app.models import build_model
 from app.models.positions import ALiBi, Rotary, alibi_slopes
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 from test_beam_search import FAMILIES, real_model
 
-from app.config import DecodeConfig
-from app.decode.corpus import decode_corpus, forced_pass
+from app.config.schema import DecodeConfig
+from app.decode.passes import decode_corpus, forced_pass
 from app.decode.search import length_limits
-from app.errors import UserError
+from app.run.errors import UserError
 
 CPU = torch.device("cpu")
 

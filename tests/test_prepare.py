@@ -6,10 +6,10 @@ from collections import Counter
 
 import pytest
 
-from app.config import DataConfig, FilterConfig
+from app.config.schema import DataConfig, FilterConfig
 from app.data.prepare import filter_pairs, normalize, prepare, read_tsv, split_of
 from app.data.sources import SPLITS, Pair
-from app.errors import UserError
+from app.run.errors import UserError
 
 # --- split_of -----------------------------------------------------------------------------------------
 
@@ -268,7 +268,7 @@ def test_prepare_hf_streaming_takes_a_shuffled_sample(tmp_path):
 def test_tokenized_cache_is_built_once_and_reused(tmp_path, write_tsv, caplog):
     import logging
 
-    from app.config import TokenizerConfig
+    from app.config.schema import TokenizerConfig
     from app.data.corpus import load_split, load_tokenized, tokenized
     from app.data.tokenizer import build_tokenizer
 

@@ -9,15 +9,15 @@ import torch
 from conftest import Vocab, model_config
 from toy_tasks import reversal_data, train_on_reversal
 
-from app.config import DataConfig
+from app.config.schema import DataConfig
 from app.data.batching import Batcher
 from app.data.links import hard_alignment, hard_alignments, piece_links, read_pharaoh, word_index
 from app.data.prepare import prepare, read_tsv, split_of
 from app.data.sources import SPLITS
-from app.errors import UserError
+from app.evaluation.alignment import AlignmentScore
+from app.evaluation.views import attention_views
 from app.models import build_model
-from app.report.aer import AlignmentScore
-from app.report.attention_views import attention_views
+from app.run.errors import UserError
 from app.train.guided_alignment import AlignmentTargets, guided_alignment_loss, piece_words, word_numbers
 
 

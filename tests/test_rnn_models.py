@@ -79,7 +79,7 @@ def test_gradients_reach_every_parameter(variant):
 
 
 def test_tied_embeddings_need_matching_sizes():
-    from app.errors import UserError
+    from app.run.errors import UserError
 
     with pytest.raises(UserError, match="tie_embeddings"):
         model("luong_dot", tie_embeddings=True)  # h̃_t is 24 wide, embeddings 16
@@ -186,7 +186,7 @@ def test_the_output_layers_dropout_follows_model_dropout_unless_set():
 
 
 def test_attention_dropout_needs_attention():
-    from app.errors import UserError
+    from app.run.errors import UserError
 
     with pytest.raises(UserError, match="model.attention=none has no attention"):
         model_config(arch="rnn", attention="none", attention_dropout=0.1)

@@ -8,9 +8,9 @@ import pytest
 import torch
 from test_beam_search import FAMILIES, SRC, MarkovModel, real_model
 
-from app.config import DecodeConfig
+from app.config.schema import DecodeConfig
 from app.data.tokenizer import BOS, EOS, PAD
-from app.decode.corpus import decode_corpus
+from app.decode.passes import decode_corpus
 from app.decode.sampling import Sampler, make_sampler, top_p_filter
 from app.decode.search import describe
 

@@ -9,11 +9,11 @@ import torch
 from conftest import Vocab, compose_config
 
 from app.data.schedule import BatchSchedule
-from app.errors import UserError
 from app.models import build_model
+from app.run.device import rng_state
+from app.run.errors import UserError
 from app.train.state import TrainingState
 from app.train.update import make_optimizer
-from app.utils import rng_state
 
 rng = random.Random(0)
 SRC = [rng.randint(1, 40) for _ in range(300)]

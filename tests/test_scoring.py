@@ -1,21 +1,20 @@
-"""make score's log-probabilities (app.decode.corpus.forced_pass): on real models of every family they are
+"""make score's log-probabilities (app.decode.passes.forced_pass): on real models of every family they are
 the terms beam search adds up for its own hypotheses, they do not depend on how pairs are batched, and their mean
 is the dev loss validation reports (against CTranslate2's score_batch: tests/test_export.py; the command:
 tests/test_cli_end_to_end.py)."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 from test_beam_search import FAMILIES, real_model
 
-from app.config import DecodeConfig
+from app.config.schema import DecodeConfig
 from app.data.corpus import ParallelData
-from app.decode.corpus import decode_corpus, forced_attention, forced_pass
-from app.decode.score import score_line
+from app.decode.likelihood import score_line
+from app.decode.passes import decode_corpus, forced_attention, forced_pass
 from app.decode.search import length_limits
-from app.train.validation import dev_loss
+from app.evaluation.split import teacher_forced_loss
 
 CPU = torch.device("cpu")
 
@@ -59,7 +58,7 @@ def test_the_mean_log_p_of_a_split_is_its_dev_loss():
     dev = ParallelData([str(i) for i in range(len(src))], [""] * len(src), [""] * len(src), src, tgt)
     logp = [p for _, p, _ in forced_pass(model, src, tgt, CPU, batch_tokens=64)]
     mean = torch.cat(logp).mean().item()
-    loss = dev_loss(model, dev, SimpleNamespace(decode=DecodeConfig(batch_tokens=64)), CPU, None)
+    loss = teacher_forced_loss(model, dev, 64, CPU, None)
     assert -mean == pytest.approx(loss["loss"], abs=1e-5) and math.exp(-mean) == pytest.approx(loss["ppl"], rel=1e-5)
 
 

@@ -1,4 +1,4 @@
-"""A Transformer's self-attention, read by a teacher-forced pass (``model.self_attention``, app.decode.corpus.
+"""A Transformer's self-attention, read by a teacher-forced pass (``model.self_attention``, app.decode.passes.
 forced_self_attention): known answers, masks, what the layers compute with it, and the attention files that
 keep it."""
 
@@ -10,9 +10,10 @@ import torch
 from conftest import Vocab, model_config
 
 from app.data.tokenizer import BOS, EOS, PAD
-from app.decode.corpus import forced_self_attention
+from app.decode.passes import forced_self_attention
+from app.evaluation.views import store_attention
 from app.models import build_model
-from app.report.attention_files import read_attention, store_attention, write_attention_files
+from app.report.attention_files import read_attention, write_attention_files
 
 VOCAB = 23
 
@@ -151,8 +152,8 @@ def test_attention_files_keep_the_self_attention_beside_the_cross_attention(tmp_
 
 
 def test_tensorboards_figures_of_a_sentence_add_each_layers_mean_of_its_self_attention():
+    from app.evaluation.records import SentenceRecord
     from app.report.board import alignment_figures
-    from app.report.split_pass import SentenceRecord
 
     rng = np.random.default_rng(1)
     # cross-attention (2 layers, 4 heads, 4 target, 3 source pieces); a 3-layer encoder's, the decoder's (causal)
@@ -173,10 +174,10 @@ def test_tensorboards_figures_of_a_sentence_add_each_layers_mean_of_its_self_att
 
 
 def test_head_roles_know_a_positional_head_from_a_diffuse_one():
-    """Known answers (app/report/head_roles.py): a head putting all of each piece's weight on the piece before
+    """Known answers (app/evaluation/head_roles.py): a head putting all of each piece's weight on the piece before
     (the first piece on itself) is positional at -1 for 19 of 20 pieces, with confidence 1; a head spreading each
     row evenly over the 4 pieces after 16 others has confidence 1/4 and no position of its own."""
-    from app.report.head_roles import HeadRoles, summary
+    from app.evaluation.head_roles import HeadRoles, summary
 
     pieces = 20
     previous = np.eye(pieces)[np.maximum(np.arange(pieces) - 1, 0)]
@@ -194,7 +195,7 @@ def test_head_roles_know_a_positional_head_from_a_diffuse_one():
 
 
 def test_make_evals_pass_counts_every_head_of_both_stacks():
-    from app.report.split_pass import SentenceRecord, add_self_attention
+    from app.evaluation.records import SentenceRecord, add_self_attention
 
     model = tiny_model()
     src = [[5, 6, 7, 8], [9, 10]]

@@ -19,11 +19,11 @@ import torch
 import uvicorn
 from conftest import REPO, run_cli, trained_tiny_run
 
-from app.config import DecodeConfig, ServeConfig
-from app.serve.app import create_app
-from app.serve.batcher import Batcher
-from app.serve.bench import request
-from app.serve.schema import TranslateResponse
+from app.bench.serving import request
+from app.config.schema import DecodeConfig, ServeConfig
+from app.serve.batcher import RequestBatcher
+from app.serve.messages import TranslateResponse
+from app.serve.routes import create_app
 
 POISON = "POISON"  # a line the engines below cannot decode: out of memory
 
@@ -37,7 +37,7 @@ def test_concurrent_requests_share_one_decoding_call_grouped_by_key():
         return [f"{key}:{s}" for s in sources]
 
     async def main():
-        batcher = Batcher(decode, wait_s=0.2, max_lines=100)
+        batcher = RequestBatcher(decode, wait_s=0.2, max_lines=100)
         batcher.start()
         jobs = [batcher.submit([f"a{i}", f"b{i}"], "greedy" if i % 3 else "beam") for i in range(9)]
         results = await asyncio.gather(*jobs)
@@ -61,7 +61,7 @@ def test_out_of_memory_refuses_only_the_request_that_does_not_fit():
         return [s.lower() for s in sources]
 
     async def main():
-        batcher = Batcher(decode, wait_s=0.2, max_lines=100)
+        batcher = RequestBatcher(decode, wait_s=0.2, max_lines=100)
         batcher.start()
         jobs = [batcher.submit(["A", "B"], 1), batcher.submit([POISON], 1), batcher.submit(["C"], 1)]
         results = await asyncio.gather(*jobs, return_exceptions=True)
@@ -79,7 +79,7 @@ def test_max_lines_closes_a_batch_early():
     calls = []
 
     async def main():
-        batcher = Batcher(lambda s, k: calls.append(len(s)) or s, wait_s=0.5, max_lines=4)
+        batcher = RequestBatcher(lambda s, k: calls.append(len(s)) or s, wait_s=0.5, max_lines=4)
         batcher.start()
         start = time.monotonic()
         await asyncio.gather(*[batcher.submit([i, i], 0) for i in range(2)])

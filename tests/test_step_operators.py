@@ -9,7 +9,7 @@ import torch
 from conftest import Vocab
 
 from app.bench.profiling import count_ops
-from app.config import Config
+from app.config.schema import Config
 from app.data.batching import Batch
 from app.models import build_model
 from app.train.update import make_optimizer, train_step

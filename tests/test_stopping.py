@@ -1,6 +1,6 @@
 """Stopping on SIGINT / SIGTERM in every phase of a run, through the real CLI, the signal sent to the whole
 process group as a terminal's Ctrl-C is (the host worker included): in the middle of a long step, during a
-validation, while the data is prepared. And the protocol of a folder's lock file (app/folder_lock.py),
+validation, while the data is prepared. And the protocol of a folder's lock file (app/run/folder_lock.py),
 which its holder removes when it lets go of it (docs/reliability.md#stopping-and-resuming)."""
 
 import json
@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import REPO, TINY, run_cli
 
-from app.folder_lock import LOCK_FILE, FolderLock
+from app.run.folder_lock import LOCK_FILE, FolderLock
 
 # A larger tiny model on the whole tiny corpus in one batch: about 3-4 s a step on 2 CPU cores
 LONG_STEP = [

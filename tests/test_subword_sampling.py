@@ -12,7 +12,7 @@ from test_reliability import step_losses
 
 from app.data.schedule import BatchSchedule
 from app.data.subword_sampling import TrainSegmentations
-from app.errors import UserError
+from app.run.errors import UserError
 
 
 def segmentations(pairs=50, variants=4, seed=7) -> TrainSegmentations:

@@ -5,10 +5,10 @@ import shutil
 
 import pytest
 
-from app.config import DataConfig, TokenizerConfig
+from app.config.schema import DataConfig, TokenizerConfig
 from app.data.prepare import prepare, read_tsv
 from app.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, build_tokenizer, model_paths
-from app.errors import UserError
+from app.run.errors import UserError
 
 VOCAB = 250
 

@@ -11,8 +11,9 @@ import torch
 from conftest import TINY, Vocab, compose_config
 
 import app.train.trainer as training
-from app.checkpoint import check_compatible, load_checkpoint, rotate_snapshots, save_checkpoint, snapshot_steps
-from app.errors import UserError
+from app.config.load import check_compatible
+from app.run.checkpoint import load_checkpoint, rotate_snapshots, save_checkpoint, snapshot_steps
+from app.run.errors import UserError
 
 
 def config(run_dir, *overrides):
@@ -182,7 +183,7 @@ def test_rotation_keeps_newest_and_best(tmp_path):
 
 
 def test_mismatched_checkpoint_names_what_differs():
-    from app.config import RNNConfig
+    from app.config.schema import RNNConfig
 
     state = {"vocab": {"src": "a"}, "config": {"model": {"arch": "rnn", "hidden": 1024, "cell": "gru"}}}
     check_compatible(state, "x.pt", {"src": "a"}, RNNConfig(hidden=1024, cell="gru"))
@@ -197,7 +198,7 @@ def test_mismatched_checkpoint_names_what_differs():
 
 
 def test_a_checkpoint_of_another_family_names_only_the_family():
-    from app.config import TransformerConfig
+    from app.config.schema import TransformerConfig
 
     state = {"vocab": {"src": "a"}, "config": {"model": {"arch": "rnn", "hidden": 1024, "cell": "gru"}}}
     with pytest.raises(UserError, match=r"^x.pt: model settings differ from this run's: model.arch='rnn' there, "):
@@ -208,7 +209,7 @@ def test_a_checkpoint_of_another_family_names_only_the_family():
 
 def test_an_rnn_checkpoint_with_every_familys_keys_compares_only_rnn_settings():
     """Checkpoints written before the model schemas split hold the Transformer's keys too."""
-    from app.config import RNNConfig
+    from app.config.schema import RNNConfig
 
     old = {"arch": "rnn", "hidden": 1024, "cell": "gru", "d_model": 256, "pos": "rope", "kv_heads": 2}
     state = {"vocab": {"src": "a"}, "config": {"model": old}}

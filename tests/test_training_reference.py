@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(HERE, "data"))
 
 import make_training_reference as reference  # noqa: E402
 
-from app.config import Config  # noqa: E402
+from app.config.schema import Config  # noqa: E402
 from app.models import build_model  # noqa: E402
 from app.train.master_weights import MasterWeights  # noqa: E402
 from app.train.update import make_optimizer, train_step  # noqa: E402

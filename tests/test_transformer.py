@@ -4,12 +4,12 @@ import pytest
 import torch
 from conftest import Vocab, model_config
 
-from app.config import TransformerConfig
+from app.config.schema import TransformerConfig
 from app.data.tokenizer import BOS, EOS, PAD
-from app.decode.corpus import greedy_decode
-from app.errors import UserError
+from app.decode.passes import greedy_decode
 from app.models import build_model
 from app.models.transformer_layers import Sublayer
+from app.run.errors import UserError
 
 VOCAB = 23
 

@@ -7,11 +7,11 @@ import torch
 from conftest import Vocab, model_config
 
 from app.data.tokenizer import BOS, EOS, PAD
-from app.decode.corpus import greedy_decode
-from app.errors import UserError
+from app.decode.passes import greedy_decode
 from app.models import build_model
 from app.models.attention import MultiHeadAttention, band_mask, causal_mask
 from app.models.positions import ALiBi, Rotary
+from app.run.errors import UserError
 
 VOCAB = 23
 HEADS, D_MODEL = 4, 16  # d_head 4

@@ -16,13 +16,13 @@ import pytest
 import torch
 from conftest import REPO, TINY, run_cli
 
-from app.checkpoint import save_checkpoint
 from app.cli import OWNING_COMMANDS
 from app.data.cache import cached, mark_done
-from app.errors import UserError
-from app.folder_lock import FolderBusy, FolderLock, owning
+from app.run.checkpoint import save_checkpoint
+from app.run.errors import UserError
+from app.run.files import file_hash
+from app.run.folder_lock import FolderBusy, FolderLock, owning
 from app.train.state import resume_state
-from app.utils import file_hash
 
 # a checkpoint every 5 steps, no validation (best.pt is a copy of the last last.pt)
 RUN = [a for a in TINY if not a.startswith(("name=", "train.eval_every=", "train.save_every="))] + [

@@ -57,7 +57,7 @@ def run_validation(tiny, name: str, worker: bool, steps=(10,)):
 
 
 def test_the_worker_gives_the_scores_tables_and_images_of_the_training_process(tiny):
-    from app.host_worker import host_worker
+    from app.run.host_worker import host_worker
 
     inline, here = run_validation(tiny, "inline", worker=False)
     worked, there = run_validation(tiny, "worker", worker=True)
@@ -87,7 +87,7 @@ def test_the_self_attention_figures_are_drawn_only_when_asked(tiny, monkeypatch)
 
 
 def test_one_worker_serves_every_validation_and_a_dead_one_is_replaced_by_the_training_process(tiny, monkeypatch):
-    from app import host_worker as hw
+    from app.run import host_worker as hw
 
     monkeypatch.setattr(hw, "_worker", None)  # a worker of this test's own, whatever earlier tests left
     monkeypatch.setattr(hw, "_unavailable", False)
@@ -108,7 +108,7 @@ def test_one_worker_serves_every_validation_and_a_dead_one_is_replaced_by_the_tr
 def test_training_starts_the_worker_before_it_loads_its_data(tiny, tmp_path, monkeypatch, eval_every, started):
     """The worker's start-up (a fresh interpreter importing numpy, matplotlib and sacrebleu) runs beside the
     loading of the data, not beside the first validation's decoding; a run without validations starts none."""
-    from app import host_worker as hw
+    from app.run import host_worker as hw
     from app.train import trainer as training
 
     monkeypatch.setattr(hw, "_worker", None)  # a worker of this test's own, whatever earlier tests left
@@ -126,7 +126,7 @@ def test_training_starts_the_worker_before_it_loads_its_data(tiny, tmp_path, mon
 
 WORKER_SCRIPT = """
 import os, sys, time
-from app.host_worker import host_worker, submit
+from app.run.host_worker import host_worker, submit
 worker = host_worker()
 assert submit(worker, sorted, [3, 1, 2]).result() == [1, 2, 3]
 print(worker._process.pid, flush=True)
@@ -157,7 +157,7 @@ def test_the_worker_does_not_run_the_callers_script_again(tmp_path):
     script.write_text(
         "import os\n"
         "print('script', os.getpid(), flush=True)\n"
-        "from app.host_worker import host_worker, submit\n"
+        "from app.run.host_worker import host_worker, submit\n"
         "print('job', submit(host_worker(), os.getpid).result(), flush=True)\n"
     )
     env = {**os.environ, "PYTHONPATH": REPO}
@@ -181,7 +181,7 @@ def state(pid: int) -> str:
 
 
 def test_the_worker_reports_a_failed_job_and_ignores_ctrl_c():
-    from app.host_worker import HostWorker
+    from app.run.host_worker import HostWorker
 
     worker = HostWorker()
     try:
@@ -200,7 +200,7 @@ def test_the_worker_reports_a_failed_job_and_ignores_ctrl_c():
 def test_the_worker_ends_without_collecting_what_its_imports_made(tmp_path):
     """At its end the worker freezes the collector's objects, as ``python -m app`` does: the training process,
     which waits for it at exit, does not wait while its shutdown collects what numpy and matplotlib made."""
-    from app.host_worker import HostWorker
+    from app.run.host_worker import HostWorker
 
     out = tmp_path / "frozen"
     probe = f"import atexit, gc; atexit.register(lambda: open({str(out)!r}, 'w').write(str(gc.get_freeze_count())))"
@@ -215,7 +215,7 @@ def test_the_worker_ends_without_collecting_what_its_imports_made(tmp_path):
 def test_sending_a_large_job_does_not_wait_for_the_worker_and_closing_does_not_wait_for_unread_results():
     """Validation sends the dev translations (hundreds of KB) while the worker may still be busy: the
     training process goes on at once. A result nobody collects does not hold up the end."""
-    from app.host_worker import HostWorker
+    from app.run.host_worker import HostWorker
 
     worker = HostWorker()
     try:

@@ -10,11 +10,11 @@ import pytest
 import torch
 from conftest import TINY, Vocab, compose_config, model_config
 
-from app.checkpoint import average_files
-from app.config import TrainConfig
+from app.config.schema import TrainConfig
 from app.data.corpus import prepare_data
 from app.decode.trained import load_trained
 from app.models import build_model
+from app.run.checkpoint import average_files
 from app.train import trainer as training
 from app.train.closing_average import chosen_steps, kept_snapshots
 from app.train.ema import ExponentialAverage

@@ -10,9 +10,9 @@ import torch
 
 from app.data.batching import Batcher
 from app.data.tokenizer import PAD
-from app.decode.corpus import greedy_decode
+from app.decode.passes import greedy_decode
+from app.models import sequence_loss
 from app.train.guided_alignment import guided_alignment_loss
-from app.train.update import sequence_loss
 
 FIRST_SYMBOL, SYMBOLS = 4, 12
 

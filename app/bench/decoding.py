@@ -18,12 +18,12 @@ import torch
 
 from app.bench.profiling import count_ops
 from app.bench.rows import attempt
-from app.config import Config
+from app.config.schema import Config
 from app.data.batching import Batcher
-from app.decode.corpus import decode_corpus, searcher
 from app.decode.ct2_engine import CT2Translator
 from app.decode.export import convert
-from app.utils import autocast
+from app.decode.passes import decode_corpus, searcher
+from app.run.device import autocast
 
 CT2_QUANTIZATIONS = {"float32": "none", "int8": "int8", "float16": "float16"}  # row name -> export.quantization
 COUNTED_STEPS = 5  # decoding steps whose operators are counted, after two not counted

@@ -10,7 +10,7 @@ from typing import Optional, TypeVar
 
 import torch
 
-from app.errors import UserError
+from app.run.errors import UserError
 
 T = TypeVar("T")
 

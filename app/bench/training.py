@@ -22,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from app.config import Config
+from app.config.schema import Config
 from app.data.batching import batch_shape, padded_tokens
 from app.data.schedule import BatchSchedule, Update
 from app.models.flops import peak_flops, training_flops

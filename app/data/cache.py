@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable
 from typing import Optional
 
-from app.utils import atomic_write_text, file_hash
+from app.run.files import atomic_write_text, file_hash
 
 log = logging.getLogger(__name__)
 

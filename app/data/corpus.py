@@ -16,14 +16,14 @@ from functools import lru_cache
 
 import pyarrow as pa
 
-from app.config import Config, TokenizerConfig
+from app.config.schema import Config, TokenizerConfig
 from app.data.cache import cached, mark_done
 from app.data.prepare import prepare
 from app.data.sources import SPLITS
 from app.data.tokenizer import Tokenizer, build_tokenizer, model_paths
-from app.errors import UserError
-from app.folder_lock import owning
-from app.utils import file_hash, stable_hash
+from app.run.errors import UserError
+from app.run.files import file_hash, stable_hash
+from app.run.folder_lock import owning
 
 log = logging.getLogger(__name__)
 PARALLEL_ABOVE = 50_000  # pairs: smaller splits tokenize faster in one process than the workers start

@@ -7,9 +7,12 @@ piece of each whitespace word with ``▁``, which is how pieces map back to word
 
 from __future__ import annotations
 
+import os
+from typing import Optional
+
 import numpy as np
 
-from app.errors import UserError
+from app.run.errors import UserError
 
 WORD_START = "▁"  # SentencePiece marks the first piece of each whitespace word
 
@@ -87,3 +90,9 @@ def hard_alignments(maps, src_pieces: list[str], tgt_pieces: list[str]) -> list[
 def hard_alignment(weights, src_pieces: list[str], tgt_pieces: list[str]) -> set[tuple[int, int]]:
     """``hard_alignments`` of one (tgt pieces, src pieces) map."""
     return hard_alignments(np.asarray(weights, dtype=np.float64)[None], src_pieces, tgt_pieces)[0]
+
+
+def reference_links(data_dir: str, split: str) -> Optional[str]:
+    """``<data_dir>/<split>.align`` when the corpus has reference links for the split (app/data/prepare.py)."""
+    path = os.path.join(data_dir, f"{split}.align")
+    return path if os.path.exists(path) else None

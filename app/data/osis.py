@@ -13,7 +13,7 @@ from typing import Optional
 
 from tqdm import tqdm
 
-from app.errors import UserError
+from app.run.errors import UserError
 
 # Part of the prepared bible corpora's cache key (app/data/prepare.py): bump it when a change to the
 # rules below changes the text of some verse, so that corpora prepared with the old rules are made again.

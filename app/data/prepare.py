@@ -17,12 +17,12 @@ from typing import Optional
 
 from tqdm import tqdm
 
-from app.config import DataConfig, FilterConfig
+from app.config.schema import DataConfig, FilterConfig
 from app.data.cache import cached, mark_done
 from app.data.osis import CLEAN_VERSION as OSIS_CLEAN_VERSION
 from app.data.sources import SPLITS, Pair, read_source
-from app.errors import UserError
-from app.utils import atomic_open, stable_hash
+from app.run.errors import UserError
+from app.run.files import atomic_open, stable_hash
 
 log = logging.getLogger(__name__)
 PREPARE_VERSION = 1  # bump when cleaning/splitting logic changes, to invalidate old caches

@@ -17,10 +17,10 @@ from typing import Optional
 
 import numpy as np
 
-from app.config import CUDA_GRAPH_MODES, TrainConfig
+from app.config.schema import CUDA_GRAPH_MODES, TrainConfig
 from app.data.batching import batch_shape, make_batches, padded_tokens, split_batch
 from app.data.shapes import SUGGESTED_SHAPES, BatchShapes
-from app.errors import UserError
+from app.run.errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from itertools import zip_longest
 from typing import Optional
 
-from app.config import DataConfig
+from app.config.schema import DataConfig
 from app.data.osis import clean_osis, raw_verses
 from app.data.strongs import pharaoh_line, strong_links, tagged_words
-from app.errors import UserError
+from app.run.errors import UserError
 
 SPLITS = ("train", "dev", "test")
 

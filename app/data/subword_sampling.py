@@ -27,12 +27,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from app.config import TrainConfig
+from app.config.schema import TrainConfig
 from app.data.cache import cached, mark_done
 from app.data.corpus import TokenizedSplit, tokenized
 from app.data.tokenizer import Tokenizer
-from app.folder_lock import owning
-from app.utils import stable_hash
+from app.run.files import stable_hash
+from app.run.folder_lock import owning
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from dataclasses import asdict
 
 import sentencepiece as spm
 
-from app.config import TokenizerConfig
+from app.config.schema import TokenizerConfig
 from app.data.cache import cached, mark_done
-from app.errors import UserError
-from app.utils import atomic_write, file_hash, stable_hash
+from app.run.errors import UserError
+from app.run.files import atomic_write, file_hash, stable_hash
 
 log = logging.getLogger(__name__)
 

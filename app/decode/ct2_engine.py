@@ -14,10 +14,10 @@ from typing import Optional
 
 import torch
 
-from app.config import Config, DecodeConfig
+from app.config.schema import Config, DecodeConfig
 from app.data.tokenizer import Tokenizer
 from app.decode.search import Hypotheses, check_lengths, check_source_lengths, length_limits, length_penalty
-from app.errors import UserError
+from app.run.errors import UserError
 
 # An export's directory holds the CTranslate2 model, its vocabularies, the SentencePiece model(s) and this
 # file: what was exported (model settings, run and step, quantization), written by app.decode.export.convert
@@ -82,7 +82,7 @@ class CT2Translator:
         patience: float = 2.0,
         prefix: Optional[list[list[int]]] = None,
     ) -> Hypotheses:
-        """Source token ids without EOS (as app.decode.corpus.decode_corpus takes them) -> target ids, under the
+        """Source token ids without EOS (as app.decode.passes.decode_corpus takes them) -> target ids, under the
         settings of ``decode``, each hypothesis beginning with its ``prefix`` where given (as
         app.decode.trained.TrainedModel.translate takes them)."""
         if prefix is not None:

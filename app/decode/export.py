@@ -40,9 +40,9 @@ import torch
 from app.data.tokenizer import BOS, EOS, PAD, UNK
 from app.decode.ct2_engine import EXPORT_INFO, export_dir
 from app.decode.trained import load_trained
-from app.errors import UserError
 from app.models.transformer import Transformer
-from app.utils import Stopwatch
+from app.run.errors import UserError
+from app.run.stopwatch import Stopwatch
 
 # export.quantization -> what ModelSpec.optimize stores (None: float32, as trained). At load time
 # CTranslate2 converts what a device cannot run: on a CPU float16 runs as float32, int8_float16 as int8_float32.
@@ -280,7 +280,7 @@ def convert(
         "ctranslate2_version": ctranslate2.__version__,
         "exported_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "quantization": quantization,
-        "max_positions": int(_field(model_cfg, "max_len")),  # inputs and outputs stay below, as in app.decode.corpus
+        "max_positions": int(_field(model_cfg, "max_len")),  # inputs and outputs stay below, as in app.decode.passes
         "alignment_layer": alignment_layer,
         "spm": spm_files,
         "model": dict(model_cfg) if isinstance(model_cfg, dict) else dataclasses.asdict(model_cfg),

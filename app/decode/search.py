@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from app.data.tokenizer import BOS, EOS, PAD
-from app.errors import UserError
+from app.run.errors import UserError
 
 
 @dataclass

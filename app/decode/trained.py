@@ -11,7 +11,16 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-from app.checkpoint import (
+from app.config.load import config_from_dict
+from app.config.schema import Config, DecodeConfig
+from app.data.corpus import load_tokenizer
+from app.data.tokenizer import Tokenizer
+from app.decode.ct2_engine import EXPORT_INFO, CT2Translator, export_dir
+from app.decode.ensemble import Ensemble
+from app.decode.passes import decode_corpus, forced_pass
+from app.decode.search import Hypotheses
+from app.models import build_model
+from app.run.checkpoint import (
     SNAPSHOT,
     UnloadableCheckpoint,
     checkpoint_path,
@@ -21,17 +30,8 @@ from app.checkpoint import (
     load_checkpoint,
     named_checkpoint,
 )
-from app.config import Config, DecodeConfig
-from app.config_load import config_from_dict
-from app.data.corpus import load_tokenizer
-from app.data.tokenizer import Tokenizer
-from app.decode.corpus import decode_corpus, forced_pass
-from app.decode.ct2_engine import EXPORT_INFO, CT2Translator, export_dir
-from app.decode.ensemble import Ensemble
-from app.decode.search import Hypotheses
-from app.errors import UserError
-from app.models import build_model
-from app.utils import amp_dtype, resolve_device
+from app.run.device import amp_dtype, resolve_device
+from app.run.errors import UserError
 
 
 @dataclass
@@ -59,7 +59,7 @@ class TrainedModel:
         self, src: list[list[int]], tgt: list[list[int]], batch_tokens: int, progress: bool = False, attention=False
     ) -> tuple[list, Optional[list]]:
         """Per pair, log p of each target token and the EOS after them and, with ``attention``, the cross-attention
-        that read them (None for a model without): one teacher-forced pass (app.decode.corpus.forced_pass)."""
+        that read them (None for a model without): one teacher-forced pass (app.decode.passes.forced_pass)."""
         scores: list = [None] * len(src)
         maps: list = [None] * len(src)
         bar = tqdm(total=len(src), desc="scoring", unit="pair", disable=not progress, leave=False)

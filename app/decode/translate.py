@@ -8,16 +8,17 @@ from __future__ import annotations
 import os
 import sys
 
-from app.checkpoint import checkpoint_path
-from app.config import Config
+from app.config.schema import Config
 from app.data.links import hard_alignment, pharaoh_line
 from app.data.tokenizer import EOS
 from app.decode.ensemble import ensemble_of
 from app.decode.search import describe
 from app.decode.trained import load_ct2, load_trained
-from app.errors import UserError
 from app.models import has_attention
-from app.utils import atomic_write_text, resolve_device
+from app.run.checkpoint import checkpoint_path
+from app.run.device import resolve_device
+from app.run.errors import UserError
+from app.run.files import atomic_write_text
 
 
 def translate_lines(cfg: Config) -> None:
@@ -83,7 +84,7 @@ def translate_lines(cfg: Config) -> None:
 
 def word_links(src: list[list[int]], tgt: list[list[int]], maps: list, tokenizer, layer: int) -> list[str]:
     """Per pair, the target's word links to the source as a Pharaoh line, read from its attention map in ``maps``
-    (rows: the target pieces and EOS) in the view eval's plots show by default (app.report.attention_views.
+    (rows: the target pieces and EOS) in the view eval's plots show by default (app.evaluation.views.
     plotted_view): an RNN's map, a Transformer's layer ``layer`` (viz.layer) mean of heads; a CTranslate2 export
     returns that one map. The attention that wrote a hypothesis (make translate), or that read a given translation
     (make score)."""

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import torch
+import torch.nn.functional as F
 from torch import nn
 
-from app.config import MODEL_SCHEMAS, ModelConfig
-from app.errors import UserError
+from app.config.schema import MODEL_SCHEMAS, ModelConfig
+from app.data.tokenizer import PAD
 from app.models.rnn import RNNSeq2Seq
 from app.models.transformer import Transformer
+from app.run.errors import UserError
 
 
 class Vocabularies(Protocol):
@@ -43,3 +46,10 @@ def has_attention(cfg: ModelConfig) -> bool:
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def sequence_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Summed (label-smoothed) cross-entropy of a model's logits over the non-padding target tokens."""
+    return F.cross_entropy(
+        logits.flatten(0, 1), target.flatten(), ignore_index=PAD, label_smoothing=label_smoothing, reduction="sum"
+    )

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from app.config import RNNConfig
+from app.config.schema import RNNConfig
 from app.data.tokenizer import PAD
 from app.models.attention import rnn_attention
 
@@ -286,7 +286,7 @@ DECODERS = {"none": PlainDecoder, "bahdanau": BahdanauDecoder, "luong": LuongDec
 class RNNSeq2Seq(nn.Module):
     def __init__(self, cfg: RNNConfig, src_vocab: int, tgt_vocab: int, joint_vocab: bool):
         super().__init__()
-        # model.cell and model.attention are choices the schema checked (app/config.py)
+        # model.cell and model.attention are choices the schema checked (app/config/schema.py)
         self.cfg = cfg
         tgt_embed = nn.Embedding(tgt_vocab, cfg.emb_dim, padding_idx=PAD)
         share_src = cfg.tie_embeddings and joint_vocab

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from app.config import TransformerConfig
+from app.config.schema import TransformerConfig
 from app.data.tokenizer import PAD
 from app.models.attention import MultiHeadAttention, band_mask
 from app.models.decoder_state import DecoderState, Projection
@@ -61,7 +61,7 @@ class SelfAttention:
 class Transformer(nn.Module):
     def __init__(self, cfg: TransformerConfig, src_vocab: int, tgt_vocab: int, joint_vocab: bool):
         super().__init__()
-        # model.norm, norm_type and pos are choices the schema checked (app/config.py)
+        # model.norm, norm_type and pos are choices the schema checked (app/config/schema.py)
         if cfg.window < 0:
             raise ValueError(f"model.window={cfg.window}: a distance >= 1, or 0 to attend to the whole sentence")
         self.cfg, self.d_model = cfg, cfg.d_model

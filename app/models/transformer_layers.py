@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from app.config import TransformerConfig
+from app.config.schema import TransformerConfig
 from app.models.attention import MultiHeadAttention, attention_weights
 from app.models.decoder_state import DecoderState, Projection, StepWeights, beam_queries, beam_rows, grouped_queries
 from app.models.positions import Rotation

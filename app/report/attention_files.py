@@ -8,52 +8,15 @@ import json
 import os
 import zipfile
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Union
 
 import numpy as np
 
-from app.errors import UserError
-from app.report.attention_views import (
-    as_array,
-    attention_entropy,
-    attention_views,
-    check_shape,
-    monotonicity,
-    plotted_view,
-)
-from app.utils import atomic_open, atomic_write_text
+from app.evaluation.views import SCALE, SELF_ATTENTION, StoredAttention
+from app.run.errors import UserError
+from app.run.files import atomic_open, atomic_write_text
 
-SCALE = 255  # stored value v means weight v / 255 (within 1/510 of the weight)
 INDEX, ARCHIVE = "alignments.jsonl", "alignments.npz"
-SELF_ATTENTION = ("encoder", "decoder")  # a Transformer's self-attention: source over source, target over target
-
-
-@dataclass
-class StoredAttention:
-    """What the attention files and the explorer keep of one sentence's attention: named views
-    (``attention_views`` names) as uint8 maps (views, rows, src), and the attention's own shape."""
-
-    names: list[str]
-    maps: np.ndarray  # uint8: weight = value / SCALE
-    layers: int  # 0 for an RNN's (or CTranslate2's) single map
-    heads: int
-    head_layers: list[int]  # the layers whose heads are kept
-    entropy: float  # mean row entropy (nats) of the whole attention, every head of every layer
-    monotonicity: float  # of the plotted view (layer ``layer``'s mean of heads, an RNN's map), before quantizing
-
-
-def store_attention(attention, layer: int = -1, keep: str = "layer") -> StoredAttention:
-    """The views of ``attention`` (tgt, src) or (layers, heads, tgt, src) that ``keep`` keeps: an RNN's one
-    map; of a Transformer, the heads of layer ``layer`` ("layer") or of every layer ("all"), then every
-    layer's mean of heads. Quantized to uint8 (rounded, so within 1/510 of the weight)."""
-    attention = check_shape(as_array(attention))
-    layers, heads = attention.shape[:2] if attention.ndim == 4 else (0, 0)
-    kept = (list(range(layers)) if keep == "all" else [layer % layers]) if layers else []
-    names, maps = attention_views(attention, kept)
-    quantized = np.rint(np.clip(maps, 0.0, 1.0) * SCALE).astype(np.uint8)
-    mono = monotonicity(plotted_view(attention, layer)[1])
-    return StoredAttention(names, quantized, layers, heads, kept, attention_entropy(attention), mono)
 
 
 def write_attention_files(out_dir: str, sentences: Iterable[tuple], level: int = 1) -> None:

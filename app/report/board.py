@@ -8,9 +8,8 @@ import dataclasses
 import os
 import random
 
-from app.config import Config
-from app.report.attention_files import SCALE
-from app.report.attention_views import figure_views, mean_name, self_attention_axes
+from app.config.schema import Config
+from app.evaluation.views import SCALE, figure_views, mean_name, self_attention_axes
 from app.report.plots import TENSORBOARD_WIDTH, draw_pngs, tensorboard_tokens
 
 # declared in every run's HPARAMS record, so that runs trained and evaluated at different times share columns
@@ -49,7 +48,7 @@ def write_hparams(writer, cfg: Config, metrics: dict, step: int) -> None:
 
 def alignment_figures(tag: str, records: list, layer: int, every_layer: bool = False) -> dict:
     """``<tag>/<n>/<figure>`` -> what app.report.plots.draw_pngs draws, sized for the IMAGES tab, for each
-    sentence record of ``records`` (app.report.split_pass.SentenceRecord): numbers and strings, drawable in a
+    sentence record of ``records`` (app.evaluation.records.SentenceRecord): numbers and strings, drawable in a
     worker process. A record with the self-attention (make eval's) also has ``encoder_self`` and ``decoder_self``
     (each layer's mean of heads: rows over columns, as the explorer draws them)."""
     specs = {}

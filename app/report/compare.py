@@ -15,12 +15,12 @@ import os
 
 import yaml
 
-from app.errors import UserError
-from app.report.attention_files import SELF_ATTENTION
-from app.report.head_roles import positional_count
+from app.evaluation.head_roles import positional_count
+from app.evaluation.views import SELF_ATTENTION
 from app.report.history import FILE as HISTORY_FILE
 from app.report.history import read_history
-from app.utils import atomic_write, atomic_write_text
+from app.run.errors import UserError
+from app.run.files import atomic_write, atomic_write_text
 
 
 def load_runs(sweep_dir: str, split: str = "test") -> list[dict]:
@@ -110,7 +110,7 @@ COLUMNS = [  # (header, cell of a run)
 
 
 def positional_heads(heads: dict | None) -> str:
-    """``3/48, 5/48``: the positional self-attention heads of the encoder and the decoder (app/report/head_roles.py),
+    """``3/48, 5/48``: the positional self-attention heads of the encoder and the decoder (evaluation/head_roles.py),
     "-" for a run without (an RNN, or evaluated without viz.self_attention)."""
     return ", ".join(positional_count(heads[kind]) for kind in SELF_ATTENTION) if heads else "-"
 

@@ -26,14 +26,14 @@ import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 from matplotlib import colormaps
 
 from app.data.links import piece_links, word_index
-from app.report.attention_files import StoredAttention, store_attention
-from app.utils import atomic_write_text
+from app.evaluation.views import StoredAttention, store_attention
+from app.run.files import atomic_write_text
 
 LEVEL = 1  # zlib level of the maps: higher levels save little for much longer (docs/benchmarking.md)
 
@@ -246,14 +246,14 @@ def attention_map_script() -> str:
 
 
 def evaluation_records(
-    data, records: list, texts: list[str], bleu: list[float], forced=None
+    data, records: list, texts: list[str], bleu: list[float], forced: Optional[dict] = None, links=None
 ) -> Iterable[ExplorerRecord]:
     """The explorer's records of an evaluated split (``make eval``), one sentence at a time, from the split's
-    records (app.report.split_pass.SentenceRecord: pieces and the kept views of the attention that produced
-    each hypothesis) and, when ``forced`` (evaluate.ForcedAlignment) is given, the forced attention of the
-    reference with its links (those inside the sentence's words: a gold file made for other text scores
-    its links as misses, but they have no cell to draw); the views of the self-attention where the records have
-    them."""
+    records (app.evaluation.records.SentenceRecord: pieces and the kept views of the attention that produced
+    each hypothesis) and, when ``links`` (per sentence: sure, possible) are given, the forced attention of the
+    reference (``forced``, by sentence index) with its links (those inside the sentence's words: a gold file made
+    for other text scores its links as misses, but they have no cell to draw); the views of the self-attention
+    where the records have them."""
     for r in records:
         i = r.index
         record = ExplorerRecord(
@@ -269,9 +269,9 @@ def evaluation_records(
         )
         own = r.self_attention or {}
         record.encoder_attention, record.decoder_attention = own.get("encoder"), own.get("decoder")
-        if forced is not None:
+        if links is not None:
             record.ref_tokens = r.ref_pieces
-            record.ref_attention = forced.attention[i]
+            record.ref_attention = forced[i]
             n_src, n_ref = len(data.src_texts[i].split()), len(data.tgt_texts[i].split())
-            record.links = tuple({(s, t) for s, t in links if s < n_src and t < n_ref} for links in forced.links[i])
+            record.links = tuple({(s, t) for s, t in kind if s < n_src and t < n_ref} for kind in links[i])
         yield record

@@ -19,7 +19,7 @@ import math
 import os
 from typing import Optional
 
-from app.utils import atomic_write_text
+from app.run.files import atomic_write_text
 
 FILE = "validations.jsonl"
 

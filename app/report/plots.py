@@ -254,7 +254,7 @@ def figures(
     tgt_tokens: list[str],
     width_px: int | None = None,
 ) -> dict[str, Picture]:
-    """name -> picture for one sentence: the figures of ``views`` (app.report.attention_views.figure_views),
+    """name -> picture for one sentence: the figures of ``views`` (app.evaluation.views.figure_views),
     labelled with its tokens."""
     return {
         name: stacked_figure(maps, src_tokens, tgt_tokens, titles, width_px) for name, (maps, titles) in views.items()

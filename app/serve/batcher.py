@@ -25,20 +25,20 @@ Decode = Callable[[list[Any], Hashable], list[Any]]
 
 
 @dataclass
-class Job:
+class PendingRequest:
     sources: list[Any]
     key: Hashable
     future: asyncio.Future
     arrived: float = field(default_factory=time.monotonic)
 
 
-class Batcher:
+class RequestBatcher:
     """``await batcher.submit(sources, key)``: the results of ``decode`` for ``sources``, decoded together with
     those of the other requests that arrived within ``wait_s`` of the first one waiting."""
 
     def __init__(self, decode: Decode, wait_s: float, max_lines: int):
         self.decode, self.wait_s, self.max_lines = decode, wait_s, max_lines
-        self.queue: asyncio.Queue[Job] = asyncio.Queue()
+        self.queue: asyncio.Queue[PendingRequest] = asyncio.Queue()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
         self.task: asyncio.Task | None = None
         self.calls = 0  # decoding calls made
@@ -59,11 +59,11 @@ class Batcher:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     async def submit(self, sources: list[Any], key: Hashable) -> list[Any]:
-        job = Job(sources, key, asyncio.get_running_loop().create_future())
+        job = PendingRequest(sources, key, asyncio.get_running_loop().create_future())
         await self.queue.put(job)
         return await job.future
 
-    async def gather(self) -> list[Job]:
+    async def gather(self) -> list[PendingRequest]:
         """The next batch: the first job waiting, and those arriving within ``wait_s`` of it."""
         jobs = [await self.queue.get()]
         lines = len(jobs[0].sources)
@@ -84,7 +84,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         while True:
             jobs = await self.gather()
-            groups: dict[Hashable, list[Job]] = {}
+            groups: dict[Hashable, list[PendingRequest]] = {}
             for job in jobs:
                 groups.setdefault(job.key, []).append(job)
             for key, group in groups.items():
@@ -96,7 +96,7 @@ class Batcher:
                         if not job.future.done():
                             job.future.set_exception(err)
 
-    def decode_group(self, key: Hashable, jobs: list[Job]) -> None:
+    def decode_group(self, key: Hashable, jobs: list[PendingRequest]) -> None:
         """Decode the jobs of one key in one call (on the worker thread); each job's future gets its results or
         the exception of its call. Out of memory with several jobs: each job again on its own."""
         try:
@@ -126,7 +126,7 @@ class Batcher:
         self.lines += len(sources)
         return self.decode(sources, key)
 
-    def answer(self, job: Job, results: Any = None, exception: BaseException | None = None) -> None:
+    def answer(self, job: PendingRequest, results: Any = None, exception: BaseException | None = None) -> None:
         loop = job.future.get_loop()
 
         def settle() -> None:

@@ -1,11 +1,11 @@
 """A trained run behind the one call the batcher makes: its checkpoint (the torch engine) or, with
 ``translate.engine=ct2``, its CTranslate2 export, loaded by app/decode/trained.py as ``make translate`` loads
-them; lines decoded by the project's one decoding path (app/decode/corpus.py, app/decode/search.py,
+them; lines decoded by the project's one decoding path (app/decode/passes.py, app/decode/search.py,
 app/decode/beam.py, or the export's).
 
 Attention, when asked for: the search's attention for each line's best hypothesis; for the other hypotheses of
 an n-best list, the attention read while forcing that hypothesis through the decoder
-(app.decode.corpus.forced_attention: the same model on the same tokens, so the same weights up to rounding).
+(app.decode.passes.forced_attention: the same model on the same tokens, so the same weights up to rounding).
 A CTranslate2 export returns the best hypothesis' map only (one layer's mean of heads). Each map becomes the
 views app.report.attention_files.store_attention keeps (every head of every layer, each layer's mean), and the
 word links read from each view (app.data.links.hard_alignments: the most attended source word of every target
@@ -22,17 +22,16 @@ from typing import Any, Optional
 
 import torch
 
-from app.config import Config, DecodeConfig
+from app.config.schema import Config, DecodeConfig
 from app.data.links import hard_alignments, piece_links
 from app.data.tokenizer import Tokenizer
-from app.decode.corpus import forced_attention, forced_self_attention
 from app.decode.ensemble import ensemble_of
+from app.decode.passes import forced_attention, forced_self_attention
 from app.decode.search import check_lengths
 from app.decode.trained import TrainedModel, load_ct2, load_trained
+from app.evaluation.views import SCALE, self_attention_axes, store_attention
 from app.models import count_parameters
-from app.report.attention_files import SCALE, store_attention
-from app.report.attention_views import self_attention_axes
-from app.utils import resolve_device
+from app.run.device import resolve_device
 
 
 class Engine:

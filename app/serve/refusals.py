@@ -9,7 +9,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from fastapi.exceptions import RequestValidationError
 
-from app.serve.schema import TranslateRequest
+from app.serve.messages import TranslateRequest
 
 # what a value of a type is called in a refusal: one, and several (in a list)
 TYPE_NAMES = {str: ("a string", "strings"), int: ("an integer", "integers"), bool: ("true or false", "true or false")}

@@ -8,10 +8,10 @@ import socket
 
 import uvicorn
 
-from app.config import Config
-from app.errors import UserError
-from app.serve.app import create_app
+from app.config.schema import Config
+from app.run.errors import UserError
 from app.serve.engine import load_engine
+from app.serve.routes import create_app
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -19,9 +19,9 @@ import os
 import time
 from typing import Optional
 
-from app import distributed
-from app.checkpoint import average_files, best_steps, save_checkpoint, snapshot_name, snapshot_steps
-from app.config import TrainConfig
+from app.config.schema import TrainConfig
+from app.run import distributed
+from app.run.checkpoint import average_files, best_steps, save_checkpoint, snapshot_name, snapshot_steps
 from app.train.state import Progress
 from app.train.validation import validate
 

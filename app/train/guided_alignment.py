@@ -18,11 +18,11 @@ import os
 import numpy as np
 import torch
 
-from app.config import Config
+from app.config.schema import Config
 from app.data.links import WORD_START, read_pharaoh
 from app.data.tokenizer import Tokenizer
-from app.errors import UserError
 from app.models import has_attention
+from app.run.errors import UserError
 
 
 def piece_words(pieces: list[str]) -> tuple[np.ndarray, np.ndarray]:

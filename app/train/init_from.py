@@ -16,10 +16,10 @@ from typing import Optional
 
 import torch
 
-from app.checkpoint import UnloadableCheckpoint, check_compatible, checkpoint_step, load_checkpoint, named_checkpoint
-from app.config import Config
-from app.config_load import config_from_dict
-from app.errors import UserError
+from app.config.load import check_compatible, config_from_dict
+from app.config.schema import Config
+from app.run.checkpoint import UnloadableCheckpoint, checkpoint_step, load_checkpoint, named_checkpoint
+from app.run.errors import UserError
 
 log = logging.getLogger(__name__)
 

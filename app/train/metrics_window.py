@@ -11,8 +11,8 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-from app import distributed
-from app.errors import UserError
+from app.run import distributed
+from app.run.errors import UserError
 from app.train.update import StepResult
 
 

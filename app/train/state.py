@@ -19,12 +19,13 @@ from typing import Optional
 
 import torch
 
-from app.checkpoint import UnloadableCheckpoint, check_compatible, load_checkpoint, snapshot_name, snapshot_steps
-from app.config import Config, TrainConfig
+from app.config.load import check_compatible
+from app.config.schema import Config, TrainConfig
 from app.data.schedule import BatchSchedule
-from app.errors import UserError
+from app.run.checkpoint import UnloadableCheckpoint, load_checkpoint, snapshot_name, snapshot_steps
+from app.run.device import rng_state, set_rng_state
+from app.run.errors import UserError
 from app.train.ema import ExponentialAverage
-from app.utils import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 

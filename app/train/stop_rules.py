@@ -19,8 +19,8 @@ from typing import Optional
 
 import torch
 
-from app import distributed
-from app.config import TrainConfig
+from app.config.schema import TrainConfig
+from app.run import distributed
 
 
 class StopNow(BaseException):

@@ -17,11 +17,11 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from app.config import Config, TrainConfig
+from app.config.schema import Config, TrainConfig
 from app.models import count_parameters
+from app.run.files import atomic_write_text
 from app.train.stop_rules import abortable
 from app.train.validation import sampled_seconds
-from app.utils import atomic_write_text
 
 log = logging.getLogger(__name__)
 

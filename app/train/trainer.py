@@ -23,17 +23,19 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from app import distributed
-from app.checkpoint import CheckpointWriter, host_copy, save_checkpoint, write_snapshot
-from app.config import Config
+from app.config.schema import Config
 from app.data.batching import Batch, Batcher
 from app.data.prefetch import Prefetcher
 from app.data.schedule import BatchSchedule, Update, accumulation_steps, training_schedule
-from app.errors import TrainingInterrupted, UserError
 from app.models import build_model, count_parameters
 from app.models.flops import FlopCounter, peak_flops
 from app.report.board import training_results, write_hparams
 from app.report.history import history_entry, write_history
+from app.run import distributed
+from app.run.checkpoint import CheckpointWriter, host_copy, save_checkpoint, write_snapshot
+from app.run.device import amp_dtype, resolve_device, rng_state, seed_everything
+from app.run.errors import TrainingInterrupted, UserError
+from app.run.files import atomic_write_text
 from app.train.closing_average import average_at_end, kept_snapshots, reserve_seconds
 from app.train.ema import ExponentialAverage
 from app.train.init_from import starting_point
@@ -54,7 +56,6 @@ from app.train.summary import (
 from app.train.training_data import TrainingData, load_data
 from app.train.update import compiled_for_training, make_optimizer, train_step
 from app.train.validation import validate, validation_worker
-from app.utils import amp_dtype, atomic_write_text, resolve_device, rng_state, seed_everything
 
 log = logging.getLogger(__name__)
 

@@ -7,12 +7,12 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from app import distributed
-from app.config import Config
+from app.config.schema import Config
 from app.data.corpus import ParallelData, load_split, load_tokenized, load_tokenizer, prepare_data
 from app.data.links import read_pharaoh
 from app.data.subword_sampling import TrainSegmentations, train_segmentations
 from app.data.tokenizer import Tokenizer
+from app.run import distributed
 from app.train.guided_alignment import AlignmentTargets, alignment_targets
 
 

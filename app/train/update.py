@@ -11,14 +11,13 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple, Optional
 
 import torch
-import torch.nn.functional as F
 
-from app.config import CUDA_GRAPH_MODES, Config
-from app.data.tokenizer import PAD
+from app.config.schema import CUDA_GRAPH_MODES, Config
+from app.models import sequence_loss
 from app.models.transformer_layers import DecoderLayer, EncoderLayer
+from app.run.device import autocast
 from app.train.guided_alignment import guided_alignment_loss
 from app.train.master_weights import MasterWeights
-from app.utils import autocast
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +26,6 @@ def inverse_sqrt(warmup: int) -> Callable[[int], float]:
     """Linear warmup to the peak rate, then decay ∝ 1/√step (Vaswani et al. 2017, eq. 3, rescaled)."""
     warmup = max(warmup, 1)
     return lambda step: min((step + 1) / warmup, math.sqrt(warmup / (step + 1)))
-
-
-def sequence_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
-    """Summed (label-smoothed) cross-entropy over non-padding target tokens."""
-    return F.cross_entropy(
-        logits.flatten(0, 1), target.flatten(), ignore_index=PAD, label_smoothing=label_smoothing, reduction="sum"
-    )
 
 
 def make_optimizer(

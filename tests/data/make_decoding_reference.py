@@ -29,8 +29,10 @@ from conftest import SWORD, Vocab, model_config  # noqa: E402
 
 from app.data.batching import Batcher  # noqa: E402
 from app.data.tokenizer import BOS, EOS, PAD  # noqa: E402
-from app.models import build_model  # noqa: E402
-from app.train.update import sequence_loss  # noqa: E402
+from app.models import (
+    build_model,  # noqa: E402
+    sequence_loss,  # noqa: E402
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WEIGHTS = os.path.join(HERE, "decoding_reference.pt.xz")  # xz: under 1 MB in the repository
@@ -112,8 +114,8 @@ def load(name: str, saved: dict) -> torch.nn.Module:
 
 
 def record(saved: dict) -> dict:
-    from app.config import DecodeConfig
-    from app.decode.corpus import beam_search, decode_corpus, greedy_decode
+    from app.config.schema import DecodeConfig
+    from app.decode.passes import beam_search, decode_corpus, greedy_decode
 
     src = saved["src"]
     batch = Batcher(src)(list(range(len(src)))).src

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # app
 
 from conftest import Vocab, model_config  # noqa: E402
 
-from app.config import Config  # noqa: E402
+from app.config.schema import Config  # noqa: E402
 from app.data.batching import Batch  # noqa: E402
 from app.models import build_model  # noqa: E402
 from app.train.update import make_optimizer, train_step  # noqa: E402

@@ -17,13 +17,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from app.config import DecodeConfig, ServeConfig
-from app.errors import UserError
+from app.config.schema import DecodeConfig, ServeConfig
 from app.report.explorer import attention_map_script
-from app.serve.batcher import Batcher
+from app.run.errors import UserError
+from app.serve.batcher import RequestBatcher
 from app.serve.engine import Engine
+from app.serve.messages import RequestError, TranslateRequest, check_request
 from app.serve.refusals import validation_message
-from app.serve.schema import RequestError, TranslateRequest, check_request
 
 log = logging.getLogger(__name__)
 STATIC = resources.files("app.serve").joinpath("static")
@@ -52,7 +52,7 @@ def create_app(engine: Engine, limits: ServeConfig, defaults: DecodeConfig) -> F
             return engine.translate([s for s, _ in sources], *how, prefix=[p for _, p in sources])
         return engine.translate(sources, *how)
 
-    batcher = Batcher(decode, limits.batch_wait_ms / 1000, limits.max_batch_lines)
+    batcher = RequestBatcher(decode, limits.batch_wait_ms / 1000, limits.max_batch_lines)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):

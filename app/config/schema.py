@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from app.choices import Checked, check_choices, choice
-from app.errors import UserError
+from app.config.choices import Checked, check_choices, choice
+from app.run.errors import UserError
 
 
 @dataclass
@@ -332,7 +332,7 @@ class BenchConfig:
     host_tokens: int = 256  # host_step_ms: updates on a batch of at most this many padded tokens (its compute ~ 0)
     ablate: bool = False  # also time training with each speed feature off in turn (and with train.compile)
     cpu_small: bool = True  # on a CPU, cap model, batch, steps and test sentences at a size benched in minutes
-    serve: bool = False  # instead: requests/s and latency of make serve's API (app/serve/bench.py)
+    serve: bool = False  # instead: requests/s and latency of make serve's API (app/bench/serving.py)
 
 
 @dataclass

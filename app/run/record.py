@@ -1,7 +1,7 @@
 """What a command refused before it starts leaves in its run folder: nothing.
 
 Hydra makes the run folder and writes its record of the settings (``.hydra/<command>/``) before the command
-runs, and a command that owns a folder locks it first (app/folder_lock.py). A command refused then (a
+runs, and a command that owns a folder locks it first (app/run/folder_lock.py). A command refused then (a
 UserError: ``name=`` of a run that does not exist, a setting checked by the command) has written nothing
 of its own: ``FolderBefore.undo`` removes the folder where this command made it, or puts the command's
 earlier record back where the folder was there before (so that it still describes the outputs beside it).

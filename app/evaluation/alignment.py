@@ -10,9 +10,9 @@ from tqdm import tqdm
 
 from app.data.links import hard_alignment, hard_alignments
 from app.data.tokenizer import EOS
-from app.decode.corpus import forced_attention
-from app.errors import UserError
-from app.report.attention_views import attention_views, named_view, plotted_view
+from app.decode.passes import forced_attention
+from app.evaluation.views import attention_views, named_view, plotted_view
+from app.run.errors import UserError
 
 
 def links_view(attention, layer: int = -1, view: Optional[str] = None) -> str:

@@ -30,7 +30,7 @@ import threading
 from datetime import datetime
 from typing import Optional
 
-from app.errors import UserError
+from app.run.errors import UserError
 
 log = logging.getLogger(__name__)
 LOCK_FILE = ".lock"
@@ -169,7 +169,7 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 def owner_record() -> dict:
     """Who holds a lock: this process, under torchrun also its launcher (the workers' parent)."""
-    from app import distributed  # torch: not before the command line's settings are checked (app/cli.py)
+    from app.run import distributed  # torch: not before the command line's settings are checked (app/cli.py)
 
     record = {
         "pid": os.getpid(),

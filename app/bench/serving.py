@@ -23,12 +23,12 @@ import numpy as np
 import torch
 import uvicorn
 
-from app.config import Config
-from app.errors import UserError
-from app.serve.app import create_app
+from app.config.schema import Config
+from app.run.errors import UserError
+from app.run.files import atomic_write_text
 from app.serve.engine import load_engine
+from app.serve.routes import create_app
 from app.serve.server import bind
-from app.utils import atomic_write_text
 
 WARMUP_REQUESTS = 8  # per load, untimed: the first calls allocate and warm the caches
 

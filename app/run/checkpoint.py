@@ -22,10 +22,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from app.config import ModelConfig
-from app.config_load import model_settings
-from app.errors import UserError
-from app.utils import atomic_write
+from app.run.errors import UserError
+from app.run.files import atomic_write
 
 SNAPSHOT = re.compile(r"step_(\d+)\.pt$")
 
@@ -164,26 +162,6 @@ def named_checkpoint(given: str) -> str:
     if given.endswith(".pt"):
         return given
     return checkpoint_path(given if os.path.isdir(given) else os.path.join("checkpoints", given), "best")
-
-
-def check_compatible(state: dict, path: str, vocab: dict, model_cfg: ModelConfig, free: tuple = ()) -> None:
-    """A checkpoint must match the run's vocabulary and model settings (those of its family) but the ``free``
-    ones; the error names what differs."""
-    if state.get("vocab") != vocab:
-        raise UserError(
-            f"{path}: trained with another vocabulary ({state.get('vocab')} vs this run's {vocab}); "
-            "use the tokenizer settings of that run or another name="
-        )
-    theirs, model_cfg = model_settings(state["config"]["model"]), model_settings(model_cfg)
-    if theirs.get("arch") != model_cfg.get("arch"):  # another family: its every setting differs, say only that
-        theirs, model_cfg = {"arch": theirs.get("arch")}, {"arch": model_cfg.get("arch")}
-    differ = [
-        f"model.{k}={theirs.get(k)!r} there, {model_cfg.get(k)!r} here"
-        for k in sorted(set(theirs) | set(model_cfg))
-        if theirs.get(k) != model_cfg.get(k) and k not in free
-    ]
-    if differ:
-        raise UserError(f"{path}: model settings differ from this run's: {'; '.join(differ)}")
 
 
 def snapshot_steps(run_dir: str) -> list[int]:

@@ -11,7 +11,7 @@ from typing import Optional
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
-from app.errors import UserError
+from app.run.errors import UserError
 
 
 def _check(hypotheses: list[str], references: list[str]) -> None:
@@ -127,7 +127,7 @@ def ter_statistics(hypotheses: list[str], references: list[str]) -> tuple[list, 
     """Each sentence's TER statistics (edits, reference words: what sacrebleu's ``corpus_score`` sums), the
     metric's signature (None for no sentences) and the seconds they took. sacrebleu's TER is pure Python, seconds
     for a thousand sentences on one core: ``make eval`` counts a share of the sentences in the host worker
-    (app/host_worker.py) and the rest itself."""
+    (app/run/host_worker.py) and the rest itself."""
     _check(hypotheses, references)
     if not hypotheses:
         return [], None, 0.0

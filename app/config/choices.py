@@ -1,4 +1,4 @@
-"""Settings with a fixed set of values: declared with ``choice`` in the schema (app/config.py) and checked
+"""Settings with a fixed set of values: declared with ``choice`` in the schema (app/config/schema.py) and checked
 once, with one message, when their section is built (from the command line or a checkpoint's stored dict).
 OmegaConf, which builds the sections, does not take ``Literal`` annotations, so the choices ride in the
 field's metadata."""
@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import field
 from typing import Any, ClassVar, Optional
 
-from app.errors import UserError
+from app.run.errors import UserError
 
 
 def choice(default: Optional[str], *others: Optional[str]) -> Any:

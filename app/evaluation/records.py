@@ -1,7 +1,7 @@
-"""One pass over a decoded split: each sentence's record (its pieces, its hypothesis's attention and the views
-of it that are kept) is built once, and every output a caller asks for reads the records: ``make eval`` asks
-for the attention files, heatmaps, the explorer and TensorBoard's figures (app/report/evaluate.py),
-validation for TensorBoard's figures of a few dev sentences (app/train/validation.py)."""
+"""Each sentence's record of an evaluated split (its pieces, its hypothesis's attention and the views of it that
+are kept, its self-attention, its word links), built once by the evaluation (app/evaluation/split.py): every
+output reads them, ``make eval``'s files, heatmaps, explorer and TensorBoard figures
+(app/report/evaluation_files.py) and validation's figures of a few dev sentences (app/train/validation.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import torch
 from tqdm import tqdm
 
 from app.data.tokenizer import EOS
-from app.decode.corpus import forced_self_attention
-from app.report.attention_files import SELF_ATTENTION, StoredAttention, store_attention
-from app.report.head_roles import HeadRoles
+from app.decode.passes import forced_self_attention
+from app.evaluation.head_roles import HeadRoles
+from app.evaluation.views import SELF_ATTENTION, StoredAttention, store_attention
 
 
 @dataclass
@@ -86,7 +86,7 @@ def add_self_attention(
     """Fill each record's ``self_attention`` with the views ``keep`` keeps (as of the cross-attention) of the
     model's self-attention over ``src[i]`` and, fed it (teacher forcing, one pass without logits), over the
     hypothesis ``hyps[n]`` (in the order of ``records``): the decoder's weights are those that wrote it. Returns
-    what every head of the encoder and of the decoder did over these sentences (app/report/head_roles.py)."""
+    what every head of the encoder and of the decoder did over these sentences (app/evaluation/head_roles.py)."""
     sources = [src[r.index] for r in records]
     passes = forced_self_attention(model, sources, hyps, device, batch_tokens, amp_dtype)
     roles = {kind: HeadRoles() for kind in SELF_ATTENTION}  # the order of forced_self_attention's maps

@@ -12,7 +12,7 @@ from typing import Optional
 
 import numpy as np
 
-from app.report.attention_views import as_array
+from app.evaluation.views import as_array
 
 OFFSETS = (-1, 0, 1)
 POSITIONAL = 0.9  # the share of pieces at one relative position that makes a head positional

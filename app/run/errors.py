@@ -11,7 +11,7 @@ class UserError(Exception):
 
 
 class DiskFull(UserError):
-    """A write that found no space left on its device (app/utils.atomic_open names the file)."""
+    """A write that found no space left on its device (app/run/files.atomic_open names the file)."""
 
 
 class TrainingInterrupted(UserError):

@@ -13,16 +13,17 @@ import sys
 import time
 from typing import Optional
 
-from app.checkpoint import checkpoint_path
-from app.config import Config, ScoreConfig
+from app.config.schema import Config, ScoreConfig
 from app.data.corpus import load_split
 from app.decode.ensemble import ensemble_of
 from app.decode.search import check_lengths
 from app.decode.trained import load_ct2, load_trained
 from app.decode.translate import read_translate_input, word_links
-from app.errors import UserError
 from app.models import has_attention
-from app.utils import atomic_write_text, resolve_device
+from app.run.checkpoint import checkpoint_path
+from app.run.device import resolve_device
+from app.run.errors import UserError
+from app.run.files import atomic_write_text
 
 
 def score_pairs(cfg: Config) -> None:

@@ -1,5 +1,6 @@
 """The views of one sentence's attention, named once for every reader (plots, TensorBoard, AER, the
-attention files, the explorer), and two numbers read from a view: entropy and monotonicity.
+attention files, the explorer), two numbers read from a view (entropy and monotonicity), and the views an
+evaluation keeps of a sentence's attention (``store_attention``: uint8, what the attention files hold).
 
 An RNN's attention (tgt, src) has one view, ``attention``. A Transformer's cross-attention (layers, heads,
 tgt, src) has ``layer L head H`` for each head and ``layer L mean`` for each layer's mean of heads; the
@@ -9,6 +10,7 @@ view plots show is ``layer viz.layer mean``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Union
 
 import numpy as np
@@ -143,3 +145,34 @@ def attention_shape(attentions: list, layer: int = -1) -> dict:
         "entropy": round(sum(attention_entropy(m) for _, m in views) / len(views), 6),
         "monotonicity": round(sum(monotonicity(m) for _, m in views) / len(views), 6),
     }
+
+
+SCALE = 255  # stored value v means weight v / 255 (within 1/510 of the weight)
+SELF_ATTENTION = ("encoder", "decoder")  # a Transformer's self-attention: source over source, target over target
+
+
+@dataclass
+class StoredAttention:
+    """What the attention files and the explorer keep of one sentence's attention: named views
+    (``attention_views`` names) as uint8 maps (views, rows, src), and the attention's own shape."""
+
+    names: list[str]
+    maps: np.ndarray  # uint8: weight = value / SCALE
+    layers: int  # 0 for an RNN's (or CTranslate2's) single map
+    heads: int
+    head_layers: list[int]  # the layers whose heads are kept
+    entropy: float  # mean row entropy (nats) of the whole attention, every head of every layer
+    monotonicity: float  # of the plotted view (layer ``layer``'s mean of heads, an RNN's map), before quantizing
+
+
+def store_attention(attention, layer: int = -1, keep: str = "layer") -> StoredAttention:
+    """The views of ``attention`` (tgt, src) or (layers, heads, tgt, src) that ``keep`` keeps: an RNN's one
+    map; of a Transformer, the heads of layer ``layer`` ("layer") or of every layer ("all"), then every
+    layer's mean of heads. Quantized to uint8 (rounded, so within 1/510 of the weight)."""
+    attention = check_shape(as_array(attention))
+    layers, heads = attention.shape[:2] if attention.ndim == 4 else (0, 0)
+    kept = (list(range(layers)) if keep == "all" else [layer % layers]) if layers else []
+    names, maps = attention_views(attention, kept)
+    quantized = np.rint(np.clip(maps, 0.0, 1.0) * SCALE).astype(np.uint8)
+    mono = monotonicity(plotted_view(attention, layer)[1])
+    return StoredAttention(names, quantized, layers, heads, kept, attention_entropy(attention), mono)

@@ -11,12 +11,12 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-from app.config import DecodeConfig
+from app.config.schema import DecodeConfig
 from app.data.batching import Batcher, make_batches, sorted_batches
 from app.decode.beam import BeamSearch
 from app.decode.sampling import Sampler, make_sampler
 from app.decode.search import GreedySearch, Hypotheses, check_lengths, check_source_lengths, prefix_tensor
-from app.utils import autocast
+from app.run.device import autocast
 
 log = logging.getLogger(__name__)
 

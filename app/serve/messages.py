@@ -7,7 +7,7 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
-from app.config import DecodeConfig, ServeConfig
+from app.config.schema import DecodeConfig, ServeConfig
 
 
 class TranslateRequest(BaseModel):

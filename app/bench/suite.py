@@ -36,8 +36,8 @@ from app.bench.decoding import sync, time_decoding
 from app.bench.profiling import count_ops, profile_steps
 from app.bench.rows import attempt
 from app.bench.training import time_trainer
-from app.checkpoint import check_compatible, load_checkpoint
-from app.config import Config
+from app.config.load import check_compatible
+from app.config.schema import Config
 from app.data.batching import Batcher, make_batches
 from app.data.corpus import load_split, load_tokenized, prepare_data
 from app.data.schedule import training_schedule
@@ -45,9 +45,11 @@ from app.data.shapes import SUGGESTED_SHAPES
 from app.data.tokenizer import PAD
 from app.models import build_model, count_parameters
 from app.models.flops import peak_flops, training_flops
+from app.run.checkpoint import load_checkpoint
+from app.run.device import amp_dtype, resolve_device, seed_everything
+from app.run.files import atomic_write_text
 from app.train.master_weights import MasterWeights
 from app.train.update import compiled_for_training, make_optimizer, train_step
-from app.utils import amp_dtype, atomic_write_text, resolve_device, seed_everything
 
 
 def time_training(

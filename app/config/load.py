@@ -1,5 +1,5 @@
 """The configuration read: Hydra's composed settings (the schema registered in its ConfigStore) or a run's
-stored dict (checkpoint, config.yaml) turned into the schema's dataclasses (app/config.py), and a
+stored dict (checkpoint, config.yaml) turned into the schema's dataclasses (app/config/schema.py), and a
 configuration error of OmegaConf or Hydra as one line naming its key."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from app.config import MODEL_SCHEMAS, Config, ModelConfig
-from app.errors import UserError
+from app.config.schema import MODEL_SCHEMAS, Config, ModelConfig
+from app.run.errors import UserError
 
 
 def register_configs() -> None:
@@ -174,3 +174,23 @@ def model_settings(model_cfg: ModelConfig | dict) -> dict:
     values = model_cfg if isinstance(model_cfg, dict) else dataclasses.asdict(model_cfg)
     schema = MODEL_SCHEMAS.get(values.get("arch", "transformer"))
     return dataclasses.asdict(_from_dict(schema, values)) if schema else dict(values)
+
+
+def check_compatible(state: dict, path: str, vocab: dict, model_cfg: ModelConfig, free: tuple = ()) -> None:
+    """A checkpoint must match the run's vocabulary and model settings (those of its family) but the ``free``
+    ones; the error names what differs."""
+    if state.get("vocab") != vocab:
+        raise UserError(
+            f"{path}: trained with another vocabulary ({state.get('vocab')} vs this run's {vocab}); "
+            "use the tokenizer settings of that run or another name="
+        )
+    theirs, model_cfg = model_settings(state["config"]["model"]), model_settings(model_cfg)
+    if theirs.get("arch") != model_cfg.get("arch"):  # another family: its every setting differs, say only that
+        theirs, model_cfg = {"arch": theirs.get("arch")}, {"arch": model_cfg.get("arch")}
+    differ = [
+        f"model.{k}={theirs.get(k)!r} there, {model_cfg.get(k)!r} here"
+        for k in sorted(set(theirs) | set(model_cfg))
+        if theirs.get(k) != model_cfg.get(k) and k not in free
+    ]
+    if differ:
+        raise UserError(f"{path}: model settings differ from this run's: {'; '.join(differ)}")

@@ -1,0 +1,225 @@
+"""``make eval``'s evaluation of a run: its checkpoint (or CTranslate2 export, or an ensemble) loaded, the split
+(or its first ``eval.max_sentences``) and its reference links read, and the one evaluation of a split
+(app/evaluation/split.py) asked for everything a person reads of it: app/report/evaluation_files.py writes it."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from app.config.schema import Config
+from app.data.corpus import ParallelData, load_split
+from app.data.links import read_pharaoh, reference_links
+from app.data.sources import SPLITS
+from app.decode.ct2_engine import CT2Translator
+from app.decode.ensemble import ensemble_of
+from app.decode.search import describe
+from app.decode.trained import TrainedModel, load_ct2, load_trained
+from app.evaluation.alignment import align_scope
+from app.evaluation.split import Alignment, Asked, SplitResult, evaluate_split, with_ter
+from app.models import count_parameters, has_attention
+from app.run.checkpoint import checkpoint_path
+from app.run.device import resolve_device
+from app.run.errors import UserError
+from app.run.host_worker import host_worker
+from app.run.stopwatch import Stopwatch
+
+# the share of the sentences whose TER the host worker counts while this process writes the attention files,
+# heatmaps and explorer, then counts the rest: both end near together (docs/benchmarking.md, make eval)
+TER_WORKER_SHARE = 0.6
+
+
+@dataclass
+class EvaluatedRun:
+    """What ``make eval`` evaluated and how: the settings, the run's model, the split (``data``, of
+    ``split_size`` sentences), the CTranslate2 engine that decoded it (if any), the reference links AER read
+    (``links``), the result, what metrics.json holds of it (``metrics``: TER once ``finish`` is called), and the
+    clock."""
+
+    cfg: Config
+    trained: TrainedModel
+    data: ParallelData
+    split_size: int
+    ct2: Optional[CT2Translator]
+    links: Optional[list]
+    result: SplitResult
+    clock: Stopwatch
+    metrics: dict = field(default_factory=dict)
+
+    @property
+    def has_attention(self) -> bool:
+        return self.result.hypotheses.attention is not None
+
+    def checkpoint_name(self, form: str = "{checkpoint}.pt, step {step}") -> str:
+        """What decoded: an ensemble's members, or the checkpoint in ``form``."""
+        members, step = self.trained.members, self.trained.step
+        return ensemble_of(members) or form.format(checkpoint=self.cfg.eval.checkpoint, step=step)
+
+    def model_name(self) -> str:
+        """The model's family and size: "transformer (6.6 M parameters)", "rnn bahdanau (...)"."""
+        model = self.trained.config.model
+        family = model.arch if model.arch == "transformer" else f"rnn {model.attention}"
+        return f"{family} ({count_parameters(self.trained.model) / 1e6:.1f} M parameters)"
+
+    def finish(self) -> dict:
+        """The metrics with TER, of this process's share and the worker's (timed as scoring)."""
+        with self.clock("score"):
+            scores = self.result.finish()
+        self.metrics = with_ter(self.metrics, {k: scores[k] for k in ("ter", "ter_signature")})
+        return self.metrics
+
+
+def evaluated(cfg: Config) -> bool:
+    """Whether eval/<split>/metrics.json is newer than the checkpoint it would evaluate, and of the whole
+    split (an ``eval.max_sentences`` look at its first sentences is not its evaluation)."""
+    metrics = os.path.join(cfg.run_dir, "eval", cfg.eval.split, "metrics.json")
+    checkpoint = checkpoint_path(cfg.run_dir, cfg.eval.checkpoint)
+    if not all(map(os.path.exists, (metrics, checkpoint))) or os.path.getmtime(metrics) < os.path.getmtime(checkpoint):
+        return False
+    with open(metrics, encoding="utf-8") as f:
+        return not json.load(f).get("subset")
+
+
+def evaluate_run(cfg: Config) -> EvaluatedRun:
+    """Decode ``eval.split`` (its first ``eval.max_sentences``) with the run's ``eval.checkpoint`` and evaluate
+    it; the TER share of the worker is collected when the writer calls ``result.finish()``."""
+    check_settings(cfg)
+    clock = Stopwatch()
+    with clock("load"):
+        trained = load_trained(
+            cfg.run_dir, cfg.eval.checkpoint, resolve_device(cfg.device), "eval.checkpoint", cfg.ensemble
+        )
+        data = load_split(trained.config.data.dir, cfg.eval.split, trained.tokenizer)
+        split_size, data = len(data), data.head(cfg.eval.max_sentences)
+        ct2 = load_ct2(cfg, trained, "eval.engine") if cfg.eval.engine == "ct2" else None
+    if ct2:
+        search = lambda src, attention, progress: ct2.translate(src, cfg.decode, need_attention=attention)  # noqa: E731
+    else:
+        search = lambda src, attention, progress: trained.translate(  # noqa: E731
+            src, cfg.decode, progress=progress, need_attention=attention
+        )
+    alignment = alignment_asked(cfg, trained, data, split_size)
+    own = cfg.viz.self_attention and cfg.eval.engine == "torch" and hasattr(trained.model, "self_attention")
+    forced = own or (alignment is not None and has_attention(trained.config.model))  # a teacher-forced pass
+    asked = Asked(
+        scores="split",
+        length_buckets=cfg.eval.length_buckets,
+        ter_share=1.0 if forced else TER_WORKER_SHARE,  # all of TER in the worker beside a teacher-forced pass
+        records=None,
+        keep=cfg.eval.attention,
+        layer=cfg.viz.layer,
+        references=alignment is not None,
+        links=True,
+        self_attention=own,
+        alignment=alignment,
+        progress=True,
+    )
+    worker = host_worker(preload=("app.evaluation.metrics",)) if cfg.viz.worker else None
+    plan = lambda hyps: print_plan(cfg, data, split_size, hyps.attention is not None, own, alignment, clock)  # noqa: E731
+    model, batch = trained.model, cfg.decode.batch_tokens
+    result = evaluate_split(model, data, trained.tokenizer, search, asked, batch, trained.dtype, worker, clock, plan)
+    if alignment is not None and result.alignment is None and cfg.eval.gold_align:
+        raise UserError("eval.gold_align: this model has no attention to align with")
+    links = alignment.links if alignment is not None and result.alignment is not None else None
+    run = EvaluatedRun(cfg, trained, data, split_size, ct2, links, result, clock)
+    run.metrics = {**result.metrics, **subset_stats(len(data), split_size), **decoding_stats(run)}
+    if result.alignment is not None:
+        run.metrics["alignment"] = result.alignment
+    if result.attention is not None:  # of the hypotheses' attention, the map plots show (viz.layer)
+        run.metrics["attention"] = result.attention
+    if result.links_view is not None:
+        run.metrics["hyp_align_view"] = result.links_view
+    if result.heads:
+        run.metrics["self_attention_heads"] = {kind: heads.result() for kind, heads in result.heads.items()}
+    return run
+
+
+def subset_stats(sentences: int, split_size: int) -> dict:
+    """How much of the split was scored: a subset is said so, so that nobody takes it for the split's score."""
+    subset = f"first {sentences} of {split_size} sentences" if sentences < split_size else None
+    return {"split_sentences": split_size, "subset": subset}
+
+
+def check_settings(cfg: Config) -> None:
+    if cfg.eval.split not in SPLITS:
+        raise UserError(f"eval.split={cfg.eval.split!r} is not a split; the splits are {', '.join(SPLITS)}")
+    if cfg.eval.max_sentences < 0:
+        raise UserError(f"eval.max_sentences={cfg.eval.max_sentences}: the first N sentences of the split, 0 for all")
+
+
+def alignment_asked(cfg: Config, trained: TrainedModel, data: ParallelData, split_size: int) -> Optional[Alignment]:
+    """What AER is scored against: ``eval.gold_align``, else the corpus's own reference links of the split (none:
+    None). The view reported is the best on dev where the corpus has dev links (and the gold is its own; dev cut
+    as the split is), else the best on this split (said so: an optimistic choice)."""
+    gold_path = cfg.eval.gold_align or reference_links(trained.config.data.dir, cfg.eval.split)
+    if not gold_path:
+        return None
+    tok, split = trained.tokenizer, cfg.eval.split
+    asked = Alignment(
+        links=first_lines(read_pharaoh(gold_path), split_size, len(data)),
+        scope=align_scope(cfg.eval.align_scope, gold_file=bool(cfg.eval.gold_align)),
+        split=split,
+        gold=gold_path,
+        keep=len(data),
+    )
+    dev_path = reference_links(trained.config.data.dir, "dev")
+    if split != "dev" and dev_path and not cfg.eval.gold_align:
+        dev = load_split(trained.config.data.dir, "dev", tok)
+        dev_size, dev = len(dev), dev.head(len(data) if len(data) < split_size else 0)
+        asked.dev = dev, first_lines(read_pharaoh(dev_path), dev_size, len(dev))
+        asked.dev_name = "dev" if len(dev) == dev_size else f"dev (first {len(dev)} of {dev_size} sentences)"
+    return asked
+
+
+def first_lines(gold: list, split_size: int, n: int) -> list:
+    """The links of the first ``n`` sentences, once the gold is known to cover the whole split."""
+    if len(gold) != split_size:
+        raise UserError(f"{split_size} sentences to align but the reference links have {len(gold)} lines")
+    return gold[:n]
+
+
+def print_plan(
+    cfg: Config,
+    data: ParallelData,
+    split_size: int,
+    has_attention: bool,
+    own: bool,
+    alignment: Optional[Alignment],
+    clock: Stopwatch,
+) -> None:
+    """What is left once the hypotheses exist (``own``: the self-attention too): long work shows its own progress
+    bar."""
+    what = ["scores (TER in a worker process)"] + ["AER against the reference links"] * bool(alignment)
+    what += ["the self-attention of every hypothesis (viz.self_attention)"] * own
+    if has_attention:
+        plots = min(cfg.viz.eval_plots, len(data))
+        what += [f"attention files, {plots} heatmap{'s' * (plots != 1)}, the explorer"]
+    subset = f" (first {len(data)} of {split_size})" if len(data) < split_size else ""
+    print(
+        f"decoded {len(data)} {cfg.eval.split} sentences{subset} in {clock.seconds['decode']:.1f} s; "
+        f"now {', '.join(what)} and TensorBoard",
+        flush=True,
+    )
+
+
+def decoding_stats(run: EvaluatedRun) -> dict:
+    """How the split was decoded, on what, and how fast."""
+    cfg, trained, ct2, hyps = run.cfg, run.trained, run.ct2, run.result.hypotheses
+    seconds = run.clock.seconds["decode"]
+    return {
+        "split": cfg.eval.split,
+        "checkpoint": cfg.eval.checkpoint,
+        "decoding": describe(cfg.decode),
+        "decode_seconds": round(seconds, 2),
+        "sentences_per_s": round(len(hyps.tokens) / seconds, 1),
+        "tokens_per_s": round(sum(len(h) + 1 for h in hyps.tokens) / seconds),
+        # the largest cache of one decoding batch (decode.batch_tokens, beam size): compare runs decoded alike
+        "kv_cache_mib": None if hyps.kv_cache_bytes is None else round(hyps.kv_cache_bytes / 2**20, 3),
+        "device": torch.cuda.get_device_name(trained.device) if trained.device.type == "cuda" else "cpu",
+        "engine": f"ctranslate2 {ct2.info['ctranslate2_version']}, {ct2.info['quantization']}" if ct2 else "torch",
+        **({"ensemble": trained.members} if trained.members else {}),
+    }

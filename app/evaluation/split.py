@@ -1,0 +1,271 @@
+"""One evaluation of a split, for every caller: the hypotheses of its sources scored with sacrebleu, each
+sentence's record with the views of the attention that wrote it, the teacher-forced passes that read attention
+(AER against reference links; the self-attention and what each head does), and the teacher-forced loss.
+Validation (app/train/validation.py) and ``make eval`` (app/evaluation/eval_run.py) differ only in what they ask
+for (``Asked``) and in where they write the result (TensorBoard; app/report/evaluation_files.py).
+
+Host work runs beside the model's passes in the host worker (app/run/host_worker.py) where one is given: the
+scores of a validation, a share of ``make eval``'s TER (collected by ``SplitResult.finish``, after the caller
+wrote its files), and whatever the caller sends it from ``Asked.on_records``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from app.data.batching import sorted_batches
+from app.data.corpus import ParallelData
+from app.data.tokenizer import PAD, Tokenizer
+from app.decode.search import Hypotheses
+from app.evaluation.alignment import AlignmentScore, hypothesis_links, links_view, score_alignments
+from app.evaluation.head_roles import HeadRoles
+from app.evaluation.metrics import score, split_scores, ter_of_statistics, ter_statistics
+from app.evaluation.records import SentenceRecord, add_self_attention, sentence_records
+from app.evaluation.views import attention_shape
+from app.models import sequence_loss
+from app.run.device import autocast
+from app.run.host_worker import HostWorker, Job, submit
+from app.run.stopwatch import Stopwatch
+
+# a search: (sources, whether each hypothesis' attention is wanted, progress bar or not) -> hypotheses
+Search = Callable[[list[list[int]], bool, bool], Hypotheses]
+
+
+@dataclass
+class Alignment:
+    """What AER is scored against: per pair of the split, its reference links (sure, possible), counted over
+    ``scope``'s target words; the view reported is the best on ``dev`` (a split and its links) where given, else
+    on the split itself (said by ``chosen_on``). The forced attention of the first ``keep`` pairs is kept."""
+
+    links: list[tuple[set, set]]
+    scope: str
+    split: str  # the split's name: where the view is chosen without ``dev``
+    gold: Optional[str] = None  # the file the links came from, named in the result
+    dev: Optional[tuple[ParallelData, list[tuple[set, set]]]] = None
+    dev_name: str = "dev"  # where the view was chosen when ``dev`` is given ("dev (first 80 of 1,019 sentences)")
+    keep: int = 0
+
+
+@dataclass
+class Asked:
+    """What an evaluation of a split computes, beyond its hypotheses.
+
+    ``scores``: "corpus" (BLEU and chrF, in the worker beside the model's passes: validation) or "split" (BLEU,
+    chrF, TER, BLEU by source length (``length_buckets``) and of the longest 10 %, each sentence's BLEU: make eval;
+    TER's ``ter_share`` in the worker). ``records``: the sentences that get a record of their attention: None for every
+    one, from the hypotheses' own decoding; a list for those sentences only, decoded again with their attention
+    (validation's TensorBoard sentences). ``keep`` and ``layer``: the views a record stores (eval.attention,
+    viz.layer); ``references``: the reference's pieces in each record; ``links``: each record's word links
+    (hyp.align). ``self_attention``: a Transformer's, into the records, with what each head does. ``loss``: the
+    teacher-forced loss and perplexity. ``on_records``: called with the records once they exist."""
+
+    scores: str = "corpus"
+    length_buckets: Sequence[int] = (10, 20, 30, 40, 50)
+    ter_share: float = 0.0
+    records: Optional[Sequence[int]] = ()
+    keep: Optional[str] = None
+    layer: int = -1
+    references: bool = False
+    links: bool = False
+    self_attention: bool = False
+    alignment: Optional[Alignment] = None
+    loss: bool = False
+    progress: bool = False
+    on_records: Optional[Callable[[list[SentenceRecord]], Any]] = None
+
+
+@dataclass
+class SplitResult:
+    """An evaluated split: the hypotheses and their texts; the scores (``metrics``, complete after ``finish``: with
+    the loss where asked); each sentence's BLEU (scores "split"); the records and the hypotheses they were read from
+    (``samples``), the entropy and monotonicity of their attention (``attention``) and the view their word links
+    were read from (``links_view``); AER's result (``alignment``) with the forced attention kept for plots
+    (``forced``, by pair index); what each self-attention head does (``heads``)."""
+
+    hypotheses: Hypotheses
+    texts: list[str]
+    references: list[str]
+    metrics: dict = field(default_factory=dict)
+    sentence_bleu: Optional[list[float]] = None
+    records: list[SentenceRecord] = field(default_factory=list)
+    samples: Optional[Hypotheses] = None
+    attention: Optional[dict] = None
+    links_view: Optional[str] = None
+    alignment: Optional[dict] = None
+    forced: dict[int, torch.Tensor] = field(default_factory=dict)
+    heads: dict[str, HeadRoles] = field(default_factory=dict)
+    pending: Optional[Job] = None  # scores in the worker
+    in_worker: bool = False  # whether a worker process took its share
+    ter_from: int = 0  # where this process's share of TER begins (the worker counts the sentences before)
+    ter_seconds: float = 0.0  # how long the worker's share took
+
+    def finish(self) -> dict:
+        """The scores with what the worker computed: a validation's BLEU and chrF, or the worker's share of TER
+        (with the rest counted here). Call it once, after the work that runs beside it."""
+        if self.pending is None:
+            return self.metrics
+        done, self.pending = self.pending.result(), None
+        if "ter" not in self.metrics and isinstance(done, dict):  # corpus scores
+            self.metrics.update(done)
+            return self.metrics
+        shared, shared_signature, self.ter_seconds = done
+        rest, signature, _ = ter_statistics(self.texts[self.ter_from :], self.references[self.ter_from :])
+        self.metrics = with_ter(self.metrics, ter_of_statistics(shared + rest, shared_signature or signature))
+        return self.metrics
+
+
+def evaluate_split(
+    model: torch.nn.Module,
+    data: ParallelData,
+    tokenizer: Tokenizer,
+    search: Search,
+    asked: Asked,
+    batch_tokens: int,
+    dtype: Optional[torch.dtype] = None,
+    worker: Optional[HostWorker] = None,
+    clock: Optional[Stopwatch] = None,
+    plan: Optional[Callable[[Hypotheses], None]] = None,
+) -> SplitResult:
+    """Evaluate ``data`` as ``asked``: hypotheses from ``search``; ``model`` (the torch model, even where another
+    engine searched) for the forced passes, batched by ``batch_tokens``; ``worker`` for the host work beside them;
+    ``clock`` times the parts (decode, score, alignment, files, self-attention, forward); ``plan`` is told the
+    hypotheses once they exist (make eval says what is left)."""
+    clock = clock if clock is not None else Stopwatch()
+    device = next(model.parameters()).device
+    every = asked.records is None
+    with clock("decode"):
+        hyps = search(data.src, every, asked.progress)
+    texts = tokenizer.decode_tgt(hyps.tokens)
+    result = SplitResult(hyps, texts, data.tgt_texts, in_worker=worker is not None)
+    with clock("score"):
+        if asked.scores == "corpus":
+            result.pending = submit(worker, score, texts, data.tgt_texts, False)
+        else:  # TER of a share of the sentences in the worker, on another core, while the rest is done here
+            result.ter_from = round(asked.ter_share * len(texts)) if worker else 0
+            cut = result.ter_from
+            result.pending = submit(worker, ter_statistics, texts[:cut], data.tgt_texts[:cut])
+    if plan is not None:
+        plan(hyps)
+    if asked.scores == "split":
+        with clock("score"):
+            buckets = list(asked.length_buckets)
+            result.metrics, result.sentence_bleu = split_scores(texts, data.tgt_texts, data.src_texts, buckets, False)
+    records_of(result, model, data, tokenizer, search, asked, device, dtype, batch_tokens, clock)
+    if asked.loss:
+        with clock("forward"):
+            result.metrics.update(teacher_forced_loss(model, data, batch_tokens, device, dtype))
+    if asked.alignment is not None:
+        with clock("alignment"):
+            align(result, model, data, tokenizer, asked.alignment, device, dtype, batch_tokens, asked.progress)
+    if asked.links and result.records:
+        with clock("files"):
+            chosen = (result.alignment or {}).get("view")
+            result.links_view = view = links_view(result.records[0].attention, asked.layer, chosen)
+            for r in result.records:  # hyp.align's, and the explorer outlines them on the hypothesis' map
+                r.hyp_links = hypothesis_links(r.attention, r.src_pieces, r.hyp_pieces, view)
+    return result
+
+
+def records_of(
+    result: SplitResult,
+    model,
+    data: ParallelData,
+    tokenizer: Tokenizer,
+    search: Search,
+    asked: Asked,
+    device,
+    dtype,
+    batch_tokens: int,
+    clock: Stopwatch,
+) -> None:
+    """The records ``asked`` for, with their views and self-attention, handed to ``asked.on_records``."""
+    if asked.records is None:
+        sampled, indices = result.hypotheses, None
+    elif asked.records:
+        with clock("decode"):
+            indices = list(asked.records)
+            sampled = search([data.src[i] for i in indices], True, False)
+    else:
+        return
+    result.samples = sampled
+    if sampled.attention is None:  # a model without attention
+        return
+    with clock("files"):
+        progress = "attention views" if asked.progress else ""
+        records = sentence_records(
+            data, sampled, tokenizer, indices, asked.keep, asked.layer, asked.references, progress
+        )
+        result.attention = attention_shape(sampled.attention, asked.layer)
+    if asked.self_attention and hasattr(model, "self_attention"):
+        with clock("self-attention"):  # one teacher-forced pass of every hypothesis, without logits
+            hypotheses = sampled.tokens
+            passes = (model, data.src, hypotheses, device, batch_tokens, dtype)
+            progress = "self-attention" if asked.progress else ""
+            result.heads = add_self_attention(records, *passes, keep=asked.keep, layer=asked.layer, progress=progress)
+    result.records = records
+    if asked.on_records is not None:
+        asked.on_records(records)
+
+
+def align(
+    result: SplitResult,
+    model,
+    data: ParallelData,
+    tokenizer: Tokenizer,
+    asked: Alignment,
+    device,
+    dtype,
+    batch_tokens: int,
+    progress: bool = False,
+) -> None:
+    """AER of every view of the teacher-forced attention (each head of each layer, each layer's mean; an RNN's one
+    map) against ``asked.links``, the view reported chosen on ``asked.dev`` where given (an optimistic choice on
+    the split itself otherwise, said so). None for a model without attention."""
+    run = lambda split, links, keep=0, title="": score_alignments(  # noqa: E731
+        model, split, links, tokenizer, device, dtype, batch_tokens, keep, asked.scope, title if progress else ""
+    )
+    on_split: Optional[AlignmentScore]
+    on_split, result.forced = run(data, asked.links, asked.keep, f"AER on {asked.split}")
+    if on_split is None:
+        return
+    view, chosen_on = on_split.best(), asked.split
+    if asked.dev is not None:
+        on_dev, _ = run(*asked.dev, title="AER on dev")
+        if on_dev is not None:
+            view, chosen_on = on_dev.best(), asked.dev_name
+    aer_by_view = {name: on_split.result(name)["aer"] for name in on_split.views}
+    result.alignment = {
+        **on_split.result(view),
+        "view": view,
+        "chosen_on": chosen_on,
+        "gold": asked.gold,
+        "scope": asked.scope,
+        "aer_by_view": aer_by_view,
+    }
+
+
+@torch.no_grad()
+def teacher_forced_loss(model, data: ParallelData, batch_tokens: int, device, dtype) -> dict:
+    """The split's loss and perplexity under teacher forcing, without label smoothing."""
+    was_training = model.training
+    model.eval()
+    loss_sum, tokens = 0.0, 0
+    for batch in sorted_batches(data.src, data.tgt, batch_tokens):
+        batch = batch.to(device)
+        with autocast(device, dtype):
+            logits = model(batch.src, batch.tgt_in, src_lengths=batch.src_lengths)
+        loss_sum += sequence_loss(logits.float(), batch.tgt_out).item()
+        tokens += int((batch.tgt_out != PAD).sum())
+    model.train(was_training)
+    return {"loss": loss_sum / tokens, "ppl": math.exp(min(loss_sum / tokens, 50))}
+
+
+def with_ter(metrics: dict, ter: dict) -> dict:
+    """``metrics`` with TER and its signature after chrF's, where ``score`` puts them."""
+    keys = list(metrics)
+    at = keys.index("chrf_signature") + 1
+    return {**{k: metrics[k] for k in keys[:at]}, **ter, **{k: metrics[k] for k in keys[at:]}}
