@@ -59,7 +59,7 @@ def placeholders(line: str) -> list[str]:
     """The overrides of a documented line, with its placeholders filled or left out."""
     line = re.sub(r"<[^>]*overrides[^>]*>", "", line)
     line = re.sub(r"<[a-z_ ]+>", "1", line).replace("…", "...")  # a name, a run folder, a seed; more
-    return [word for word in shlex.split(line) if word != "..." and not word.startswith("$")]
+    return [word for word in shlex.split(line, comments=True) if word != "..." and not word.startswith("$")]
 
 
 COMMANDS = documented_commands()

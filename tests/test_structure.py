@@ -180,3 +180,13 @@ def test_no_two_classes_share_a_name():
                 if isinstance(node, ast.ClassDef):
                     defined.setdefault(node.name, []).append(module)
     assert {name: found for name, found in defined.items() if len(found) > 1} == {}
+
+
+def test_the_readme_is_short_and_its_layout_names_every_package():
+    with open(os.path.join(os.path.dirname(APP), "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    assert readme.count("\n") <= 200
+    layout = readme.split("## Layout", 1)[1]
+    packages = sorted(f"app/{d}/" for d in os.listdir(APP) if os.path.isfile(os.path.join(APP, d, "__init__.py")))
+    assert [p for p in packages if p not in layout] == []
+    assert "app/__main__.py, cli.py" in layout

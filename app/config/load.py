@@ -179,18 +179,28 @@ def model_settings(model_cfg: ModelConfig | dict) -> dict:
 def check_compatible(state: dict, path: str, vocab: dict, model_cfg: ModelConfig, free: tuple = ()) -> None:
     """A checkpoint must match the run's vocabulary and model settings (those of its family) but the ``free``
     ones; the error names what differs."""
+    check_vocabulary(state, path, vocab)
+    check_model_settings(state, path, model_cfg, free)
+
+
+def check_vocabulary(state: dict, path: str, vocab: dict) -> None:
+    """A checkpoint's vocabulary (its tokenizer's fingerprint) must be the run's."""
     if state.get("vocab") != vocab:
         raise UserError(
             f"{path}: trained with another vocabulary ({state.get('vocab')} vs this run's {vocab}); "
             "use the tokenizer settings of that run or another name="
         )
-    theirs, model_cfg = model_settings(state["config"]["model"]), model_settings(model_cfg)
-    if theirs.get("arch") != model_cfg.get("arch"):  # another family: its every setting differs, say only that
-        theirs, model_cfg = {"arch": theirs.get("arch")}, {"arch": model_cfg.get("arch")}
+
+
+def check_model_settings(state: dict, path: str, model_cfg: ModelConfig, free: tuple = ()) -> None:
+    """A checkpoint's model settings (those of its family) must be the run's, but the ``free`` ones."""
+    theirs, ours = model_settings(state["config"]["model"]), model_settings(model_cfg)
+    if theirs.get("arch") != ours.get("arch"):  # another family: its every setting differs, say only that
+        theirs, ours = {"arch": theirs.get("arch")}, {"arch": ours.get("arch")}
     differ = [
-        f"model.{k}={theirs.get(k)!r} there, {model_cfg.get(k)!r} here"
-        for k in sorted(set(theirs) | set(model_cfg))
-        if theirs.get(k) != model_cfg.get(k) and k not in free
+        f"model.{k}={theirs.get(k)!r} there, {ours.get(k)!r} here"
+        for k in sorted(set(theirs) | set(ours))
+        if theirs.get(k) != ours.get(k) and k not in free
     ]
     if differ:
         raise UserError(f"{path}: model settings differ from this run's: {'; '.join(differ)}")

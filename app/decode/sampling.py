@@ -6,7 +6,7 @@ set of tokens holding probability p (nucleus, top-p; Holtzman et al. 2020).
 
 The draw is inverse transform sampling: one uniform number u per row, and the first token whose cumulative
 probability passes u × their sum (in float64). It stays on the device (no host sync), costs one random number a
-row where the Gumbel-max trick costs one a token (20 times the time on a CPU at a 4,000-piece vocabulary), and
+row where the Gumbel-max trick costs one a token (docs/benchmarking.md#measurements-behind-the-code), and
 a seeded generator makes the same settings, batches and device give the same samples."""
 
 from __future__ import annotations

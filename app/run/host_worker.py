@@ -43,7 +43,7 @@ def _serve(jobs, results, preload: tuple[str, ...]) -> None:
     """The worker's loop: run each (function, args) received, send back (ok, value) in the same order.
     ``preload``: modules imported at once, while the first jobs are still being prepared. When it ends, the
     collector's objects are frozen (as app/__main__.py does): the process that waits for it at exit does not
-    wait for its shutdown to collect what numpy and matplotlib made (0.2 s)."""
+    wait for its shutdown to collect what numpy and matplotlib made."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     for module in preload:

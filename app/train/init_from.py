@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from app.config.load import check_compatible, config_from_dict
+from app.config.load import check_model_settings, check_vocabulary, config_from_dict
 from app.config.schema import Config
 from app.run.checkpoint import UnloadableCheckpoint, checkpoint_step, load_checkpoint, named_checkpoint
 from app.run.errors import UserError
@@ -61,7 +61,7 @@ class StartingPoint:
         """Its weights into ``model`` (of ``cfg.model``'s settings, on the tokenizer of fingerprint ``vocab``: its
         own, unless its files changed since); returns what the run records of its start (train_summary.json
         ``init_from``)."""
-        check_compatible(self.state, self.path, vocab, cfg.model, free=FREE_SETTINGS)
+        check_vocabulary(self.state, self.path, vocab)  # its model settings were checked by ``starting_point``
         model.load_state_dict(self.state["model"])
         log.info(
             "fine-tuning from %s (step %d): its weights and its tokenizer in %s; optimizer, learning-rate schedule "
@@ -82,5 +82,5 @@ def starting_point(cfg: Config, resume: bool = False) -> Optional[StartingPoint]
     start = StartingPoint(cfg.train.init_from)
     start.adopt_tokenizer(cfg)
     if not resume:
-        check_compatible(start.state, start.path, start.state.get("vocab"), cfg.model, free=FREE_SETTINGS)
+        check_model_settings(start.state, start.path, cfg.model, free=FREE_SETTINGS)
     return start
