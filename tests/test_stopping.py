@@ -35,6 +35,12 @@ ENV = {**os.environ, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0"}
 STARTED: list[subprocess.Popen] = []  # killed after each test, should one fail before its command ended
 
 
+def as_a_terminal_starts_it() -> None:
+    """In the child, before Python starts: SIGINT handled by default, as in a process a terminal's shell starts. A
+    test runner's worker (pytest-xdist's) may ignore SIGINT, and a child inherits an ignored signal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Command:
     """``python -m app ARGS`` in its own process group (as a shell starts it), its stdout and stderr read as
     they come."""
@@ -48,6 +54,7 @@ class Command:
             stderr=subprocess.STDOUT,
             env=ENV,
             start_new_session=True,
+            preexec_fn=as_a_terminal_starts_it,
         )
         STARTED.append(self.process)
         self.raw = b""
