@@ -18,7 +18,7 @@ $(error $(firstword $(DOTTED))=$($(firstword $(DOTTED))) is a setting outside AR
   make $(or $(MAKECMDGOALS),train) ARGS="$(strip $(ARGS) $(foreach v,$(DOTTED),$(v)=$($(v))))")
 endif
 
-.PHONY: setup data train eval translate score serve export tensorboard lint test test-fast bench compare average clean gpu-wheels gpu-check
+.PHONY: setup data train eval translate score serve export align tensorboard lint test test-fast bench compare average clean gpu-wheels gpu-check
 COMPARE_MODELS ?= rnn_plain,rnn_bahdanau,rnn_luong,transformer
 COMPARE_EXPERIMENT ?= compare
 
@@ -74,12 +74,19 @@ serve: setup
 export: setup
 	$(PY) -m app command=export $(ARGS)
 
+# Word links of every pair of a corpus from a trained run (docs/attention.md#word-links-of-a-corpus-make-align):
+# make align ARGS="name=<run> align.split=train" (or align.source=a.es align.target=a.en; align.reverse=<run>)
+align: setup
+	$(PY) -m app command=align $(ARGS)
+
 tensorboard: setup
 	$(VENV)/bin/tensorboard --logdir checkpoints $(ARGS)
 
+# ruff, then mypy over app/ (pyproject.toml's [tool.mypy]: the model API's Protocol, app/models/api.py, included)
 lint: setup
 	$(PY) -m ruff check app tests
 	$(PY) -m ruff format --check app tests
+	$(PY) -m mypy
 
 # The explorer's browser tests drive Debian's headless Chromium; where it cannot be installed they skip.
 TEST_PACKAGES := chromium
@@ -118,7 +125,7 @@ compare: setup
 	@dir=$(or $(COMPARE_DIR),checkpoints/compare/$$(date +%Y-%m-%d_%H-%M-%S)); \
 	$(PY) -m app --multirun command=train model=$(COMPARE_MODELS) experiment=$(COMPARE_EXPERIMENT) hydra.sweep.dir=$$dir \
 	  train.evaluate=true train.auto_resume=true $(ARGS) && \
-	$(PY) -m app command=compare compare.dir=$$dir $(filter eval.% decode.%,$(ARGS))
+	$(PY) -m app command=compare compare.dir=$$dir $(filter eval.% decode.% compare.%,$(ARGS))
 
 # Average the newest snapshots of a run: make average ARGS="name=<run> average.last=5" -> averaged.pt
 average: setup

@@ -33,6 +33,7 @@ OWNING_COMMANDS = {
     "eval": f"{LOCK_FILE}-eval",
     "average": f"{LOCK_FILE}-average",
     "export": f"{LOCK_FILE}-export",
+    "align": f"{LOCK_FILE}-align",
 }
 
 
@@ -92,6 +93,12 @@ def serve_command(cfg: Config) -> None:
     serve(cfg)
 
 
+def align_command(cfg: Config) -> None:
+    from app.evaluation.corpus_links import align_corpus
+
+    align_corpus(cfg)
+
+
 def export_command(cfg: Config) -> None:
     from app.decode.export import export_run
 
@@ -127,7 +134,7 @@ def compare_command(cfg: Config) -> None:
 
     if not cfg.compare.dir:
         raise UserError("compare.dir is not set: give the sweep folder of a `--multirun command=train` run")
-    compare_report(cfg.compare.dir, cfg.eval.split, cfg.compare.out)
+    compare_report(cfg.compare.dir, cfg.eval.split, cfg.compare.out, cfg.compare.baseline)
 
 
 COMMANDS: dict[str, Callable[[Config], None]] = {
@@ -138,6 +145,7 @@ COMMANDS: dict[str, Callable[[Config], None]] = {
     "score": score_command,
     "serve": serve_command,
     "export": export_command,
+    "align": align_command,
     "bench": bench_command,
     "compare": compare_command,
     "average": average_command,
@@ -148,11 +156,11 @@ USAGE = f"python -m app command={{{','.join(COMMANDS)}}} [key=value ...]"
 
 def checked(cfg: DictConfig) -> Config:
     """The schema's objects for a composed configuration with a known command (else a UserError)."""
-    if OmegaConf.is_missing(cfg, "command"):
+    if OmegaConf.is_missing(cfg, "command") or cfg.command is None:  # not given, or command=null
         raise UserError(f"command is not set: {USAGE}")
     config = load_config(cfg)
     if config.command not in COMMANDS:
-        close = difflib.get_close_matches(config.command, list(COMMANDS), n=1)
+        close = difflib.get_close_matches(str(config.command), list(COMMANDS), n=1)
         guess = f"did you mean command={close[0]}? " if close else ""
         raise UserError(f"command={config.command!r} is unknown: {guess}{USAGE}")
     if config.ensemble and config.command not in ENSEMBLE_COMMANDS:
@@ -247,7 +255,7 @@ register_configs()
 def run(dict_cfg: DictConfig) -> None:
     try:
         cfg = checked(dict_cfg)
-        COMMANDS[cfg.command](cfg)
+        COMMANDS[str(cfg.command)](cfg)  # a known command (checked)
     except TrainingInterrupted as err:
         if _rank() == 0:  # every rank stopped at the same step: say it once
             print(f"interrupted: {err}", file=sys.stderr)
@@ -263,7 +271,7 @@ def run(dict_cfg: DictConfig) -> None:
     except Exception as err:
         if not disk_full(err):
             raise
-        where = next((f" of {e.filename}" for e in causes(err) if getattr(e, "filename", None)), "")
+        where = next((f" of {name}" for e in causes(err) if (name := getattr(e, "filename", None))), "")
         print(f"error: no space left on the device{where}: free some and run again", file=sys.stderr)
         sys.exit(2)
 
@@ -281,10 +289,8 @@ def check_arguments(args: list[str]) -> None:
     try:
         parsed = OverridesParser.create().parse_overrides(args)
         values = [
-            [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()]
-            if o.is_sweep_override()
-            else [o.input_line]
-            for o in parsed
+            [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [line]
+            for o, line in zip(parsed, args)  # one override per argument
         ]
         first = [options[0] for options in values]
         variants = [first] + [first[:i] + [v] + first[i + 1 :] for i, options in enumerate(values) for v in options[1:]]

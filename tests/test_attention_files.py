@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_explorer import kept_views, peaked_attention
 
-from app.config.schema import EvalConfig
+from app.config.commands import EvalConfig
 from app.data.links import piece_links, word_index
 from app.evaluation.views import attention_entropy, attention_views, store_attention
 from app.report.attention_files import read_attention, write_attention_files

@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import Vocab, model_config
 
-from app.config.schema import DecodeConfig
+from app.config.commands import DecodeConfig
 from app.data.tokenizer import BOS, EOS, PAD
 from app.decode.passes import beam_search, decode_corpus, greedy_decode
 from app.decode.search import length_penalty

@@ -519,7 +519,7 @@ def test_training_logs_alignment_images_and_scalars_to_tensorboard(workdir, monk
     steps = [e.step for e in events.Images("alignment/0/alignment")]
     assert 20 in steps and 40 in steps  # one per validation: the slider shows alignment emerging
     # the scalars of the validation at step 40: greedy decoding of the 2 dev sentences shown, by that model
-    from app.config.schema import DecodeConfig
+    from app.config.commands import DecodeConfig
     from app.data.corpus import load_split
     from app.decode.passes import decode_corpus
     from app.decode.trained import load_trained
@@ -793,7 +793,7 @@ def test_bench_prints_and_writes_the_table(workdir, monkeypatch):
     for search in ("beam1", "beam2"):  # with the attention weights kept, as make eval keeps them: more
         assert decode_ops[f"{search}_attention"]["ops"] > decode_ops[search]["ops"]
     # the decoding rows score the checkpoint's weights, not the ones the timed training steps left
-    from app.config.schema import DecodeConfig
+    from app.config.commands import DecodeConfig
     from app.data.corpus import load_split
     from app.decode.passes import decode_corpus
     from app.decode.trained import load_trained
@@ -880,14 +880,16 @@ def test_a_corpus_with_reference_links_is_scored_and_guides_training(workdir):
     alignment = metrics["alignment"]
     assert metrics["ter_worker_share"] == 1.0  # all of TER beside the AER's forced passes
     assert alignment["gold"] == "data/linked/test.align" and alignment["chosen_on"] == "dev"
-    assert alignment["view"] in alignment["aer_by_view"] and len(alignment["aer_by_view"]) == 1 * 2 + 1
-    assert alignment["aer"] == alignment["aer_by_view"][alignment["view"]]
+    # every view (2 heads, their mean), each as it is and shift-att: the method and the view it reads
+    assert alignment["method"] in alignment["aer_by_view"] and len(alignment["aer_by_view"]) == (1 * 2 + 1) * 2
+    assert alignment["aer"] == alignment["aer_by_view"][alignment["method"]]
+    assert alignment["view"] == alignment["method"].removesuffix(", shift-att")
     row = json.loads((out / "alignments.jsonl").read_text(encoding="utf-8").splitlines()[0])
     assert row["alignment_view"] == {"view": alignment["view"], "chosen_on": "dev"}
-    assert metrics["hyp_align_view"] == alignment["view"]  # the hypotheses' word links: the view AER chose
+    assert metrics["hyp_align_view"] == alignment["method"]  # the hypotheses' word links: the method AER chose
     assert (out / "alignments" / "0000_reference.png").exists() and (out / "alignments" / "0000.png").exists()
     assert alignment["scope"] == "linked"  # the corpus's own links: only the target words they link count
-    assert f"({alignment['view']}, chosen on dev; linked target words)" in result.stdout
+    assert f"({alignment['method']}, chosen on dev; linked target words)" in result.stdout
 
 
 def test_guided_alignment_without_links_is_a_one_line_error(workdir):

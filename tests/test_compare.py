@@ -4,6 +4,7 @@ cut sweep continue (a spent budget takes no step, a finished run is recognised).
 
 import json
 import os
+import re
 import time
 
 import pytest
@@ -187,3 +188,28 @@ def test_learning_curves_are_drawn_from_the_runs_that_have_a_validation_history(
     compare_report(str(alone))
     assert "Learning curves" not in (alone / "compare.md").read_text() and not (alone / "learning_curves.png").exists()
     assert old.exists()
+
+
+def test_each_run_is_tested_against_the_baseline_and_the_report_says_which_differ(tmp_path, genesis_pairs):
+    """compare.md's significance section: every run's BLEU and chrF with their 95 % intervals and the p-values of
+    both paired tests against compare.baseline (else the first run), then in words."""
+    refs = [en for _, _, en in genesis_pairs]
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "test.tsv").write_text("".join(f"{i}\tsrc\t{r}\n" for i, r in enumerate(refs)), encoding="utf-8")
+    systems = {"good": refs, "poor": [" ".join(r.split()[::2]) for r in refs], "same": refs}
+    buckets = [("0-10", 40, 1.0), ("10+", 40, 2.0)]
+    for n, (name, hyps) in enumerate(systems.items()):
+        run = write_run(tmp_path, name, ["command=train", f"train.seed={n}"], f"2026-11-24T10:0{n}:00", 30.0, buckets)
+        (run / "eval" / "test" / "hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        (run / "config.yaml").write_text(yaml.safe_dump({"data": {"dir": str(data)}}))
+    compare_report(str(tmp_path), baseline="poor")
+    report = (tmp_path / "compare.md").read_text(encoding="utf-8")
+    assert "## Significance against train.seed=1" in report
+    section = report.split("## Significance", 1)[1]
+    rows = [line for line in section.splitlines() if line.startswith("| train.seed=")]
+    assert rows[0].startswith("| train.seed=1 | ") and rows[0].count("baseline") == 2
+    assert re.match(r"\| train\.seed=0 \| 100\.00 ± 0\.00 \| 0\.0010, 0\.0001 \| 100\.00 ± 0\.00 \|", rows[1])
+    assert "- train.seed=0: BLEU +" in report and "better than train.seed=1, significantly" in report
+    with pytest.raises(UserError, match="compare.baseline=nope: no such run"):
+        compare_report(str(tmp_path), baseline="nope")

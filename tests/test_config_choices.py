@@ -5,8 +5,9 @@ import dataclasses
 
 import pytest
 
+from app.config.commands import ExportConfig
 from app.config.load import config_from_dict
-from app.config.schema import ExportConfig, RNNConfig, TrainConfig, TransformerConfig, check_choices
+from app.config.schema import RNNConfig, TrainConfig, TransformerConfig, check_choices
 from app.run.errors import UserError
 
 CHOICES = [
@@ -42,7 +43,7 @@ def test_a_value_outside_the_choices_is_refused_in_one_line(section, name, value
 
 
 def test_an_optional_choice_may_stay_unset_and_says_so():
-    from app.config.schema import EvalConfig
+    from app.config.commands import EvalConfig
 
     assert EvalConfig(align_scope=None).align_scope is None
     with pytest.raises(

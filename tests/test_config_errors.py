@@ -99,6 +99,20 @@ def test_a_key_added_with_a_plus_is_refused_rather_than_ignored():
     )
 
 
+def test_a_null_command_is_refused_as_a_missing_one():
+    # command=null passed the check for a missing command and failed in difflib with a TypeError (found by mypy)
+    with pytest.raises(UserError, match="^command is not set: python -m app command="):
+        check_arguments(["command=null"])
+
+
+def test_adam_betas_of_other_than_two_values_are_refused():
+    # AdamW failed at the first step with a ValueError (three values) or at its start with an IndexError (one)
+    assert refusal("train.adam_betas=[0.9,0.98,0.5]") == (
+        "train.adam_betas=[0.9, 0.98, 0.5]: give two values, [beta1, beta2]"
+    )
+    assert refusal("train.adam_betas=[0.9]") == "train.adam_betas=[0.9]: give two values, [beta1, beta2]"
+
+
 def test_an_unknown_command_gets_the_closest_one():
     assert refusal("command=trian").startswith("command='trian' is unknown: did you mean command=train?")
 
@@ -140,8 +154,15 @@ def test_the_cli_refuses_an_unknown_preset_before_making_any_folder(tmp_path, gr
 
 @pytest.mark.slow
 def test_make_refuses_a_setting_outside_args():
+    # As typed in a terminal: not inside make test's own make, whose level and flags a child make inherits
+    # (it would print "Entering directory" lines).
+    shell = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     result = subprocess.run(
-        ["make", "-n", "eval", "ARGS=name=quick", "decode.beam_size=1"], cwd=REPO, capture_output=True, text=True
+        ["make", "-n", "eval", "ARGS=name=quick", "decode.beam_size=1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=shell,
     )
     assert result.returncode == 2 and result.stdout == ""
     assert len(result.stderr.strip().splitlines()) == 1

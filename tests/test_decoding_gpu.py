@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_decoding_reference import RNNS, TRANSFORMERS, attention_peaks, reference, trained  # noqa: F401  (a fixture)
 
-from app.config.schema import DecodeConfig
+from app.config.commands import DecodeConfig
 from app.data.batching import Batcher
 from app.decode.passes import beam_search, decode_corpus, greedy_decode
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import Vocab, model_config
 
-from app.config.schema import DecodeConfig
+from app.config.commands import DecodeConfig
 from app.data.batching import Batcher
 from app.decode.passes import beam_search, decode_corpus, greedy_decode
 from app.models import build_model

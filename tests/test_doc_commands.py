@@ -21,6 +21,7 @@ MAKE_COMMANDS = {
     "score": "score",
     "serve": "serve",
     "export": "export",
+    "align": "align",
     "average": "average",
     "bench": "bench",
     "compare": "train",

@@ -11,7 +11,7 @@ import torch
 from test_beam_search import FAMILIES, real_model
 from test_scoring import pairs
 
-from app.config.schema import DecodeConfig
+from app.config.commands import DecodeConfig
 from app.data.tokenizer import BOS
 from app.decode.ensemble import Ensemble
 from app.decode.passes import decode_corpus, forced_attention, forced_pass

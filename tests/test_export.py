@@ -15,7 +15,8 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 import sacrebleu  # noqa: E402
 import sentencepiece as spm  # noqa: E402
 
-from app.config.schema import DecodeConfig, RNNConfig, TransformerConfig  # noqa: E402
+from app.config.commands import DecodeConfig  # noqa: E402
+from app.config.schema import RNNConfig, TransformerConfig  # noqa: E402
 from app.data.batching import Batcher  # noqa: E402
 from app.data.tokenizer import BOS, EOS, PAD  # noqa: E402
 from app.decode.ct2_engine import CT2Translator  # noqa: E402

@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_beam_search import FAMILIES, real_model
 
-from app.config.schema import DecodeConfig
+from app.config.commands import DecodeConfig
 from app.decode.passes import decode_corpus, forced_pass
 from app.decode.search import length_limits
 from app.run.errors import UserError

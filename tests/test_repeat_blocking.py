@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_beam_search import SRC, MarkovModel, real_model
 
-from app.config.schema import DecodeConfig
+from app.config.commands import DecodeConfig
 from app.data.tokenizer import BOS, EOS
 from app.decode.passes import beam_search, decode_corpus, greedy_decode
 from app.decode.search import block_repeated_ngrams

@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_beam_search import FAMILIES, SRC, MarkovModel, real_model
 
-from app.config.schema import DecodeConfig
+from app.config.commands import DecodeConfig
 from app.data.tokenizer import BOS, EOS, PAD
 from app.decode.passes import decode_corpus
 from app.decode.sampling import Sampler, make_sampler, top_p_filter

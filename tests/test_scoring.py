@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_beam_search import FAMILIES, real_model
 
-from app.config.schema import DecodeConfig
+from app.config.commands import DecodeConfig
 from app.data.corpus import ParallelData
 from app.decode.likelihood import score_line
 from app.decode.passes import decode_corpus, forced_attention, forced_pass

@@ -20,7 +20,7 @@ import uvicorn
 from conftest import REPO, run_cli, trained_tiny_run
 
 from app.bench.serving import request
-from app.config.schema import DecodeConfig, ServeConfig
+from app.config.commands import DecodeConfig, ServeConfig
 from app.serve.batcher import RequestBatcher
 from app.serve.messages import TranslateResponse
 from app.serve.routes import create_app
@@ -94,6 +94,7 @@ class CountingEngine:
     """Stands in for app.serve.engine.Engine: a line's "translation" is its length."""
 
     info = {"run": "counting", "engine": "none", "step": 0, "model": {"arch": "none"}, "parameters": 0, "device": "cpu"}
+    trained = None  # no checkpoint, as a CTranslate2 export: no constrained decoding
 
     def __init__(self):
         self.calls = 0
@@ -152,7 +153,8 @@ def raw(port: int, body: bytes | None, path="/translate", method="POST", content
     return response.status, text
 
 
-KNOWN = "(known: text, beam_size, n_best, attention, self_attention, no_repeat_ngram_size, translation, prefix)"
+KNOWN = "(known: text, beam_size, n_best, attention, self_attention, no_repeat_ngram_size, translation, prefix, "
+KNOWN += "constraints)"
 SEND = 'send a JSON object with "text" (a string or a list of strings), e.g. {"text": "Hola"}'
 
 # (body, None for none; status; the error's start): every refusal is one JSON line naming what is wrong; a body the
@@ -211,6 +213,30 @@ BAD_INPUT = [
         413,
         "prefix[0]: 51 characters; at most 50 a line (serve.max_chars)",
     ),
+    (b'{"text": ["Hola", "Adios"], "constraints": [["x"]]}', 422, "constraints: 1 for 2 lines of text; give one list"),
+    (
+        b'{"text": "Hola", "constraints": [["x"]], "translation": "y"}',
+        422,
+        "constraints: a given translation is scored",
+    ),
+    (b'{"text": "Hola", "constraints": [["God", " "]]}', 422, "constraints[0][1]: an empty phrase; give its words"),
+    (
+        json.dumps({"text": "Hola", "constraints": [["x" * 51]]}).encode(),
+        413,
+        "constraints[0][0]: 51 characters; at most 50 a phrase (serve.max_chars)",
+    ),
+    (
+        b'{"text": "Hola", "constraints": "God"}',
+        422,
+        'wrong type: "constraints" should be a list of lists of strings or null (got "God")',
+    ),
+    (b'{"text": "Hola", "constraints": ["God"]}', 422, 'wrong type: "constraints[0]" should be a list (got "God")'),
+    (
+        b'{"text": "Hola", "constraints": [["God", 5]]}',
+        422,
+        'wrong type: "constraints[0][1]" should be a string (got 5)',
+    ),
+    (b'{"text": "Hola", "constraints": [["God"]]}', 422, "constraints: the CTranslate2 export has no constrained"),
     (json.dumps({"text": ["x" * 40] * 3, "pad": "y" * 3_000_000}).encode(), 413, "a body of"),
 ]
 
@@ -442,6 +468,45 @@ def test_a_prefix_begins_each_hypothesis_as_in_make_translate(served, workdir, t
 
 
 @pytest_slow
+def test_constraints_are_met_by_every_hypothesis_as_in_make_translate(served, workdir, tmp_path):
+    """``constraints``: the hypotheses of make translate with translate.constraints (the same n-best and scores), each
+    containing its line's phrases, with a prefix too; a line with no phrase decodes as without constraints; a phrase
+    that is empty after tokenization is refused naming it."""
+    (tmp_path / "terms.txt").write_text("the waters\tGod\n\n", encoding="utf-8")
+    args = (
+        "command=translate",
+        "name=tiny",
+        "device=cpu",
+        "decode.n_best=2",
+        f"translate.constraints={tmp_path}/terms.txt",
+    )
+    expected = run_cli(workdir, *args, stdin="\n".join(LINES[:2]) + "\n")
+    assert expected.returncode == 0, expected.stderr[-2000:]
+    body = {"text": LINES[:2], "constraints": [["the waters", "God"], []], "n_best": 2, "attention": True}
+    status, answer = request(served.port, "POST", "/translate", body)
+    assert status == 200, answer
+    TranslateResponse.model_validate(answer)
+    rows = [
+        f"{i} ||| {h['text']} ||| {h['score']:.4f}"
+        for i, t in enumerate(answer["translations"])
+        for h in t["hypotheses"]
+    ]
+    assert rows == expected.stdout.splitlines()
+    assert all("the waters" in h["text"] and "God" in h["text"] for h in answer["translations"][0]["hypotheses"])
+    free = request(served.port, "POST", "/translate", {"text": LINES[1], "n_best": 2})[1]
+    assert free["translations"][0]["hypotheses"] == answer["translations"][1]["hypotheses"]
+    both = {"text": LINES[0], "prefix": "And", "constraints": [["light"]], "beam_size": 1}
+    hypothesis = request(served.port, "POST", "/translate", both)[1]["translations"][0]["hypotheses"][0]["text"]
+    assert hypothesis.startswith("And") and "light" in hypothesis
+    status, answer = request(served.port, "POST", "/translate", {"text": LINES[0], "constraints": [["\u200b"]]})
+    assert (status, answer["error"]) == (
+        422,
+        "constraints[0][0]: the phrase '\\u200b' is empty after tokenization; give "
+        "its words (no phrase: an empty line)",
+    )
+
+
+@pytest_slow
 def test_attention_of_every_hypothesis_with_its_views_and_links(served):
     status, answer = request(served.port, "POST", "/translate", {"text": LINES[:2], "n_best": 2, "attention": True})
     assert status == 200, answer
@@ -551,6 +616,8 @@ def test_bad_input_to_the_real_server_then_it_still_translates(served):
     for body, status, message in BAD_INPUT:
         if "serve.max" in message or "1 to 6" in message:
             continue  # the limits above are the in-process ones; the defaults are checked below
+        if "CTranslate2" in message:
+            continue  # the in-process server's engine is an export's; this one's is torch, which has constraints
         got, text = raw(served.port, body)
         assert got == status and json.loads(text)["error"].startswith(message.split(";")[0]), text
     long = {"text": ["palabra " * 300]}  # 2,400 characters: more than serve.max_chars (2,000)
@@ -622,7 +689,7 @@ def test_decode_settings_of_a_request_are_the_runs_with_its_beam(monkeypatch):
     seen = []
 
     class Translator:
-        def translate(self, src, decode, need_attention=False, prefix=None):
+        def translate(self, src, decode, need_attention=False, prefix=None, constraints=None):
             seen.append((decode, need_attention))
             from app.decode.search import Hypotheses
 
@@ -736,6 +803,35 @@ def test_the_page_continues_your_translation(served, browser):
     b.evaluate("(() => { $('complete').checked = false; $('reference').value = 'And'; })()")
     b.evaluate("$('reference').dispatchEvent(new Event('input'))")
     time.sleep(1.0)  # past the page's pause
+    assert request(served.port, "GET", "/info")[1]["decoded"]["calls"] == calls
+
+
+@pytest_slow
+def test_the_page_asks_for_the_required_words_of_its_third_box(served, browser):
+    """The third box's lines (phrases separated by |; a line left out: none) are the API's constraints: its answer,
+    every hypothesis of the first line with both phrases; more lines than sentences are said, and nothing is sent."""
+    from test_explorer import texts
+
+    b = browser
+    b.open_url(served.url, "window.pageLoaded")
+    b.evaluate(
+        f"(() => {{ $('text').value = {json.dumps(LINES[0] + chr(10) + LINES[1])}; $('nbest').value = 2;"
+        " $('constraints').value = 'the waters | God'; window.serveReady = undefined; })()"
+    )
+    b.click(*b.center("#go"))
+    b.wait_for("window.serveReady || window.serveError", timeout=60)
+    assert not b.evaluate("window.serveError"), b.evaluate("window.serveError")
+    body = {"text": LINES[:2], "constraints": [["the waters", "God"], []], "n_best": 2, "attention": True}
+    answer = request(served.port, "POST", "/translate", {**body, "self_attention": True})[1]
+    hyps = [h["text"] for t in answer["translations"] for h in t["hypotheses"]]
+    assert texts(b, "#results .hyp .text") == hyps
+    assert all("the waters" in h and "God" in h for h in hyps[:2])
+    calls = request(served.port, "GET", "/info")[1]["decoded"]["calls"]
+    b.evaluate("(() => { $('constraints').value = 'God\\n\\nlight'; })()")
+    b.click(*b.center("#go"))
+    assert texts(b, "#status") == [
+        "3 lines of required words for 2 lines: give at most one a line (an empty line: none)"
+    ]
     assert request(served.port, "GET", "/info")[1]["decoded"]["calls"] == calls
 
 

@@ -17,6 +17,7 @@ DEFERRED = {
         for m in (
             "app.data.corpus",
             "app.evaluation.eval_run",
+            "app.evaluation.corpus_links",
             "app.report.evaluation_files",
             "app.train.state",
             "app.train.trainer",

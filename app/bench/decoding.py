@@ -8,10 +8,12 @@ each is kept. ``decode_step_operators``: the ATen operators and kernels one gree
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 import sacrebleu
 import torch
@@ -38,11 +40,11 @@ def decoders(
     model, cfg: Config, tokenizer, device, dtype, failed: dict[str, str]
 ) -> dict[str, Callable[[list[list[int]]], list]]:
     """Row name -> a function from source ids to hypothesis ids; an export that fails is a failed row."""
-    runs = {}
+    runs: dict[str, Callable[[list[list[int]]], list]] = {}
+    ours = lambda d: lambda src: decode_corpus(model, src, device, d, amp_dtype=dtype).tokens  # noqa: E731
+    ct2 = lambda e, d: lambda src: e.translate(src, d).tokens  # noqa: E731
     for greedy_or_beam in [cfg.decode.greedy()] + ([cfg.decode] if cfg.decode.beam_size > 1 else []):
-        runs[f"decode_beam{greedy_or_beam.beam_size}"] = lambda src, d=greedy_or_beam: (
-            decode_corpus(model, src, device, d, amp_dtype=dtype).tokens
-        )
+        runs[f"decode_beam{greedy_or_beam.beam_size}"] = ours(greedy_or_beam)
     if cfg.model.arch == "transformer" and importlib.util.find_spec("ctranslate2") is None:
         print("no CTranslate2 rows: ctranslate2 is not installed (a lent GPU machine: see make gpu-wheels)")
     elif cfg.model.arch == "transformer":
@@ -63,7 +65,7 @@ def decoders(
             row = f"decode_beam{cfg.decode.beam_size}_ct2_{name}"
             engine = attempt(failed, row, export)
             if engine is not None:
-                runs[row] = lambda src, e=engine, d=ct2_decode: e.translate(src, d).tokens
+                runs[row] = ct2(engine, ct2_decode)
     return runs
 
 
@@ -111,16 +113,16 @@ def time_decoding(model, cfg: Config, tokenizer, test, device, dtype, failed: di
     for _ in range(max(cfg.bench.decode_rounds, 1)):
         for name, run in runs.items():
             if name not in failed:
-                seconds = attempt(failed, name, lambda name=name, run=run: timed(name, run))
+                seconds = attempt(failed, name, functools.partial(timed, name, run))
                 if seconds is not None:
                     times[name].append(seconds)
     ours_row = f"decode_beam{cfg.decode.beam_size}"
     ours = min(times[ours_row]) if times.get(ours_row) else None
-    rows = {}
-    for name, seconds in times.items():
+    rows: dict[str, dict[str, Any]] = {}
+    for name, timings in times.items():
         if name in failed:
             continue
-        best = min(seconds)
+        best = min(timings)
         hyps = tokenizer.decode_tgt(outputs[name])
         rows[name] = {
             "seconds": round(best, 2),

@@ -41,14 +41,14 @@ def profile_steps(run_step: Callable[[], None], steps: int, device: torch.device
     trace (chrome://tracing, Perfetto) to ``trace_path``."""
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    start, end = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else (None, None)
+    timer = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
     with profile(activities=activities) as prof:
-        if cuda:
-            start.record()
+        if timer is not None:
+            timer[0].record()
         for _ in range(steps):
             run_step()
-        if cuda:
-            end.record()
+        if timer is not None:
+            timer[1].record()
             torch.cuda.synchronize(device)
     prof.export_chrome_trace(trace_path)
     averages = prof.key_averages()
@@ -65,8 +65,8 @@ def profile_steps(run_step: Callable[[], None], steps: int, device: torch.device
         "measured_on": "GPU kernel time" if cuda else "CPU time of each op",
         "shares": {k: round(v / total, 3) for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1])},
     }
-    if cuda:
-        wall_ms = start.elapsed_time(end)
+    if timer is not None:
+        wall_ms = timer[0].elapsed_time(timer[1])
         summary["ms_per_step"] = round(wall_ms / steps, 2)
         summary["device_busy"] = round(total / 1e3 / wall_ms, 3)  # profiler times are microseconds
     sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
@@ -85,8 +85,8 @@ def count_ops(run_step: Callable[[], None], steps: int, device: torch.device, di
     """
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    counter = KernelCounter() if dispatch and not cuda else contextlib.nullcontext()
-    with profile(activities=activities) as prof, counter:
+    counter = KernelCounter() if dispatch and not cuda else None
+    with profile(activities=activities) as prof, counter if counter is not None else contextlib.nullcontext():
         for _ in range(steps):
             run_step()
         if cuda:
@@ -105,7 +105,7 @@ def count_ops(run_step: Callable[[], None], steps: int, device: torch.device, di
     if cuda:
         kernels = sum(e.device_type == DeviceType.CUDA for e in prof.profiler.function_events)
     else:
-        kernels = counter.kernels if dispatch else None
+        kernels = counter.kernels if counter is not None else None
     return {"ops": round(ops / steps, 1), "kernels": None if kernels is None else round(kernels / steps, 1)}
 
 

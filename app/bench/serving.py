@@ -156,7 +156,7 @@ def bench_serve(cfg: Config) -> dict[str, Any]:
             row["lines_per_call"] = round((after["lines"] - before["lines"]) / max(calls, 1), 2)
             rows.append(row)
     finally:
-        if serving:  # else it ends by itself: a signal then would interrupt its exit, a traceback on the terminal
+        if serving and server.pid is not None:  # else it ends by itself: a signal would interrupt its exit
             os.kill(server.pid, signal.SIGINT)  # uvicorn shuts down gracefully
         server.join(30)
         if server.is_alive():

@@ -29,7 +29,6 @@ import time
 from collections.abc import Callable
 
 import torch
-from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from app.bench.decoding import sync, time_decoding
@@ -43,17 +42,18 @@ from app.data.corpus import load_split, load_tokenized, prepare_data
 from app.data.schedule import training_schedule
 from app.data.shapes import SUGGESTED_SHAPES
 from app.data.tokenizer import PAD
-from app.models import build_model, count_parameters
+from app.models import Family, build_model, count_parameters
 from app.models.flops import peak_flops, training_flops
 from app.run.checkpoint import load_checkpoint
 from app.run.device import amp_dtype, resolve_device, seed_everything
+from app.run.errors import required
 from app.run.files import atomic_write_text
 from app.train.master_weights import MasterWeights
 from app.train.update import compiled_for_training, make_optimizer, train_step
 
 
 def time_training(
-    model: nn.Module,
+    model: Family,
     cfg: Config,
     data,
     device: torch.device,
@@ -82,13 +82,14 @@ def time_training(
 
     def step(indices) -> tuple[int, int]:
         batch = batcher(indices)
-        n_tokens = int((batch.tgt_out != PAD).sum())  # counted on the host copy: no device sync
+        tgt_in, tgt_out = batch.targets
+        n_tokens = int((tgt_out != PAD).sum())  # counted on the host copy: no device sync
         on_device = batch.to(device, pin="pageable" not in naive)
         result = train_step(trained, [on_device], n_tokens, optimizer, scheduler, cfg, dtype, master=master)
         if "sync" in naive:
             result.loss_sum.item()
-        shapes_seen.add((*batch.src.shape, batch.tgt_in.shape[1]))
-        return n_tokens, batch.src.numel() + batch.tgt_in.numel()
+        shapes_seen.add((*batch.src.shape, tgt_in.shape[1]))
+        return n_tokens, batch.src.numel() + tgt_in.numel()
 
     for _ in range(warmup):
         step(next(batches))
@@ -141,7 +142,7 @@ def speed_features(cfg: Config, dtype) -> list[tuple[str, Config, contextlib.Abs
 
     plain, loop = contextlib.nullcontext, frozenset
     cuda = dtype is not None
-    rows = []
+    rows: list[tuple[str, Config, contextlib.AbstractContextManager, frozenset]] = []
     if cuda:
         rows.append(("without bf16 autocast (fp32)", changed(amp="fp32"), plain(), loop()))
         rows.append(
@@ -183,7 +184,7 @@ def speed_features(cfg: Config, dtype) -> list[tuple[str, Config, contextlib.Abs
 
 
 def ablation(
-    cfg: Config, build: Callable[[], nn.Module], data, device, dtype, steps: int, warmup: int, failed: dict[str, str]
+    cfg: Config, build: Callable[[], Family], data, device, dtype, steps: int, warmup: int, failed: dict[str, str]
 ) -> list[dict]:
     """Training speed with each speed feature off in turn, every row from the same starting weights and timed
     the same way (``time_training``: the update and its batches, without the Trainer's bookkeeping). A row
@@ -287,9 +288,9 @@ def bench(cfg: Config) -> dict:
     # peak memory measured
     initial = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()} if cfg.bench.ablate else None
 
-    def build() -> nn.Module:
+    def build() -> Family:
         fresh = build_model(cfg.model, tokenizer).to(device)
-        fresh.load_state_dict(initial)
+        fresh.load_state_dict(required(initial, "the ablation's starting weights"))
         return fresh
 
     result = {

@@ -26,6 +26,7 @@ from app.config.schema import Config
 from app.data.batching import batch_shape, padded_tokens
 from app.data.schedule import BatchSchedule, Update
 from app.models.flops import peak_flops, training_flops
+from app.run.errors import required
 from app.train.ema import ExponentialAverage
 from app.train.summary import LoopClock
 from app.train.trainer import Trainer, build_trainer
@@ -147,7 +148,9 @@ def time_trainer(cfg: Config, steps: int, warmup: int, rounds: int = 2) -> tuple
         timed["loop"] += next_updates(schedule, loop_warmup, n)
         clock = LoopClock(first + loop_warmup, first + loop_warmup + n, device)
         trainer.run(max_steps=first + loop_warmup + n, clock=clock)
-        seconds["loop"] += clock.seconds
+        seconds["loop"] += required(
+            clock.seconds, f"the loop's time to step {first + loop_warmup + n} (it stopped before)"
+        )
     step, loop = (throughput(trainer, timed[kind], seconds[kind]) for kind in ("step", "loop"))
     measured = {**loop, "step_steps_per_s": step["steps_per_s"], "loop_rounds": rounds}
     measured["loop_vs_step"] = round(loop["steps_per_s"] / step["steps_per_s"], 3)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-from typing import Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -40,6 +41,7 @@ def load_config(cfg: DictConfig) -> Config:
         config = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:
         raise UserError(config_error(err)) from None
+    assert isinstance(config, Config)  # the composed configuration is a structured one of the schema
     added = _added_keys(config)
     if added:  # ``+section.key=...`` adds a key the schema does not have: nothing would read it
         key, schema = added[0]
@@ -88,7 +90,7 @@ def config_error(err: Exception) -> str:
     return message
 
 
-def _added_keys(settings: object, prefix: str = "") -> list[tuple[str, type]]:
+def _added_keys(settings: Any, prefix: str = "") -> list[tuple[str, type]]:
     """Keys of a built section that are none of its schema's fields (given with a leading +), with the schema."""
     fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
     added = [(f"{prefix}{name}", type(settings)) for name in vars(settings) if name not in fields]
@@ -98,11 +100,12 @@ def _added_keys(settings: object, prefix: str = "") -> list[tuple[str, type]]:
     return added
 
 
-def _chain(err: BaseException):
+def _chain(err: BaseException) -> Iterator[BaseException]:
     """The error and its causes, outermost first."""
-    while err is not None:
-        yield err
-        err = err.__cause__ or (err.__context__ if not err.__suppress_context__ else None)
+    current: Optional[BaseException] = err
+    while current is not None:
+        yield current
+        current = current.__cause__ or (current.__context__ if not current.__suppress_context__ else None)
 
 
 def _lines(text: str) -> list[str]:
@@ -126,17 +129,19 @@ def _suggestion(key: str, schema_name: str) -> str:
     schema = next((s for s in _schemas() if s.__name__ == schema_name), None)
     if schema is None:
         return ""
-    if schema in MODEL_SCHEMAS.values():
+    family = next((arch for arch, s in MODEL_SCHEMAS.items() if s is schema), None)
+    if family is not None:
         others = [arch for arch, s in MODEL_SCHEMAS.items() if name in {f.name for f in dataclasses.fields(s)}]
         if others:
-            return f": a setting of the {others[0]} family; this model's family is {schema.arch!r}"
+            return f": a setting of the {others[0]} family; this model's family is {family!r}"
     close = difflib.get_close_matches(name, [f.name for f in dataclasses.fields(schema)], n=1, cutoff=0.6)
     return f": did you mean {section + '.' if section else ''}{close[0]}?" if close else ""
 
 
 def _schemas() -> list[type]:
     """Every section's dataclass, from the root down."""
-    found, todo = [], [Config]
+    found: list[type] = []
+    todo: list[type] = [Config]
     while todo:
         schema = todo.pop()
         found.append(schema)

@@ -7,15 +7,35 @@ these dataclasses (``OmegaConf.to_object``), which is what every stage reads.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from app.config.choices import Checked, check_choices, choice
+from app.config.commands import (
+    AlignConfig,
+    AverageConfig,
+    BenchConfig,
+    CompareConfig,
+    DecodeConfig,
+    EvalConfig,
+    ExportConfig,
+    ScoreConfig,
+    ServeConfig,
+    TranslateConfig,
+    VizConfig,
+)
 from app.run.errors import UserError
+
+# A setting left unset (None) in the composed configuration and derived from the others in __post_init__: OmegaConf
+# sees Optional[str], mypy the str that every built dataclass holds.
+if TYPE_CHECKING:
+    Derived = str
+else:
+    Derived = Optional[str]
+UNSET: Any = None  # a Derived setting's default
 
 
 @dataclass
@@ -29,8 +49,8 @@ class FilterConfig:
 @dataclass
 class DataConfig(Checked, section="data"):
     source: str = choice("bible", "files", "hf")
-    name: Optional[str] = None  # folder under data/; unset: derived from the source (corpus_name)
-    dir: Optional[str] = None  # unset: data/<name>
+    name: Derived = UNSET  # folder under data/; unset: derived from the source (corpus_name)
+    dir: Derived = UNSET  # unset: data/<name>
     src_lang: str = "es"
     tgt_lang: str = "en"
     # bible: SWORD modules paired by OSIS verse reference
@@ -48,11 +68,15 @@ class DataConfig(Checked, section="data"):
     # files / hf: reference word links of data.train, one Pharaoh line (i-j sure, i?j possible) per pair:
     # they travel with their pairs through filtering and the dev/test split (<split>.align)
     train_align: Optional[str] = None
+    # word links of the train split from a statistical aligner (app/data/aligner.py), its forward and reverse links
+    # joined by grow-diag-final-and: train.align for guided alignment on any corpus (eflomal: pip install
+    # "nmt-attention[align]"); dev and test keep their reference links. Unset data.dir: data/<name>_<aligner>
+    aligner: str = choice("none", "eflomal")
     # hf: dataset name or local path given to datasets.load_dataset, plus field mapping
     hf_path: Optional[str] = None
     hf_config: Optional[str] = None
-    src_field: Optional[str] = None  # unset: translation.<src_lang>
-    tgt_field: Optional[str] = None  # unset: translation.<tgt_lang>
+    src_field: Derived = UNSET  # unset: translation.<src_lang>
+    tgt_field: Derived = UNSET  # unset: translation.<tgt_lang>
     id_field: Optional[str] = None
     # deterministic split keyed on the pair id: the same verse always lands in the same split
     dev_fraction: float = 0.032
@@ -69,7 +93,9 @@ class DataConfig(Checked, section="data"):
         self.src_field = self.src_field or f"translation.{self.src_lang}"
         self.tgt_field = self.tgt_field or f"translation.{self.tgt_lang}"
         self.name = self.name or corpus_name(self)
-        self.dir = self.dir or os.path.join("data", self.name)
+        self.dir = self.dir or os.path.join("data", self.name + ("" if self.aligner == "none" else f"_{self.aligner}"))
+        if self.aligner != "none" and self.train_align:
+            raise UserError(f"data.aligner={self.aligner} writes the train links: not with data.train_align")
 
 
 def corpus_name(cfg: DataConfig) -> str:
@@ -215,6 +241,8 @@ class TrainConfig(Checked, section="train"):
             raise UserError(f"train.ema_decay={self.ema_decay} must be in [0, 1): 0 is off, 0.999 a typical decay")
         if self.average_snapshots < 0:
             raise UserError(f"train.average_snapshots={self.average_snapshots}: a number of snapshots, 0 for none")
+        if len(self.adam_betas) != 2:
+            raise UserError(f"train.adam_betas={list(self.adam_betas)}: give two values, [beta1, beta2]")
 
     def check_subword_sampling(self) -> None:
         if not 0.0 <= self.subword_alpha <= 1.0:
@@ -231,152 +259,10 @@ class TrainConfig(Checked, section="train"):
 
 
 @dataclass
-class DecodeConfig:
-    beam_size: int = 5  # 1 = greedy; validation during training is always greedy
-    length_penalty: float = 1.0  # GNMT α: hypotheses scored log p / ((5 + |Y|) / 6)^α
-    n_best: int = 1  # translate: hypotheses printed per input
-    # no n-gram of this many pieces twice in a hypothesis (fairseq's and CTranslate2's setting); 0 = off
-    no_repeat_ngram_size: int = 0
-    sampling: bool = False  # draw each next token at random (beam_size 1), e.g. for back-translation, from:
-    sampling_topk: int = 0  # the k most probable (0: all),
-    sampling_topp: float = 1.0  # then the fewest of them holding this probability,
-    sampling_temperature: float = 1.0  # of softmax(log p / temperature)
-    sampling_seed: int = 0  # the same seed, settings and device draw the same samples
-    max_len_ratio: float = 1.5  # output length limit = ratio * source length + max_len_extra
-    max_len_extra: int = 10
-    # tokens per decoding batch after the beam: sentences × beam_size × their padded source length (on a CPU)
-    batch_tokens: int = 16000
-    # the same on CUDA, where a step costs its launches more than its rows: the test split in one batch
-    cuda_batch_tokens: int = 200_000
-    cpu_onednn: bool = True  # a Transformer's decoding steps multiply through oneDNN on a CPU (false: MKL, as training)
-
-    def __post_init__(self) -> None:
-        beam, ngram, topk, topp = self.beam_size, self.no_repeat_ngram_size, self.sampling_topk, self.sampling_topp
-        rules = {  # the first one broken is the error
-            f"decode.beam_size={beam} must be >= 1 and >= decode.n_best={self.n_best}": beam < 1 or self.n_best > beam,
-            f"decode.no_repeat_ngram_size={ngram} must be >= 0 (0: off)": ngram < 0,
-            "decode.sampling=true draws one hypothesis per sentence, a beam search does not draw: set "
-            f"decode.beam_size=1 (it is {beam})": self.sampling and beam != 1,
-            f"decode.sampling_topk={topk} must be >= 0 (0: the whole vocabulary)": topk < 0,
-            f"decode.sampling_topp={topp} must be in (0, 1] (1: no cut)": not 0 < topp <= 1,
-            f"decode.sampling_temperature={self.sampling_temperature} must be > 0": self.sampling_temperature <= 0,
-        }
-        for rule in (rule for rule, broken in rules.items() if broken):
-            raise UserError(rule)
-
-    @property
-    def batch_source_tokens(self) -> int:
-        """Source tokens per decoding batch: a beam search batch holds beam_size copies of every sentence."""
-        return max(self.batch_tokens // self.beam_size, 1)
-
-    def greedy(self) -> DecodeConfig:
-        return dataclasses.replace(self, beam_size=1, n_best=1, sampling=False)
-
-
-@dataclass
-class EvalConfig(Checked, section="eval"):
-    split: str = "test"
-    checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
-    length_buckets: list[int] = field(default_factory=lambda: [10, 20, 30, 40, 50])  # source-word bucket edges
-    gold_align: Optional[str] = None  # Pharaoh gold alignments for the split: AER/precision/recall in metrics.json
-    engine: str = choice("torch", "ct2")  # ct2: the run's CTranslate2 export (make export)
-    # AER counts the link of every target word (all) or of the words the reference links (linked); unset:
-    # linked for the corpus's own reference links (Strong's numbers leave function words untagged), all for gold_align
-    align_scope: Optional[str] = choice(None, "all", "linked")
-    max_sentences: int = 0  # score only the first N sentences of the split (a quick look, said so everywhere); 0 = all
-    # what the attention files and explorer keep: every layer's mean of heads and viz.layer's heads (layer), or
-    # every layer's heads (all: files 3 to 5 times the size)
-    attention: str = choice("layer", "all")
-
-
-@dataclass
-class TranslateConfig(Checked, section="translate"):
-    input: Optional[str] = None  # file; default stdin
-    output: Optional[str] = None  # file; default stdout
-    checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
-    engine: str = choice("torch", "ct2")  # ct2: the run's CTranslate2 export (translate.checkpoint unused)
-    # each line "translation ||| i-j ...": its word links to the source, read from the attention (Pharaoh format)
-    alignments: bool = False
-    prefix: Optional[str] = None  # file, a line per input line: its translation begins so (empty line: free)
-
-
-@dataclass
-class ScoreConfig(Checked, section="score"):
-    source: Optional[str] = None  # parallel files, line by line (neither given: the references of score.split)
-    target: Optional[str] = None
-    split: str = "test"
-    output: Optional[str] = None  # default stdout
-    checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
-    engine: str = choice("torch", "ct2")  # ct2: the run's CTranslate2 export (score.checkpoint unused)
-    pieces: bool = False  # each line also lists every target piece (and the final </s>) with its log p
-    alignments: bool = False  # each line also holds the pair's word links read from the attention (Pharaoh)
-
-
-@dataclass
-class ExportConfig(Checked, section="export"):
-    checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
-    quantization: str = choice("int8", "int8_float16", "float16", "none")  # none: float32
-    dir: Optional[str] = None  # default <run_dir>/ct2
-
-
-@dataclass
-class BenchConfig:
-    steps: int = 50  # timed training steps
-    warmup: int = 10  # untimed steps first (allocator, cuDNN/compile warm-up)
-    decode_sentences: int = 0  # decode the first N test sentences (greedy and with decode.beam_size); 0 = all
-    decode_rounds: int = 1  # decode that many times, the engines taking turns; the best time of each is kept
-    # CTranslate2's threads on a CPU (0: its default); one call per length limit (docs/benchmarking.md)
-    ct2_threads: int = 1
-    checkpoint_path: Optional[str] = None  # a trained run's .pt (same model= settings): decode timings of real output
-    profile_steps: int = 0  # then profile this many more steps: time per kind of work, top ops, a Chrome trace
-    host_tokens: int = 256  # host_step_ms: updates on a batch of at most this many padded tokens (its compute ~ 0)
-    ablate: bool = False  # also time training with each speed feature off in turn (and with train.compile)
-    cpu_small: bool = True  # on a CPU, cap model, batch, steps and test sentences at a size benched in minutes
-    serve: bool = False  # instead: requests/s and latency of make serve's API (app/bench/serving.py)
-
-
-@dataclass
-class VizConfig:
-    sentences: int = 4  # dev sentences whose alignments go to TensorBoard at every validation
-    eval_plots: int = 20  # eval: PNG heatmaps for the first N sentences (alignments.npz has every sentence's maps)
-    layer: int = -1  # Transformer layer whose heads are shown, kept in alignments.npz and the explorer
-    worker: bool = True  # validation's scoring and heatmaps, make eval's TER: in a process beside (host_worker.py)
-    # a Transformer's self-attention too (encoder's, decoder's over the hypothesis: a teacher-forced pass), in make
-    # eval's files, explorer and figures, and in every validation's figures
-    self_attention: bool = True
-
-
-@dataclass
-class AverageConfig:
-    last: int = 5  # average the newest N snapshots (step_*.pt) into averaged.pt
-
-
-@dataclass
-class CompareConfig:
-    dir: Optional[str] = None  # sweep folder of a `train -m` run (make compare sets it)
-    out: Optional[str] = None  # where compare.md, bleu_by_length.png and tb/ go; unset: compare.dir
-
-
-@dataclass
-class ServeConfig:
-    host: str = "127.0.0.1"  # only this machine; 0.0.0.0 answers every interface (no authentication: mind it)
-    port: int = 8000  # 0: any free port (the line printed at start names it)
-    checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN (translate.engine=ct2: the export instead)
-    batch_wait_ms: float = 20.0  # how long a batch waits for requests to join it (from the first, or the last answers)
-    max_batch_lines: int = 256  # lines of one decoding call at most (decode.batch_tokens splits it further)
-    max_lines: int = 64  # lines of one request at most
-    max_chars: int = 2000  # characters of one line at most
-    max_beam: int = 16  # beam_size of a request at most
-    # make bench ARGS="name=<run> bench.serve=true": concurrent clients, each sending single sentences
-    bench_clients: int = 16
-    bench_seconds: float = 20.0  # how long each of the two loads (1 client, bench_clients clients) runs
-
-
-@dataclass
 class Config:
     command: Optional[str] = None  # what python -m app does: prepare | train | eval | ... (app/cli.py)
     name: str = "default"
-    run_dir: Optional[str] = None  # unset: checkpoints/<name>; the CLI sets Hydra's output folder
+    run_dir: Derived = UNSET  # unset: checkpoints/<name>; the CLI sets Hydra's output folder
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # checkpoints decoding with eval's, translate's, score's, serve's as one model (app/decode/ensemble.py): this run's
     # (step_0000400, last...), another run's best.pt (its name or folder), a .pt file
@@ -389,6 +275,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     translate: TranslateConfig = field(default_factory=TranslateConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
+    align: AlignConfig = field(default_factory=AlignConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from app.data.shapes import ShapedBatch
+from app.data.shapes import Lengths, ShapedBatch
 from app.data.tokenizer import BOS, EOS, PAD
 
 
@@ -36,10 +36,18 @@ class Batch:
         host does not wait for: it queues behind the previous step's kernels while the host pads the
         next batch (``pin=False``: plain pageable copies, for comparison)."""
         pin = pin and device.type == "cuda"
-        move = lambda t: None if t is None else (t.pin_memory() if pin else t).to(device, non_blocking=True)  # noqa: E731
+        move = lambda t: (t.pin_memory() if pin else t).to(device, non_blocking=True)  # noqa: E731
+        maybe = lambda t: None if t is None else move(t)  # noqa: E731
         return Batch(
-            move(self.src), self.index, move(self.tgt_in), move(self.tgt_out), self.src_lengths, move(self.align)
+            move(self.src), self.index, maybe(self.tgt_in), maybe(self.tgt_out), self.src_lengths, maybe(self.align)
         )
+
+    @property
+    def targets(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tgt_in, tgt_out) of a batch of pairs (a batch of sources alone has none)."""
+        if self.tgt_in is None or self.tgt_out is None:
+            raise ValueError("a batch of sources alone has no target")
+        return self.tgt_in, self.tgt_out
 
 
 def make_batches(
@@ -56,20 +64,23 @@ def make_batches(
     A sentence pair longer than the budget on its own still gets a batch of one. ``by_length=False``
     cuts the (shuffled) order as it is: what batches cost without length bucketing (make bench).
     """
-    has_tgt = tgt_lens is not None
     order = list(range(len(src_lens)))
     rng = random.Random(seed * 100_003 + epoch)
     if shuffle:
         rng.shuffle(order)  # random tie-breaking among equal lengths
     # Sorting by the longer side first bounds both sides of a batch: sorted by target length alone, a large
     # batch spans every source length that goes with its targets (docs/benchmarking.md#measurements-behind-the-code).
-    if by_length:
-        order.sort(key=lambda i: (max(src_lens[i], tgt_lens[i]), src_lens[i] + tgt_lens[i]) if has_tgt else src_lens[i])
+    if by_length and tgt_lens is not None:
+        order.sort(key=lambda i: (max(src_lens[i], tgt_lens[i]), src_lens[i] + tgt_lens[i]))
+    elif by_length:
+        order.sort(key=lambda i: src_lens[i])
 
-    batches, current, max_src, max_tgt = [], [], 0, 0
+    batches: list[list[int]] = []
+    current: list[int] = []
+    max_src, max_tgt = 0, 0
     for i in order:
         # +1: EOS on the source; BOS/EOS on the target
-        src_len, tgt_len = src_lens[i] + 1, (tgt_lens[i] + 1 if has_tgt else 0)
+        src_len, tgt_len = src_lens[i] + 1, (tgt_lens[i] + 1 if tgt_lens is not None else 0)
         new_src, new_tgt = max(max_src, src_len), max(max_tgt, tgt_len)
         if current and (len(current) + 1) * (new_src + new_tgt) > batch_tokens:
             batches.append(current)
@@ -134,7 +145,7 @@ def _pad(
     return torch.from_numpy(out)
 
 
-def padded_tokens(indices: list[int], src_len: np.ndarray, tgt_len: np.ndarray) -> int:
+def padded_tokens(indices: Sequence[int] | np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray) -> int:
     """Source + target positions the batch's tensors hold (lengths with EOS / BOS): its rows times its longest
     pair, or the fixed shape of a ``ShapedBatch``."""
     if isinstance(indices, ShapedBatch):
@@ -156,7 +167,7 @@ def sorted_batches(src: Sequence[list[int]], tgt: Sequence[list[int]], batch_tok
         yield batcher(indices)
 
 
-def split_batch(indices: list[int], src_lens: Sequence[int], tgt_lens: Sequence[int], budget: int) -> list[list[int]]:
+def split_batch(indices: list[int], src_lens: Lengths, tgt_lens: Lengths, budget: int) -> list[list[int]]:
     """Cut a batch into pieces within ``budget`` tokens; always at least two pieces when it has two
     sentences (a batch that ran out of memory must shrink). Deterministic, so resume replays it."""
     pieces = [

@@ -49,8 +49,8 @@ class ParallelData:
 
     def select(self, indices) -> ParallelData:
         """The pairs at ``indices``, in that order."""
-        columns = (self.ids, self.src_texts, self.tgt_texts, self.src, self.tgt)
-        return ParallelData(*([values[i] for i in indices] for values in columns))
+        pick = lambda values: [values[i] for i in indices]  # noqa: E731
+        return ParallelData(pick(self.ids), pick(self.src_texts), pick(self.tgt_texts), pick(self.src), pick(self.tgt))
 
 
 @dataclass

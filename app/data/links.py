@@ -77,14 +77,25 @@ def piece_links(links: set[tuple[int, int]], src_pieces: list[str], tgt_pieces: 
     return list(zip(cells[0].tolist(), cells[1].tolist()))
 
 
+def most_attended(maps, src_pieces: list[str], tgt_pieces: list[str]) -> np.ndarray:
+    """Attention maps (views, tgt pieces, src pieces) -> (views, target words): the most attended source word of
+    every target word, pieces summed into words (no columns where either side has no word)."""
+    to_src, to_tgt = pieces_to_words(src_pieces), pieces_to_words(tgt_pieces)
+    if not len(to_src) or not len(to_tgt):
+        return np.zeros((len(maps), 0), dtype=np.int64)
+    merged = to_tgt @ np.asarray(maps, dtype=np.float64) @ to_src.T  # (views, tgt words, src words)
+    return merged.argmax(-1)
+
+
+def word_links(best) -> set[tuple[int, int]]:
+    """One view's ``most_attended`` row as (source word, target word) links."""
+    return {(int(i), j) for j, i in enumerate(best)}
+
+
 def hard_alignments(maps, src_pieces: list[str], tgt_pieces: list[str]) -> list[set[tuple[int, int]]]:
     """Attention maps (views, tgt pieces, src pieces) -> per view {(source word, target word)}: pieces
     summed into words, then the most attended source word for every target word."""
-    to_src, to_tgt = pieces_to_words(src_pieces), pieces_to_words(tgt_pieces)
-    if not len(to_src) or not len(to_tgt):
-        return [set() for _ in maps]
-    merged = to_tgt @ np.asarray(maps, dtype=np.float64) @ to_src.T  # (views, tgt words, src words)
-    return [{(int(i), j) for j, i in enumerate(best)} for best in merged.argmax(-1)]
+    return [word_links(best) for best in most_attended(maps, src_pieces, tgt_pieces)]
 
 
 def hard_alignment(weights, src_pieces: list[str], tgt_pieces: list[str]) -> set[tuple[int, int]]:

@@ -68,7 +68,9 @@ def clean_osis_context(raw: str) -> tuple[str, list[tuple[str, ...]]]:
         if tag is None:
             break
         start = tag.end()
-        closing, name = _TAG_NAME.match(tag.group()).groups()
+        named = _TAG_NAME.match(tag.group())
+        assert named is not None  # every tag begins with "<"
+        closing, name = named.groups()
         if closing and name in names:  # closes the innermost open element of that name
             k = len(names) - 1 - names[::-1].index(name)
             del names[k:], start_tags[k:]

@@ -9,7 +9,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-Item, Ready = TypeVar("Item"), TypeVar("Ready")
+Item = TypeVar("Item")
+Ready = TypeVar("Ready")
 
 
 class Prefetcher(Generic[Item, Ready]):

@@ -18,6 +18,7 @@ from typing import Optional
 from tqdm import tqdm
 
 from app.config.schema import DataConfig, FilterConfig
+from app.data.aligner import check_aligner, write_aligner_links
 from app.data.cache import cached, mark_done
 from app.data.osis import CLEAN_VERSION as OSIS_CLEAN_VERSION
 from app.data.sources import SPLITS, Pair, read_source
@@ -48,7 +49,9 @@ class PairFilter:
     distinct pair, not by its text."""
 
     def __init__(self, rules: FilterConfig, dedup: bool):
-        self.rules, self.dedup, self.seen, self.dropped = rules, dedup, set(), Counter()
+        self.rules, self.dedup = rules, dedup
+        self.seen: set[bytes] = set()
+        self.dropped: Counter[str] = Counter()
 
     def __call__(self, pair: Pair) -> Optional[Pair]:
         rules = self.rules
@@ -101,6 +104,8 @@ def _fingerprint(cfg: DataConfig) -> dict:
 def cache_key(cfg: DataConfig) -> str:
     settings = asdict(cfg)
     settings.pop("num_proc", None)  # how many processes tokenize does not change the prepared splits
+    if settings.get("aligner") == "none":  # the corpora prepared before data.aligner existed stay as they are
+        settings.pop("aligner")
     key = {"version": PREPARE_VERSION, "settings": settings, "inputs": _fingerprint(cfg)}
     if cfg.source == "bible":  # the verse texts are what app/data/osis.py makes of the modules' markup
         key["osis"] = OSIS_CLEAN_VERSION
@@ -123,6 +128,7 @@ def prepare(cfg: DataConfig, verify: bool = False) -> dict:
         log.info("data: %s is up to date (%s)", cfg.dir, _counts_text(report))
         return report
 
+    check_aligner(cfg.aligner)
     log.info("data: preparing %s from source %r", cfg.dir, cfg.source)
     raw = read_source(cfg)
     # Splits the source does not provide are carved out of train by the id hash.
@@ -130,7 +136,7 @@ def prepare(cfg: DataConfig, verify: bool = False) -> dict:
     test_fraction = cfg.test_fraction if raw["test"] is None else 0.0
     # Dev/test keep duplicates: they are what the user asked to be scored on.
     filters = {s: PairFilter(cfg.filters, dedup=cfg.filters.dedup and s == "train") for s in SPLITS}
-    kept = Counter()
+    kept: Counter[str] = Counter()
     full = lambda split: split == "train" and 0 < cfg.max_train_pairs <= kept["train"]  # noqa: E731
     with contextlib.ExitStack() as files:  # pairs stream from the source into the split files
         out = {s: files.enter_context(atomic_open(os.path.join(cfg.dir, f"{s}.tsv"), "w")) for s in SPLITS}
@@ -145,7 +151,7 @@ def prepare(cfg: DataConfig, verify: bool = False) -> dict:
             if clean.links is not None and split not in aligned:
                 aligned[split] = files.enter_context(atomic_open(os.path.join(cfg.dir, f"{split}.align"), "w"))
             out[split].write(f"{clean.id}\t{clean.src}\t{clean.tgt}\n")
-            if split in aligned:
+            if clean.links is not None:  # then the split's file is open (the first pair decided)
                 aligned[split].write(clean.links + "\n")
             kept[split] += 1
 
@@ -167,14 +173,17 @@ def prepare(cfg: DataConfig, verify: bool = False) -> dict:
         stale = os.path.join(cfg.dir, f"{split}.align")
         if split not in aligned and os.path.exists(stale):  # links of an earlier preparation
             os.remove(stale)
+    linked = [os.path.join(cfg.dir, f"{split}.align") for split in sorted(aligned)]
+    if cfg.aligner != "none":  # train.align from the aligner, in place of any reference links of the train split
+        linked = sorted(set(linked) | set(write_aligner_links(cfg.dir, cfg.aligner, SPLITS)))
     return mark_done(
         report_path,
         key,
-        outputs + [os.path.join(cfg.dir, f"{split}.align") for split in sorted(aligned)],
+        outputs + linked,
         source=cfg.source,
         dropped={s: dict(filters[s].dropped) for s in SPLITS},
         pairs={s: kept[s] for s in SPLITS},
-        aligned=sorted(aligned),
+        aligned=sorted({*aligned, *(["train"] if cfg.aligner != "none" else [])}),
     )
 
 

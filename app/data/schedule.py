@@ -11,7 +11,7 @@ sampler does.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Optional
 
@@ -19,7 +19,7 @@ import numpy as np
 
 from app.config.schema import CUDA_GRAPH_MODES, TrainConfig
 from app.data.batching import batch_shape, make_batches, padded_tokens, split_batch
-from app.data.shapes import SUGGESTED_SHAPES, BatchShapes
+from app.data.shapes import SUGGESTED_SHAPES, BatchShapes, Lengths
 from app.run.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,8 @@ class BatchSchedule:
 
     def __init__(
         self,
-        src_lens: Sequence[int],
-        tgt_lens: Sequence[int],
+        src_lens: Lengths,
+        tgt_lens: Lengths,
         batch_tokens: int,
         seed: int,
         world: int = 1,
@@ -70,7 +70,7 @@ class BatchSchedule:
         """Batches per update: each of the ranks takes ``accum`` of them."""
         return self.world * self.accum
 
-    def lengths(self, epoch: int) -> tuple[Sequence[int], Sequence[int]]:
+    def lengths(self, epoch: int) -> tuple[Lengths, Lengths]:
         """Source and target lengths (without EOS / BOS) of every pair in ``epoch``."""
         return self.epoch_lengths(epoch) if self.epoch_lengths else (self.src_lens, self.tgt_lens)
 
@@ -79,8 +79,9 @@ class BatchSchedule:
         in force when it started)."""
         key = (self.epoch if epoch is None else epoch, self.epoch_batch_tokens if budget is None else budget)
         if self._epoch_cache is None or self._epoch_cache[0] != key:
+            batches: list[list[int]]
             if self.shapes is not None:
-                batches = self.shapes.batches(key[1], shuffle=True, seed=self.seed, epoch=key[0])
+                batches = list(self.shapes.batches(key[1], shuffle=True, seed=self.seed, epoch=key[0]))
             else:
                 src_lens, tgt_lens = (np.asarray(lens).tolist() for lens in self.lengths(key[0]))  # quick to index
                 batches = make_batches(src_lens, tgt_lens, key[1], shuffle=True, seed=self.seed, epoch=key[0])
@@ -207,8 +208,8 @@ def accumulation_steps(t: TrainConfig, world: int) -> int:
 
 def training_schedule(
     t: TrainConfig,
-    src_lens: Sequence[int],
-    tgt_lens: Sequence[int],
+    src_lens: Lengths,
+    tgt_lens: Lengths,
     world: int,
     rank: int,
     accum: int,

@@ -22,9 +22,11 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from typing import Union
 
 import numpy as np
 
+Lengths = Union[Sequence[int], np.ndarray]  # a length per pair: a list, or an array of ints
 SUGGESTED_SHAPES = 16  # what make bench suggests (docs/benchmarking.md)
 MAX_CANDIDATES = 2048  # shapes considered per greedy choice; more distinct length pairs are coarsened
 
@@ -75,7 +77,7 @@ def _gains(candidates: np.ndarray, pairs: np.ndarray, counts: np.ndarray, cost: 
 class BatchShapes:
     """The training split's pairs, each assigned to one of a fixed set of padded shapes."""
 
-    def __init__(self, src_lens: Sequence[int], tgt_lens: Sequence[int], k: int):
+    def __init__(self, src_lens: Lengths, tgt_lens: Lengths, k: int):
         src_len = np.asarray(src_lens, dtype=np.int64) + 1  # + EOS
         tgt_len = np.asarray(tgt_lens, dtype=np.int64) + 1  # + BOS / EOS
         self.shapes = choose_shapes(src_len, tgt_len, k)

@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import zip_longest
-from typing import Optional
+from typing import Any, Optional
 
 from app.config.schema import DataConfig
 from app.data.osis import clean_osis, raw_verses
@@ -45,8 +45,9 @@ def read_source(cfg: DataConfig) -> Splits:
             f"{cfg.source}{' with data.streaming=true' if cfg.streaming else ''}"
         )
     splits = readers[cfg.source](cfg)
-    if cfg.train_align:
-        splits["train"] = with_links(splits["train"], cfg.train_align)
+    train = splits["train"]
+    if cfg.train_align and train is not None:  # (every source has a train split)
+        splits["train"] = with_links(train, cfg.train_align)
     return splits
 
 
@@ -158,12 +159,12 @@ def _read_jsonl(path: str, src_lang: str, tgt_lang: str) -> Iterator[Pair]:
 
 
 def _read_text_pair(src_path: str, tgt_path: str) -> Iterator[Pair]:
-    name, missing = os.path.basename(src_path), object()
+    name = os.path.basename(src_path)
     src_rows, tgt_rows = _rows("text", src_path), _rows("text", tgt_path)
-    for i, (s, t) in enumerate(zip_longest(src_rows, tgt_rows, fillvalue=missing), start=1):
-        if s is missing or t is missing:
-            n_src = i - 1 + (s is not missing) + sum(1 for _ in src_rows)
-            n_tgt = i - 1 + (t is not missing) + sum(1 for _ in tgt_rows)
+    for i, (s, t) in enumerate(zip_longest(src_rows, tgt_rows), start=1):  # None past a file's end
+        if s is None or t is None:
+            n_src = i - 1 + (s is not None) + sum(1 for _ in src_rows)
+            n_tgt = i - 1 + (t is not None) + sum(1 for _ in tgt_rows)
             raise UserError(f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}: they must be parallel")
         yield Pair(f"{name}:{i}", s["text"], t["text"])
 
@@ -198,8 +199,8 @@ def read_files(cfg: DataConfig) -> Splits:
 # --- Hugging Face datasets -----------------------------------------------------------------------
 
 
-def _field(row: dict, dotted: str, where: str):
-    value = row
+def _field(row: dict, dotted: str, where: str) -> Any:
+    value: Any = row
     for key in dotted.split("."):
         if not isinstance(value, dict) or key not in value:
             raise UserError(

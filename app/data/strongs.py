@@ -70,7 +70,8 @@ def strong_links(src_tags: list[frozenset[str]], tgt_tags: list[frozenset[str]])
     for j, numbers in enumerate(tgt_tags):
         for number in numbers:
             tgt_words[number].append(j)
-    sure, possible = set(), set()
+    sure: set[tuple[int, int]] = set()
+    possible: set[tuple[int, int]] = set()
     for number in src_words.keys() & tgt_words.keys():
         src, tgt = src_words[number], tgt_words[number]
         possible.update((i, j) for i in src for j in tgt)

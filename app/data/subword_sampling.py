@@ -127,8 +127,8 @@ def train_segmentations(
     src, tgt = table.column("src_ids"), table.column("tgt_ids")
     if len(src) != len(split) * t.subword_variants:  # a cache of another split that the stamp did not catch
         raise RuntimeError(f"{cache}: {len(src)} rows for {len(split)} pairs × {t.subword_variants} variants")
-    lengths = [pc.list_value_length(column).to_numpy().astype(np.int64) for column in (src, tgt)]
-    return TrainSegmentations(src, tgt, *lengths, len(split), t.subword_variants, t.seed, mean_pieces(split))
+    src_lens, tgt_lens = (pc.list_value_length(column).to_numpy().astype(np.int64) for column in (src, tgt))
+    return TrainSegmentations(src, tgt, src_lens, tgt_lens, len(split), t.subword_variants, t.seed, mean_pieces(split))
 
 
 def mean_pieces(split: TokenizedSplit) -> tuple[float, float]:
@@ -150,10 +150,15 @@ def build(source, cache: str, stamp: str, key: str, tokenizer: Tokenizer, t: Tra
     texts = {"src": source["src"][:], "tgt": source["tgt"][:]}
     models = {"src": tokenizer.src, "tgt": tokenizer.tgt}
     rows: dict[str, list] = {"src_ids": [], "tgt_ids": []}
-    sample = {"enable_sampling": True, "alpha": t.subword_alpha, "nbest_size": t.subword_nbest}
     for _ in tqdm(range(t.subword_variants), desc="sampling segmentations", unit="variant", leave=False):
         for side in ("src", "tgt"):
-            rows[f"{side}_ids"] += models[side].encode(texts[side], num_threads=os.cpu_count() or 1, **sample)
+            rows[f"{side}_ids"] += models[side].encode(
+                texts[side],
+                num_threads=os.cpu_count() or 1,
+                enable_sampling=True,
+                alpha=t.subword_alpha,
+                nbest_size=t.subword_nbest,
+            )
     ids = datasets.List(datasets.Value("int32"))
     table = datasets.Dataset.from_dict(rows, features=datasets.Features({"src_ids": ids, "tgt_ids": ids}))
     work = f"{cache}.building-{os.getpid()}"

@@ -7,10 +7,12 @@ from typing import Optional
 import torch
 
 from app.data.tokenizer import BOS, EOS, PAD
+from app.decode.constraints import PhraseConstraints
 from app.decode.search import Hypotheses, Search, attention_to_host, by_step, length_penalty, sentence_attention
+from app.models.api import MemoryT, Seq2Seq, StateT
 
 
-class BeamSearch(Search):
+class BeamSearch(Search[MemoryT, StateT]):
     """Batched beam search: all sentences and beams of the batch advance together, on the device.
 
     Every step extends the live beams by every token, keeps the 2k best candidates per sentence, sets
@@ -23,25 +25,31 @@ class BeamSearch(Search):
     candidate is written out with the step and the beam it came from, and the n best of each sentence
     are ranked once, at the end (a stable sort of them in the order they ended ranks equal scores as
     the step-by-step merge would), then read back along the backpointers.
+
+    With terminology ``constraints`` (``PhraseConstraints.allocate``: dynamic beam allocation), EOS among the k
+    best candidates that have met every phrase ends a hypothesis, and the beam continues with the first k others
+    taken round-robin over the banks of constraint pieces met. A sentence with phrases is done once its best live
+    beam would not rank among the n best ended (``n_best``, what it returns): its banks that have met less keep
+    beams of high scores that rarely end, and waiting for k ended hypotheses kept most sentences to their limit.
     """
 
     def __init__(
         self,
-        model,
-        src,
-        beam_size=5,
-        alpha=1.0,
-        max_len_ratio=1.5,
-        max_len_extra=10,
-        n_best=1,
-        need_attention=False,
-        onednn=True,
-        no_repeat_ngram_size=0,
-        prefix=None,
+        model: Seq2Seq[MemoryT, StateT],
+        src: torch.Tensor,
+        beam_size: int = 5,
+        alpha: float = 1.0,
+        max_len_ratio: float = 1.5,
+        max_len_extra: int = 10,
+        n_best: int = 1,
+        need_attention: bool = False,
+        onednn: bool = True,
+        no_repeat_ngram_size: int = 0,
+        prefix: Optional[torch.Tensor] = None,
+        constraints: Optional[PhraseConstraints] = None,
     ):
-        super().__init__(
-            model, src, beam_size, max_len_ratio, max_len_extra, need_attention, onednn, no_repeat_ngram_size, prefix
-        )
+        settings = (max_len_ratio, max_len_extra, need_attention, onednn, no_repeat_ngram_size, prefix, constraints)
+        super().__init__(model, src, beam_size, *settings)
         k, device, batch = beam_size, self.device, self.batch
         self.alpha, self.n_best = alpha, n_best
         scores = torch.full((batch, k), float("-inf"), device=device)
@@ -79,23 +87,34 @@ class BeamSearch(Search):
                 self.eos_only = torch.full((vocab,), float("-inf"), device=self.device)
                 self.eos_only[EOS] = 0.0
             logp = torch.where((t >= self.row_limits)[:, None], self.eos_only, logp)
-        sentences = self.offsets.size(0)
-        top_scores, top_index = logp.add_(self.scores).view(sentences, k * vocab).topk(2 * k, dim=1)
-        origin = top_index // vocab + self.offsets  # (sentences, 2k) the rows they extend
-        token = top_index % vocab
-        is_eos = token == EOS
-
-        # EOS among the k best candidates ends a hypothesis (of a sentence still searching)
-        ending = is_eos & self.live if self.riding else is_eos  # a done sentence that rides along ends nothing
-        ended = torch.where(ending, top_scores, float("-inf"))[:, :k] / length_penalty(t + 1, alpha)
+        sentences, c = self.offsets.size(0), self.constraints
+        if c is None:
+            top_scores, top_index = logp.add_(self.scores).view(sentences, k * vocab).topk(2 * k, dim=1)
+            origin = top_index // vocab + self.offsets  # (sentences, 2k) the rows they extend
+            token = top_index % vocab
+            is_eos = token == EOS
+            # EOS among the k best candidates ends a hypothesis; the k best others continue
+            ends, end_rows = top_scores[:, :k].masked_fill(~is_eos[:, :k], float("-inf")), origin[:, :k]
+            alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)
+            rows, token = origin.gather(1, pick), token.gather(1, pick)
+            best_alive = alive_scores[:, :1]
+        else:  # dynamic beam allocation, with the constraint states of the rows that continue
+            ends, end_rows, alive_scores, rows, token, c_state, c_met = c.allocate(
+                logp.add_(self.scores), k, self.offsets
+            )
+            best_alive = alive_scores.max(1, keepdim=True).values
+        if self.riding:  # a done sentence that rides along ends nothing (only one still searching does)
+            ends = ends.masked_fill(~self.live, float("-inf"))
+        ended = ends / length_penalty(t + 1, alpha)
         self.segment_scores.append(ended)
-        self.segment_rows.append(origin)
+        self.segment_rows.append(end_rows)
         self.kth_best = torch.cat([self.kth_best, ended], 1).topk(k, dim=1).values
-        alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)
         # Done when the best live beam, scored at its next possible end (length t + 2 with EOS), no longer
         # beats the k-th best ended hypothesis (with fewer than k ended: only when no live beam is left).
-        self.live &= alive_scores[:, :1] / length_penalty(t + 2, alpha) > self.kth_best[:, -1:]
-        rows, token = origin.gather(1, pick), token.gather(1, pick)
+        bar = self.kth_best[:, -1:]
+        if c is not None:  # a sentence with phrases: against its n-th best ended hypothesis (n-best: what it returns)
+            bar = self.kth_best.gather(1, torch.where(c.total[:, None] > 0, min(self.n_best, k) - 1, k - 1))
+        self.live &= best_alive / length_penalty(t + 2, alpha) > bar
         self.t += 1
         if check:
             index = None
@@ -106,6 +125,8 @@ class BeamSearch(Search):
                 if not self.kept:
                     return True
                 rows, token, alive_scores = rows[index], token[index], alive_scores[index]
+                if c is not None:
+                    c_state, c_met = c_state[index], c_met[index]
                 self.live, self.kth_best = self.live[index], self.kth_best[index]
                 self.offsets = self.offsets[: index.size(0)]
                 self.row_limits = self.limits.repeat_interleave(k)
@@ -116,7 +137,12 @@ class BeamSearch(Search):
         self.history_parents.append(rows)
         self.scores = alive_scores.view(-1, 1)
         self.state = self.state.select(rows)
+        if c is not None:
+            c.set_rows(c_state.flatten(0, 1), c_met.flatten(0, 1))
         return False
+
+    def limits_of_rows(self) -> torch.Tensor:
+        return self.row_limits
 
     def write_segment(self) -> None:
         if self.segment_scores:
@@ -136,7 +162,7 @@ class BeamSearch(Search):
         compacted since, a hypothesis that ended already looks up a row there is (clamped), then ignores it."""
         n_steps = int(steps.max()) + 1 if steps.numel() else 1
         compacted = len(self.kept) < self.batch  # some sentences left the batch
-        columns, attention = [], [None] * n_steps
+        columns, attention = [], []  # each from the last step back
         cur = rows.clone()
         for s in reversed(range(n_steps)):
             if s < n_steps - 1:  # the hypotheses that were still going after step s step back
@@ -145,9 +171,9 @@ class BeamSearch(Search):
                 columns.append(torch.where(back, self.history_tokens[s][at], PAD))
                 cur = torch.where(back, self.history_parents[s][at], cur)
             if with_attention:
-                attention[s] = self.history_attention[s][cur.clamp(max=self.history_attention[s].size(0) - 1)]
+                attention.append(self.history_attention[s][cur.clamp(max=self.history_attention[s].size(0) - 1)])
         tokens = torch.stack(columns[::-1], 1) if columns else rows.new_full((rows.size(0), 1), PAD)
-        return tokens, by_step(attention) if with_attention else None
+        return tokens, by_step(attention[::-1]) if with_attention else None
 
     def result(self) -> Hypotheses:
         n, batch = min(self.n_best, self.beam), self.batch
@@ -155,15 +181,16 @@ class BeamSearch(Search):
         norms, best = ranked.values[:, :n], ranked.indices[:, :n]
         steps = best // self.beam
         rows = self.ended_rows.view(batch, -1).gather(1, best)
-        tokens, _ = self.trace(steps.reshape(-1), rows.reshape(-1), with_attention=False)
-        tokens, lengths, norms = tokens.view(batch, n, -1).tolist(), steps.tolist(), norms.tolist()
+        traced, _ = self.trace(steps.reshape(-1), rows.reshape(-1), with_attention=False)
+        tokens, lengths, scores = traced.view(batch, n, -1).tolist(), steps.tolist(), norms.tolist()
         nbest = [
-            [(tokens[b][i][: lengths[b][i]], norms[b][i]) for i in range(n) if norms[b][i] > float("-inf")]
+            [(tokens[b][i][: lengths[b][i]], scores[b][i]) for i in range(n) if scores[b][i] > float("-inf")]
             for b in range(batch)
         ]
         best_tokens = [hyps[0][0] for hyps in nbest]
         if not self.history_attention:
             return Hypotheses(best_tokens, None, nbest, self.kv_cache_bytes)
         _, attention = self.trace(steps[:, 0], rows[:, 0], with_attention=True)
+        assert attention is not None  # asked for
         blocks = attention_to_host(attention, [n[0] + 1 for n in lengths], self.src_lengths)
         return Hypotheses(best_tokens, [sentence_attention([b]) for b in blocks], nbest, self.kv_cache_bytes)

@@ -14,9 +14,10 @@ from typing import Optional
 
 import torch
 
-from app.config.schema import Config, DecodeConfig
+from app.config.commands import DecodeConfig
+from app.config.schema import Config
 from app.data.tokenizer import Tokenizer
-from app.decode.search import Hypotheses, check_lengths, check_source_lengths, length_limits, length_penalty
+from app.decode.search import Hypotheses, check_lengths, length_limits, length_penalty
 from app.run.errors import UserError
 
 # An export's directory holds the CTranslate2 model, its vocabularies, the SentencePiece model(s) and this
@@ -81,10 +82,14 @@ class CT2Translator:
         need_attention: bool = False,
         patience: float = 2.0,
         prefix: Optional[list[list[int]]] = None,
+        constraints: Optional[list[list[list[int]]]] = None,
     ) -> Hypotheses:
         """Source token ids without EOS (as app.decode.passes.decode_corpus takes them) -> target ids, under the
         settings of ``decode``, each hypothesis beginning with its ``prefix`` where given (as
-        app.decode.trained.TrainedModel.translate takes them)."""
+        app.decode.trained.TrainedModel.translate takes them). Terminology ``constraints`` are refused: CTranslate2
+        has none."""
+        if constraints is not None and any(constraints):
+            raise UserError("constraints: CTranslate2 has no constrained decoding; translate.engine=torch has")
         if prefix is not None:
             check_lengths(self.max_positions, prefix, "translation prefix")
         pieces = None if prefix is None else [[self.tgt_vocab[i] for i in p] for p in prefix]
@@ -107,7 +112,7 @@ class CT2Translator:
         (CTranslate2's score_batch, batched by ``batch_tokens``); no attention: score_batch returns none."""
         if attention:
             raise UserError("the CTranslate2 export scores without attention: score with the checkpoint")
-        check_source_lengths(self, src)
+        check_lengths(self.max_positions, src)
         results = self.translator.score_batch(
             [[self.src_vocab[i] for i in s] for s in src],
             [[self.tgt_vocab[i] for i in t] for t in tgt],
@@ -139,7 +144,7 @@ class CT2Translator:
         patience searches longer and agrees with ours more often (measured in tests/test_export.py).
         """
         beam_size, n_best, length_penalty = decode.beam_size, decode.n_best, decode.length_penalty
-        check_source_lengths(self, src)
+        check_lengths(self.max_positions, src)
         patience = patience if beam_size > 1 else 1.0
         groups = defaultdict(list)
         for i, limit in enumerate(self.length_limits(src, decode, prefix).tolist()):
@@ -209,7 +214,7 @@ class CT2Translator:
         """Per sentence, the log p of its target prefix's pieces (0 for none), by ``score``."""
         log_p = [0.0] * len(src)
         given = [i for i, pieces in enumerate(prefix or []) if pieces]
-        if given:
+        if prefix is not None and given:
             scores, _ = self.score([src[i] for i in given], [prefix[i] for i in given], batch_tokens)
             for i, logp in zip(given, scores):
                 log_p[i] = sum(logp[:-1])  # not the </s> that scoring adds

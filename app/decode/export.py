@@ -40,6 +40,7 @@ import torch
 from app.data.tokenizer import BOS, EOS, PAD, UNK
 from app.decode.ct2_engine import EXPORT_INFO, export_dir
 from app.decode.trained import load_trained
+from app.models.positions import LearnedPositions
 from app.models.transformer import Transformer
 from app.run.errors import UserError
 from app.run.stopwatch import Stopwatch
@@ -124,7 +125,7 @@ def _set_linear(spec, *layers: torch.nn.Linear) -> None:
 
 
 def _set_norm(spec, norm: torch.nn.Module) -> None:
-    spec.gamma = _t(norm.weight)
+    spec.gamma = _t(norm.get_parameter("weight"))
     if isinstance(norm, torch.nn.LayerNorm):
         spec.beta = _t(norm.bias)
 
@@ -168,6 +169,7 @@ def build_spec(model: torch.nn.Module, model_cfg, alignment_layer: int = -1):
 
     check_exportable(model, model_cfg)
     model = _unwrap(model)
+    assert isinstance(model, Transformer)  # exportable
     heads, pos, max_len = _field(model_cfg, "heads"), _field(model_cfg, "pos"), _field(model_cfg, "max_len")
     kv_heads = _field(model_cfg, "kv_heads", 0) or heads
     common = dict(
@@ -193,10 +195,11 @@ def build_spec(model: torch.nn.Module, model_cfg, alignment_layer: int = -1):
     encoder.embeddings[0].weight = _t(model.src_embed.weight)
     decoder.embeddings.weight = _t(model.tgt_embed.weight)
     encoder.scale_embeddings = decoder.scale_embeddings = True  # × sqrt(d_model), as ours
-    if model.positions is not None:
-        table = _t(model.positions.table.weight if pos == "learned" else model.positions.table)
+    positions = model.positions
+    if positions is not None:
+        table = _t(positions.table.weight if isinstance(positions, LearnedPositions) else positions.table)
         encoder.position_encodings.encodings = decoder.position_encodings.encodings = table
-    if pos == "alibi":
+    if model.alibi is not None:  # model.pos=alibi
         tables = {side: _alibi_table(model.alibi.slopes, max_len, side == "encoder") for side in ("encoder", "decoder")}
     for side, stack, layers in (("encoder", encoder, model.encoder), ("decoder", decoder, model.decoder)):
         if stack.pre_norm:
@@ -252,6 +255,8 @@ def convert(
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.exists(os.path.join(out_dir, EXPORT_INFO)):
         raise UserError(f"{out_dir}: exists and is not an earlier export (no {EXPORT_INFO}); choose another directory")
     spec = build_spec(model, model_cfg, alignment_layer)
+    transformer = _unwrap(model)
+    assert isinstance(transformer, Transformer)  # exportable
     joint = os.path.abspath(src_spm_path) == os.path.abspath(tgt_spm_path)
     spm_files = (
         {"source": "spm.model", "target": "spm.model"}
@@ -260,7 +265,7 @@ def convert(
     )
     for side, path in (("source", src_spm_path), ("target", tgt_spm_path)):
         pieces = spm_pieces(path)
-        embed = _unwrap(model).src_embed if side == "source" else _unwrap(model).tgt_embed
+        embed = transformer.src_embed if side == "source" else transformer.tgt_embed
         if len(pieces) != embed.num_embeddings:
             raise UserError(
                 f"{path}: {len(pieces)} pieces, but the model's {side} vocabulary has "

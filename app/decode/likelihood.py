@@ -13,7 +13,8 @@ import sys
 import time
 from typing import Optional
 
-from app.config.schema import Config, ScoreConfig
+from app.config.commands import ScoreConfig
+from app.config.schema import Config
 from app.data.corpus import load_split
 from app.decode.ensemble import ensemble_of
 from app.decode.search import check_lengths
@@ -92,10 +93,10 @@ def load_scorer(cfg: Config) -> tuple:
     its model has (None: any length), and what it is in words."""
     s = cfg.score
     if s.engine == "ct2":  # the export alone: no checkpoint, no training code
-        engine = load_ct2(cfg, None, "score.engine")
-        run = engine.info.get("run", {})
-        used = f"{engine.model_dir}, the CTranslate2 export of {run.get('checkpoint')}.pt (step {run.get('step')})"
-        return engine, engine.tokenizer(), engine.max_positions, used
+        ct2 = load_ct2(cfg, None, "score.engine")
+        run = ct2.info.get("run", {})
+        used = f"{ct2.model_dir}, the CTranslate2 export of {run.get('checkpoint')}.pt (step {run.get('step')})"
+        return ct2, ct2.tokenizer(), ct2.max_positions, used
     engine = load_trained(cfg.run_dir, s.checkpoint, resolve_device(cfg.device), "score.checkpoint", cfg.ensemble)
     if s.alignments and not has_attention(engine.config.model):
         raise UserError("score.alignments=true: this model has no attention to read word links from")

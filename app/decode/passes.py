@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from tqdm import tqdm
 
-from app.config.schema import DecodeConfig
-from app.data.batching import Batcher, make_batches, sorted_batches
+from app.config.commands import DecodeConfig
+from app.data.batching import Batch, Batcher, make_batches, sorted_batches
 from app.decode.beam import BeamSearch
+from app.decode.constraints import forced_pieces, phrase_constraints
 from app.decode.sampling import Sampler, make_sampler
-from app.decode.search import GreedySearch, Hypotheses, check_lengths, check_source_lengths, prefix_tensor
+from app.decode.search import GreedySearch, Hypotheses, Search, check_lengths, check_source_lengths, prefix_tensor
+from app.models.api import AnySeq2Seq, SelfAttending
 from app.run.device import autocast
 
 log = logging.getLogger(__name__)
@@ -23,7 +25,7 @@ log = logging.getLogger(__name__)
 
 @torch.no_grad()
 def greedy_decode(
-    model,
+    model: AnySeq2Seq,
     src: torch.Tensor,
     max_len_ratio: float = 1.5,
     max_len_extra: int = 10,
@@ -40,7 +42,7 @@ def greedy_decode(
 
 @torch.no_grad()
 def beam_search(
-    model,
+    model: AnySeq2Seq,
     src: torch.Tensor,
     beam_size: int = 5,
     alpha: float = 1.0,
@@ -60,17 +62,20 @@ def beam_search(
 
 
 def searcher(
-    model,
+    model: AnySeq2Seq,
     src: torch.Tensor,
     decode: DecodeConfig,
     need_attention: bool = False,
     sampler: Optional[Sampler] = None,
     prefix: Optional[torch.Tensor] = None,
-):
+    constraints: Optional[list[list[list[int]]]] = None,
+) -> Search[Any, Any]:
     """The search ``decode`` asks for over a batch of sources: greedy when its beam_size is 1 (drawing each token
     with ``sampler`` when ``decode.sampling``: one sampler, one seeded generator, for all of a corpus' batches),
-    else beam search; each hypothesis begins with its sentence's ``prefix`` (app.decode.search.prefix_tensor)."""
+    else beam search; each hypothesis begins with its sentence's ``prefix`` (app.decode.search.prefix_tensor) and
+    contains each of its sentence's ``constraints`` (target phrases' pieces: app/decode/constraints.py)."""
     d = decode
+    phrases = phrase_constraints(constraints, d.beam_size, src.device)
     if d.beam_size == 1:
         if d.sampling and sampler is None:
             sampler = make_sampler(d, src.device)
@@ -84,6 +89,7 @@ def searcher(
             d.no_repeat_ngram_size,
             sampler,
             prefix,
+            phrases,
         )
     return BeamSearch(
         model,
@@ -97,12 +103,13 @@ def searcher(
         d.cpu_onednn,
         d.no_repeat_ngram_size,
         prefix,
+        phrases,
     )
 
 
 @torch.no_grad()
 def decode_corpus(
-    model,
+    model: AnySeq2Seq,
     src: list[list[int]],
     device: torch.device,
     decode: DecodeConfig,
@@ -110,14 +117,19 @@ def decode_corpus(
     need_attention: bool = False,
     progress: bool = False,
     prefix: Optional[list[list[int]]] = None,
+    constraints: Optional[list[list[list[int]]]] = None,
 ) -> Hypotheses:
     """Decode many sentences in length-sorted batches as ``decode`` says (greedy when its beam_size is
     1, else beam search); results come back in input order. A batch holds up to ``decode.batch_tokens``
     (``cuda_batch_tokens`` on CUDA) tokens after the beam: sentences × beam × padded source length. ``prefix``:
-    per sentence, the target pieces its hypotheses begin with (empty: none)."""
+    per sentence, the target pieces its hypotheses begin with (empty: none); ``constraints``: per sentence, the
+    target phrases (their pieces) each of its hypotheses contains (empty: none)."""
     check_source_lengths(model, src)
     if prefix is not None:
         check_lengths(getattr(model, "max_positions", None), prefix, "translation prefix")
+    if constraints is not None:  # the pieces forced, prefix and phrases, within the model's positions
+        forced = [forced_pieces(c) + (len(prefix[i]) if prefix else 0) for i, c in enumerate(constraints)]
+        check_lengths(getattr(model, "max_positions", None), [range(n) for n in forced], "constrained translation")
     was_training = model.training
     model.eval()
     tokens: list = [None] * len(src)
@@ -135,8 +147,10 @@ def decode_corpus(
         indices = pending.pop()
         try:
             with autocast(device, amp_dtype):
-                forced = None if prefix is None else prefix_tensor([prefix[i] for i in indices], device)
-                hyps = searcher(model, batcher(indices).to(device).src, decode, need_attention, sampler, forced).run()
+                begin = None if prefix is None else prefix_tensor([prefix[i] for i in indices], device)
+                phrases = None if constraints is None else [constraints[i] for i in indices]
+                batch = batcher(indices).to(device).src
+                hyps = searcher(model, batch, decode, need_attention, sampler, begin, phrases).run()
         except torch.OutOfMemoryError:
             if len(indices) == 1:
                 raise
@@ -175,7 +189,7 @@ def decode_corpus(
 
 @torch.no_grad()
 def forced_pass(
-    model,
+    model: AnySeq2Seq,
     src: list[list[int]],
     tgt: list[list[int]],
     device: torch.device,
@@ -190,12 +204,14 @@ def forced_pass(
     ``attention``: the cross-attention, (tgt, src) or (layers, heads, tgt, src), the rows of the target tokens and
     EOS, the columns of the source tokens and EOS (None for a model without attention). None where not asked."""
     for batch, on_device in teacher_forced(model, src, tgt, device, batch_tokens):
+        tgt_in, tgt_out = on_device.targets
         with autocast(device, amp_dtype):
             memory = model.encode(on_device.src)
-            logits, weights = model.decode(memory, on_device.tgt_in, need_attention=attention, need_logits=log_probs)
+            logits, weights = model.decode(memory, tgt_in, need_attention=attention, need_logits=log_probs)
         picked = None
         if log_probs:
-            picked = logits.float().log_softmax(-1).gather(-1, on_device.tgt_out[..., None]).squeeze(-1).cpu()
+            assert logits is not None  # asked for
+            picked = logits.float().log_softmax(-1).gather(-1, tgt_out[..., None]).squeeze(-1).cpu()
         weights = weights.float().cpu() if attention and weights is not None else None
         for j, i in enumerate(batch.index.tolist()):
             rows, columns = len(tgt[i]) + 1, len(src[i]) + 1
@@ -207,7 +223,7 @@ def forced_pass(
 
 
 def forced_attention(
-    model,
+    model: AnySeq2Seq,
     src: list[list[int]],
     tgt: list[list[int]],
     device: torch.device,
@@ -225,7 +241,7 @@ def forced_attention(
 
 @torch.no_grad()
 def forced_self_attention(
-    model,
+    model: SelfAttending,
     src: list[list[int]],
     tgt: list[list[int]],
     device: torch.device,
@@ -238,14 +254,16 @@ def forced_self_attention(
     the inputs they read (BOS and the target tokens)."""
     for batch, on_device in teacher_forced(model, src, tgt, device, batch_tokens):
         with autocast(device, amp_dtype):
-            weights = model.self_attention(on_device.src, on_device.tgt_in)
+            weights = model.self_attention(on_device.src, on_device.targets[0])
         encoder, decoder = weights.encoder.float().cpu(), weights.decoder.float().cpu()
         for j, i in enumerate(batch.index.tolist()):
             s, t = len(src[i]) + 1, len(tgt[i]) + 1
             yield i, encoder[j, ..., :s, :s], decoder[j, ..., :t, :t]
 
 
-def teacher_forced(model, src: list[list[int]], tgt: list[list[int]], device: torch.device, batch_tokens: int):
+def teacher_forced(
+    model: AnySeq2Seq, src: list[list[int]], tgt: list[list[int]], device: torch.device, batch_tokens: int
+) -> Iterator[tuple[Batch, Batch]]:
     """(batch, its tensors on ``device``) of the pairs in length-sorted batches, the model in evaluation mode
     meanwhile (its mode restored after)."""
     was_training = model.training

@@ -15,6 +15,8 @@ from typing import Optional
 
 import torch
 
+from app.config.commands import DecodeConfig
+
 
 def top_p_filter(logp: torch.Tensor, p: float) -> torch.Tensor:
     """``logp`` (rows, vocab) keeping per row the most probable tokens until their probability reaches ``p``
@@ -51,8 +53,8 @@ class Sampler:
         return (choice if ids is None else ids.gather(-1, choice)).squeeze(-1)
 
 
-def make_sampler(decode, device: torch.device) -> Sampler | None:
-    """The sampler ``decode`` (a DecodeConfig) asks for on ``device``, seeded with ``decode.sampling_seed``; None
+def make_sampler(decode: DecodeConfig, device: torch.device) -> Sampler | None:
+    """The sampler ``decode`` asks for on ``device``, seeded with ``decode.sampling_seed``; None
     when it does not sample."""
     if not decode.sampling:
         return None

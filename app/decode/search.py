@@ -9,12 +9,16 @@ cost only what is still decoding. Hypotheses are read back once, at the end.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass
-from typing import Optional
+from typing import Generic, Optional
 
 import torch
 
+from app.config.commands import DecodeConfig
 from app.data.tokenizer import BOS, EOS, PAD
+from app.decode.constraints import PhraseConstraints
+from app.models.api import AnySeq2Seq, DecodingState, KVCached, MemoryT, Seq2Seq, StateT
 from app.run.errors import UserError
 
 
@@ -26,14 +30,13 @@ class Hypotheses:
     kv_cache_bytes: Optional[int] = None  # largest key/value cache of a decoding batch; None: the model has none
 
 
-def cache_bytes(state) -> Optional[int]:
+def cache_bytes(state: DecodingState) -> Optional[int]:
     """Size of a decoder state's key/value cache (Transformers), None for states without one (RNNs). The
     cache is allocated whole at the start of a batch, so its size then is its peak."""
-    measure = getattr(state, "cache_bytes", None)
-    return measure() if measure is not None else None
+    return state.cache_bytes() if isinstance(state, KVCached) else None
 
 
-def describe(decode) -> str:
+def describe(decode: DecodeConfig) -> str:
     """How ``decode`` (a DecodeConfig) decodes, in words: what make eval's report and metrics.json and make
     translate's first line say ("beam 5, length penalty 1.0, no repeated 4-grams", "sampling top-k 10, seed 0")."""
     d = decode
@@ -78,7 +81,7 @@ def block_repeated_ngrams(logp: torch.Tensor, history: torch.Tensor, n: int) -> 
 
 
 def max_output_lengths(
-    model, src_mask: torch.Tensor, ratio: float, extra: int, prefix_lengths: Optional[torch.Tensor] = None
+    model: AnySeq2Seq, src_mask: torch.Tensor, ratio: float, extra: int, prefix_lengths: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
     """ratio × source length + extra, within the positions the model has (``max_positions``, if any)."""
     return length_limits(src_mask.sum(-1), ratio, extra, getattr(model, "max_positions", None), prefix_lengths)
@@ -92,7 +95,8 @@ def length_limits(
     prefix_lengths: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """The output length limits of sources of ``src_lengths`` tokens (EOS included); every decoder's. A forced
-    target prefix of ``prefix_lengths`` pieces leaves room for ``extra`` more after it."""
+    target prefix of ``prefix_lengths`` pieces (with the pieces of the sentence's constraints, app/decode/
+    constraints.py) leaves room for ``extra`` more after it."""
     limits = (src_lengths.float() * ratio).long() + extra
     if prefix_lengths is not None:
         limits = torch.maximum(limits, prefix_lengths.to(limits.device) + extra)
@@ -107,11 +111,11 @@ def prefix_tensor(prefixes: list[list[int]], device: torch.device) -> Optional[t
     return torch.tensor([p + [PAD] * (longest - len(p)) for p in prefixes], dtype=torch.long, device=device)
 
 
-def check_source_lengths(model, src: list[list[int]]) -> None:
+def check_source_lengths(model: AnySeq2Seq, src: list[list[int]]) -> None:
     check_lengths(getattr(model, "max_positions", None), src)
 
 
-def check_lengths(max_positions: Optional[int], sequences: list[list[int]], what: str = "input sentence") -> None:
+def check_lengths(max_positions: Optional[int], sequences: Sequence[Sized], what: str = "input sentence") -> None:
     """Every sequence with its EOS within the model's positions; the first that is not is a UserError naming it
     (``what`` and its number)."""
     if max_positions is None:
@@ -172,16 +176,19 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5 + length) / 6) ** alpha
 
 
-class Search:
+class Search(Generic[MemoryT, StateT]):
     """What greedy and beam search share: a batch of sentences decoding ``beam`` rows each; which of them
     are still in the batch (``ids``, their places in it, and their length ``limits``); the model's state;
     results written per segment of steps between two compactions, into tensors of the whole batch. A target
     ``prefix`` forces each sentence's first pieces, each at its log p (CTranslate2's ``target_prefix``): the
-    hypotheses begin with it."""
+    hypotheses begin with it. Terminology ``constraints`` (app/decode/constraints.py): every hypothesis contains
+    each of its sentence's phrases. A search's ``step`` and ``result`` are its own."""
+
+    prev: torch.Tensor  # each row's last token: the next step's input
 
     def __init__(
         self,
-        model,
+        model: Seq2Seq[MemoryT, StateT],
         src: torch.Tensor,
         beam: int,
         max_len_ratio: float,
@@ -190,6 +197,7 @@ class Search:
         onednn: bool,
         no_repeat_ngram_size: int = 0,
         prefix: Optional[torch.Tensor] = None,
+        constraints: Optional[PhraseConstraints] = None,
     ):
         self.model, self.beam, self.need_attention, self.device = model, beam, need_attention, src.device
         src_mask = src != PAD
@@ -198,6 +206,9 @@ class Search:
         # each sentence's forced first pieces (prefix_tensor: PAD where free), or None
         self.prefix = prefix
         prefix_lengths = None if prefix is None else (prefix != PAD).sum(-1)
+        self.constraints = constraints
+        if constraints is not None:  # room for the constraints' pieces too
+            prefix_lengths = constraints.total if prefix_lengths is None else prefix_lengths + constraints.total
         self.limits = max_output_lengths(model, src_mask, max_len_ratio, max_len_extra, prefix_lengths)
         self.host_limits = self.limits.tolist()
         self.steps = max(self.host_limits) + 1  # the last step can only end every hypothesis
@@ -233,8 +244,15 @@ class Search:
         if self.prefix is not None and self.t < self.prefix.size(1):  # a prefix's piece, kept at its log p
             forced = self.prefix[:, self.t].repeat_interleave(self.beam)[:, None]
             forced_logp = logp.gather(1, forced)
+        if self.constraints is not None:
+            pieces = self.constraints.next_pieces()
+            pieces_logp = logp.gather(1, pieces)
         if self.history is not None:
             block_repeated_ngrams(logp, self.history, self.no_repeat_ngram_size)
+            if self.constraints is not None:  # a constraint's next piece is never banned
+                logp.scatter_(1, pieces, pieces_logp)
+        if self.constraints is not None:
+            logp = self.constraints.mask(logp, pieces, self.t, self.limits_of_rows())
         if forced is not None:
             only = torch.full_like(logp, float("-inf")).scatter_(1, forced, forced_logp)
             logp = torch.where(forced != PAD, only, logp)
@@ -251,11 +269,24 @@ class Search:
         self.ids, self.limits = self.ids[index], self.limits[index]
         if self.prefix is not None:
             self.prefix = self.prefix[index]
+        if self.constraints is not None:
+            self.constraints.select_sentences(index)
         self.min_limit = min(self.host_limits[i] for i in self.kept) if self.kept else 0
         return index
 
+    def limits_of_rows(self) -> torch.Tensor:
+        """The length limit of every row."""
+        return self.limits
+
     def write_segment(self) -> None:
         self.segment_start = self.t
+
+    def step(self, check: bool) -> bool:
+        """One token per row; with ``check`` (a host sync), the sentences that are done leave. True: all done."""
+        raise NotImplementedError
+
+    def result(self) -> Hypotheses:
+        raise NotImplementedError
 
     def run(self) -> Hypotheses:
         """Steps until every sentence is done (checked every ``check_every`` steps) or the last step."""
@@ -266,26 +297,28 @@ class Search:
         return self.result()
 
 
-class GreedySearch(Search):
+class GreedySearch(Search[MemoryT, StateT]):
     """Picks the most probable token at every step until EOS or the length limit, for a whole batch; with a
     ``sampler`` (app/decode/sampling.py) it draws the token instead."""
 
     def __init__(
         self,
-        model,
-        src,
-        max_len_ratio=1.5,
-        max_len_extra=10,
-        need_attention=False,
-        onednn=True,
-        no_repeat_ngram_size=0,
-        sampler=None,
-        prefix=None,
+        model: Seq2Seq[MemoryT, StateT],
+        src: torch.Tensor,
+        max_len_ratio: float = 1.5,
+        max_len_extra: int = 10,
+        need_attention: bool = False,
+        onednn: bool = True,
+        no_repeat_ngram_size: int = 0,
+        sampler: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+        prefix: Optional[torch.Tensor] = None,
+        constraints: Optional[PhraseConstraints] = None,
     ):
-        super().__init__(
-            model, src, 1, max_len_ratio, max_len_extra, need_attention, onednn, no_repeat_ngram_size, prefix
+        settings = (max_len_ratio, max_len_extra, need_attention, onednn, no_repeat_ngram_size, prefix, constraints)
+        super().__init__(model, src, 1, *settings)
+        self.choose: Callable[[torch.Tensor], torch.Tensor] = (
+            sampler if sampler is not None else lambda logp: logp.argmax(-1)
         )
-        self.choose = sampler if sampler is not None else lambda logp: logp.argmax(-1)
         self.compact_share = 1 / COMPACT_SHARE  # leaving copies the others' caches: worth it once enough are done
         self.prev = torch.full((self.batch,), BOS, dtype=torch.long, device=self.device)
         self.finished = torch.zeros(self.batch, dtype=torch.bool, device=self.device)
@@ -302,6 +335,8 @@ class GreedySearch(Search):
         if self.t >= self.min_limit:  # force an end at the limit
             token = torch.where(self.t >= self.limits, EOS, token)
         token = token.masked_fill(self.finished, PAD)
+        if self.constraints is not None:
+            self.constraints.step(token)
         self.segment_tokens.append(token)
         if self.history is not None:
             self.history = torch.cat([self.history, token[:, None]], 1)
@@ -319,8 +354,11 @@ class GreedySearch(Search):
         if not self.compacts(sum(finished)):
             return False
         index = self.keep([not done for done in finished])
+        assert index is not None  # some are done
         self.state = self.state.select(index)
         self.prev, self.finished = self.prev[index], self.finished[index]
+        if self.constraints is not None:
+            self.constraints.select_rows(index)
         if self.history is not None:
             self.history = self.history[index]
         return False

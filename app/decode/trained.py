@@ -11,15 +11,16 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
+from app.config.commands import DecodeConfig
 from app.config.load import config_from_dict
-from app.config.schema import Config, DecodeConfig
+from app.config.schema import Config
 from app.data.corpus import load_tokenizer
 from app.data.tokenizer import Tokenizer
 from app.decode.ct2_engine import EXPORT_INFO, CT2Translator, export_dir
 from app.decode.ensemble import Ensemble
 from app.decode.passes import decode_corpus, forced_pass
 from app.decode.search import Hypotheses
-from app.models import build_model
+from app.models import Family, build_model
 from app.run.checkpoint import (
     SNAPSHOT,
     UnloadableCheckpoint,
@@ -36,7 +37,7 @@ from app.run.errors import UserError
 
 @dataclass
 class TrainedModel:
-    model: torch.nn.Module
+    model: Family | Ensemble  # behind the model API (app/models/api.py)
     tokenizer: Tokenizer
     config: Config  # the configuration the model was trained with
     device: torch.device
@@ -51,9 +52,13 @@ class TrainedModel:
         progress: bool = False,
         need_attention: bool = False,
         prefix: Optional[list[list[int]]] = None,
+        constraints: Optional[list[list[list[int]]]] = None,
     ) -> Hypotheses:
-        """Hypotheses of ``src`` under ``decode``; each begins with its ``prefix`` pieces where given."""
-        return decode_corpus(self.model, src, self.device, decode, self.dtype, need_attention, progress, prefix)
+        """Hypotheses of ``src`` under ``decode``; each begins with its ``prefix`` pieces where given and contains
+        each of its ``constraints`` (target phrases' pieces)."""
+        return decode_corpus(
+            self.model, src, self.device, decode, self.dtype, need_attention, progress, prefix, constraints
+        )
 
     def score(
         self, src: list[list[int]], tgt: list[list[int]], batch_tokens: int, progress: bool = False, attention=False
@@ -65,6 +70,7 @@ class TrainedModel:
         bar = tqdm(total=len(src), desc="scoring", unit="pair", disable=not progress, leave=False)
         passes = forced_pass(self.model, src, tgt, self.device, batch_tokens, self.dtype, True, attention)
         for i, logp, weights in passes:
+            assert logp is not None  # asked for
             scores[i], maps[i] = logp.tolist(), weights
             bar.update()
         bar.close()
@@ -113,7 +119,7 @@ def ensemble_checkpoint(run_dir: str, other: str) -> str:
     return path
 
 
-def load_member(path: str, tokenizer: Tokenizer, first: str, device: torch.device) -> tuple[torch.nn.Module, str]:
+def load_member(path: str, tokenizer: Tokenizer, first: str, device: torch.device) -> tuple[Family, str]:
     """One more model of an ensemble, and its name; it must share the first one's vocabulary."""
     try:
         state = load_checkpoint(path)

@@ -1,85 +1,177 @@
 """``make translate``: lines from a file or standard input to a file or standard output, by a run's
 checkpoint or its CTranslate2 export; with ``decode.n_best`` > 1 in the Moses n-best format, with
 ``translate.alignments`` each line followed by its word links to the source (``translation ||| 0-0 1-2 ...``),
-with ``translate.prefix`` each translation beginning with the words given for it (interactive translation)."""
+with ``translate.prefix`` each translation beginning with the words given for it (interactive translation), with
+``translate.constraints`` each containing the target phrases given for it (terminology)."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 import sys
+import tempfile
+import time
+from typing import Any, Optional
+
+from tqdm import tqdm
 
 from app.config.schema import Config
 from app.data.links import hard_alignment, pharaoh_line
 from app.data.tokenizer import EOS
+from app.decode.constraints import encode_phrases
+from app.decode.ct2_engine import CT2Translator
 from app.decode.ensemble import ensemble_of
+from app.decode.line_files import LineFile, open_line_file, open_output, resume_point, windows
 from app.decode.search import describe
-from app.decode.trained import load_ct2, load_trained
+from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.models import has_attention
 from app.run.checkpoint import checkpoint_path
 from app.run.device import resolve_device
 from app.run.errors import UserError
-from app.run.files import atomic_write_text
 
 
 def translate_lines(cfg: Config) -> None:
-    """translate.input (or stdin) to translate.output (or stdout); with decode.n_best > 1 the lines are
-    ``index ||| hypothesis ||| score``."""
-    lines = read_translate_input(cfg.translate.input)  # bad input fails before the model loads
-    prefixes = None
-    if cfg.translate.prefix:
-        prefixes = read_translate_input(cfg.translate.prefix, "translate.prefix", "begin the translations with")
-        if len(prefixes) != len(lines):
-            where = cfg.translate.input or "standard input"
-            has = f"{len(prefixes)} line{'s' * (len(prefixes) != 1)}"
-            raise UserError(
-                f"translate.prefix={cfg.translate.prefix!r} has {has} and {where} {len(lines)}: one prefix per line "
-                "to translate (an empty line: none)"
-            )
-    if cfg.translate.alignments and cfg.decode.n_best > 1:
+    """translate.input (or stdin) to translate.output (or stdout), ``translate.window`` lines at a time (sorted by
+    length inside it, written in input order as it goes); with decode.n_best > 1 the lines are
+    ``index ||| hypothesis ||| score``; with translate.resume an interrupted output is continued."""
+    t = cfg.translate
+    if t.resume and not t.output:
+        raise UserError("translate.resume=true continues the file translate.output names: set translate.output")
+    if t.alignments and cfg.decode.n_best > 1:
         raise UserError(
             f"translate.alignments=true links the best hypothesis only: not with decode.n_best={cfg.decode.n_best}"
         )
+    if t.constraints and t.engine == "ct2":
+        raise UserError(
+            f"translate.constraints={t.constraints!r}: CTranslate2 has no constrained decoding; translate.engine=torch "
+            "has"
+        )
+    with tempfile.TemporaryDirectory(prefix="translate-") as spool:  # bad input fails before the model loads
+        source = open_line_file(t.input, "translate.input", "translate", spool)
+        prefixes = constraints = None
+        if t.prefix:
+            prefixes = open_line_file(t.prefix, "translate.prefix", "begin the translations with", spool)
+            check_lines(prefixes, source, "one prefix per line to translate (an empty line: none)")
+        if t.constraints:
+            constraints = open_line_file(
+                t.constraints, "translate.constraints", "constrain the translations with", spool
+            )
+            check_lines(
+                constraints, source, "one line of tab-separated phrases per line to translate (an empty line: none)"
+            )
+        engine, tokenizer, used = load_engine(cfg)
+        if constraints is not None:  # every phrase is checked before anything is translated
+            for k, rows in enumerate(windows(constraints, t.window)):
+                phrase_pieces(tokenizer, rows, k * t.window, t.constraints)
+        first, byte = (0, None)
+        if t.resume and t.output:
+            first, byte = resume_point(t.output, source.lines, t.window, cfg.decode.n_best > 1)
+        # on stderr: stdout holds the translations alone
+        count = f"{source.lines} line{'s' * (source.lines != 1)}"
+        forced = "" if prefixes is None else f", {prefixes.filled} with a translate.prefix line"
+        forced += "" if constraints is None else f", {constraints.filled} with translate.constraints"
+        print(f"translating {count} with {used}: {describe(cfg.decode)}{forced}", file=sys.stderr, flush=True)
+        if t.resume and first == source.lines:
+            print(f"{t.output} holds every line's translation already: nothing left to translate", file=sys.stderr)
+        elif t.resume:
+            print(f"resuming {t.output} at line {first + 1} (window {first // t.window + 1})", file=sys.stderr)
+        started = time.perf_counter()
+        bar = tqdm(total=source.lines, initial=first, desc="translating", unit="line", file=sys.stderr, leave=False)
+        streams = [
+            windows(f, t.window, first) if f else itertools.repeat(None) for f in (source, prefixes, constraints)
+        ]
+        out = open_output(t.output, byte)
+        try:
+            for k, (lines, begin, phrases) in enumerate(zip(*streams), start=first // t.window):
+                at = k * t.window
+                pieces = phrase_pieces(tokenizer, phrases, at, t.constraints)
+                out.write(translate_window(cfg, engine, tokenizer, lines, begin, pieces, k).encode("utf-8"))
+                out.flush()
+                bar.update(len(lines))
+        finally:
+            bar.close()
+            if out is not sys.stdout.buffer:
+                out.close()
+    seconds, done = time.perf_counter() - started, source.lines - first
+    where = t.output or "standard output"
+    print(
+        f"translated {done} lines in {seconds:.1f} s ({done / max(seconds, 1e-9):.1f} lines/s) into {where}",
+        file=sys.stderr,
+    )
+
+
+def check_lines(given: LineFile, source: LineFile, rule: str) -> None:
+    """A file of a line per line to translate (``rule`` says what each is), else a UserError."""
+    if given.lines != source.lines:
+        has = f"{given.lines} line{'s' * (given.lines != 1)}"
+        raise UserError(f"{given.where} has {has} and {source.where} {source.lines}: {rule}")
+
+
+def load_engine(cfg: Config) -> tuple[CT2Translator | TrainedModel, Any, str]:
+    """The engine translate.engine names, its tokenizer, and what it is in words."""
     if cfg.translate.engine == "ct2":  # the export alone: no checkpoint, no training code
-        engine = load_ct2(cfg, None, "translate.engine")
-        tokenizer = engine.tokenizer()
-        run = engine.info.get("run", {})
+        ct2 = load_ct2(cfg, None, "translate.engine")
+        run = ct2.info.get("run", {})
         used = (
-            f"{engine.model_dir}, the CTranslate2 export ({engine.info.get('quantization')}) of "
+            f"{ct2.model_dir}, the CTranslate2 export ({ct2.info.get('quantization')}) of "
             f"{run.get('checkpoint')}.pt (step {run.get('step')})"
         )
-    else:
-        engine = load_trained(
-            cfg.run_dir, cfg.translate.checkpoint, resolve_device(cfg.device), "translate.checkpoint", cfg.ensemble
-        )
-        tokenizer = engine.tokenizer
-        used = (
-            ensemble_of(engine.members)
-            or f"{checkpoint_path(cfg.run_dir, cfg.translate.checkpoint)} (step {engine.step})"
-        )
-        if cfg.translate.alignments and not has_attention(engine.config.model):
-            raise UserError("translate.alignments=true: this model has no attention to read word links from")
-    # on stderr: stdout holds the translations alone
-    count = f"{len(lines)} line{'s' * (len(lines) != 1)}"
-    forced = "" if prefixes is None else f", {sum(map(bool, prefixes))} with a translate.prefix line"
-    print(f"translating {count} with {used}: {describe(cfg.decode)}{forced}", file=sys.stderr, flush=True)
+        return ct2, ct2.tokenizer(), used
+    trained = load_trained(
+        cfg.run_dir, cfg.translate.checkpoint, resolve_device(cfg.device), "translate.checkpoint", cfg.ensemble
+    )
+    used = (
+        ensemble_of(trained.members)
+        or f"{checkpoint_path(cfg.run_dir, cfg.translate.checkpoint)} (step {trained.step})"
+    )
+    if cfg.translate.alignments and not has_attention(trained.config.model):
+        raise UserError("translate.alignments=true: this model has no attention to read word links from")
+    return trained, trained.tokenizer, used
+
+
+def phrase_pieces(
+    tokenizer, rows: Optional[list[str]], at: int, path: Optional[str]
+) -> Optional[list[list[list[int]]]]:
+    """The constraints of lines ``at`` ... (rows of tab-separated phrases) as target pieces; None without any."""
+    if rows is None:
+        return None
+    phrase_at = lambda i, j: f"translate.constraints={path!r} line {at + i + 1}, phrase {j + 1}"  # noqa: E731
+    return encode_phrases(tokenizer.encode_tgt, [row.split("\t") if row else [] for row in rows], phrase_at)
+
+
+def translate_window(
+    cfg: Config,
+    engine: CT2Translator | TrainedModel,
+    tokenizer,
+    lines: list[str],
+    prefixes: Optional[list[str]],
+    constraints: Optional[list[list[list[int]]]],
+    k: int,
+) -> str:
+    """The output text of window ``k`` (its ``lines``, beginning at line k × translate.window): decoded in batches
+    sorted by length, written in input order. Sampling draws window k with seed decode.sampling_seed + k, so a
+    resumed run draws what an uninterrupted one drew."""
+    decode = cfg.decode
+    if decode.sampling and k:
+        decode = dataclasses.replace(decode, sampling_seed=decode.sampling_seed + k)
     src = tokenizer.encode_src(lines)
     prefix = None if prefixes is None else tokenizer.encode_tgt(prefixes)
-    hyps = engine.translate(src, cfg.decode, need_attention=cfg.translate.alignments, prefix=prefix)
+    need_attention = cfg.translate.alignments
+    hyps = engine.translate(src, decode, need_attention=need_attention, prefix=prefix, constraints=constraints)
     if cfg.translate.alignments:
+        assert hyps.attention is not None  # asked of a model with attention
         links = word_links(src, hyps.tokens, hyps.attention, tokenizer, cfg.viz.layer)
-        text = "".join(f"{t} ||| {line}\n" for t, line in zip(tokenizer.decode_tgt(hyps.tokens), links))
-    elif cfg.decode.n_best > 1:
-        text = "".join(
-            f"{i} ||| {tokenizer.decode_tgt([tokens])[0]} ||| {score:.4f}\n"
+        return "".join(f"{t} ||| {line}\n" for t, line in zip(tokenizer.decode_tgt(hyps.tokens), links))
+    if decode.n_best > 1:
+        assert hyps.nbest is not None  # a beam search's (beam_size >= n_best)
+        at = k * cfg.translate.window
+        return "".join(
+            f"{at + i} ||| {tokenizer.decode_tgt([tokens])[0]} ||| {score:.4f}\n"
             for i, hypotheses in enumerate(hyps.nbest)
             for tokens, score in hypotheses
         )
-    else:
-        text = "".join(t + "\n" for t in tokenizer.decode_tgt(hyps.tokens))
-    if cfg.translate.output:
-        atomic_write_text(cfg.translate.output, text)
-    else:
-        sys.stdout.write(text)
+    return "".join(t + "\n" for t in tokenizer.decode_tgt(hyps.tokens))
 
 
 def word_links(src: list[list[int]], tgt: list[list[int]], maps: list, tokenizer, layer: int) -> list[str]:

@@ -1,31 +1,38 @@
-"""Hard word alignments read from attention (app.data.links.hard_alignments), scored against reference links with
-AER, precision and recall (Och & Ney 2003), for every view of the attention at once; a hypothesis' word links."""
+"""Hard word alignments read from attention (app/evaluation/extraction.py: every view, as it is and shift-att; both
+directions symmetrized), scored against reference links with AER, precision and recall (Och & Ney 2003), every
+method at once, the best chosen; a hypothesis' word links."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 from tqdm import tqdm
 
-from app.data.links import hard_alignment, hard_alignments
+from app.data.links import word_links
+from app.data.symmetrization import symmetrize
 from app.data.tokenizer import EOS
 from app.decode.passes import forced_attention
-from app.evaluation.views import attention_views, named_view, plotted_view
+from app.evaluation.extraction import Method, allowed, candidates, has_reading, read_links, read_words
+from app.evaluation.views import plotted_view
+from app.models.api import AnySeq2Seq
 from app.run.errors import UserError
 
 
 def links_view(attention, layer: int = -1, view: Optional[str] = None) -> str:
-    """The view of a hypothesis' attention its word links are read from: ``view`` (the one AER chose, where the
-    corpus has reference links), else, or where it is not among the attention's views (an export returns one
-    map), the view plots show (an RNN's map, a Transformer's layer ``layer`` mean of heads)."""
-    return view if view and view in attention_views(attention)[0] else plotted_view(attention, layer)[0]
+    """The reading (a view, or a view shift-att) of a hypothesis' attention its word links are read from: ``view``
+    (the one AER chose, where the corpus has reference links), else, or where its view is not among the
+    attention's (an export returns one map), the view plots show (an RNN's map, a Transformer's layer ``layer``
+    mean of heads)."""
+    return view if view and has_reading(attention, view) else plotted_view(attention, layer)[0]
 
 
 def hypothesis_links(attention, src_pieces: list[str], hyp_pieces: list[str], view: str) -> set[tuple[int, int]]:
-    """The (source word, hypothesis word) links read from the view ``view`` (``links_view``) of the attention
+    """The (source word, hypothesis word) links read from the reading ``view`` (``links_view``) of the attention
     that wrote a hypothesis."""
-    return hard_alignment(named_view(attention, view), src_pieces, hyp_pieces)
+    return read_links(attention, src_pieces, hyp_pieces, view)
 
 
 def align_scope(setting: Optional[str], gold_file: bool) -> str:
@@ -35,8 +42,9 @@ def align_scope(setting: Optional[str], gold_file: bool) -> str:
 
 
 def alignment_view(a: dict) -> str:
-    """Which attention an AER of metrics.json's ``alignment`` read, and over which words."""
-    return f"{a['view']}, chosen on {a['chosen_on']}; {a['scope']} target words"
+    """Which method (attention, shift-att, both directions) an AER of metrics.json's ``alignment`` read, and over
+    which words."""
+    return f"{a.get('method', a['view'])}, chosen on {a['chosen_on']}; {a['scope']} target words"
 
 
 class AlignmentScore:
@@ -84,8 +92,100 @@ def alignment_error_rate(predicted: list[set], gold: list[tuple[set, set]], scop
     return score.result("links")
 
 
-def score_alignments(
+@dataclass
+class DirectionLinks:
+    """What every reading (app/evaluation/extraction.py) of one model's attention links, per pair (by index in the
+    pairs read): the most attended source word of each target word, (readings, target words). A pair not read
+    (too long for the model) links nothing."""
+
+    names: list[str]
+    best: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def links(self, i: int, reading: str, turned: bool = False) -> set[tuple[int, int]]:
+        """Pair ``i``'s links of ``reading``; ``turned``: (target word, source word) of this model become (source
+        word, target word) of the other direction."""
+        row = self.best.get(i)
+        if row is None:
+            return set()
+        links = word_links(row[self.names.index(reading)])
+        return {(t, s) for s, t in links} if turned else links
+
+    def score(self, gold: list[tuple[set, set]], scope: str, turned: bool = False) -> AlignmentScore:
+        """Every reading's AER against ``gold`` (the forward direction's links; ``turned``: this model reads the
+        pairs the other way round, so the gold is turned round too)."""
+        score = AlignmentScore(self.names, scope)
+        for i, (sure, possible) in enumerate(gold):
+            if turned:
+                sure, possible = {(t, s) for s, t in sure}, {(t, s) for s, t in possible}
+            score.add([self.links(i, name) for name in self.names], sure, possible)
+        return score
+
+
+def read_direction(
     model,
+    tokenizer,
+    src: list[list[int]],
+    tgt: list[list[int]],
+    device,
+    dtype,
+    batch_tokens: int,
+    readings: Optional[Sequence[str]] = None,
+    keep: int = 0,
+    progress: str = "",
+) -> tuple[Optional[DirectionLinks], dict]:
+    """The links of every reading (or of ``readings``) of the teacher-forced attention of the pairs (``src``,
+    ``tgt``: the model's subword ids) that fit the model, and the attention of the first ``keep`` pairs (float16:
+    for plots and the explorer). None, {} for a model without attention. ``progress``: a progress bar's title."""
+    fits = fitting(model, src, tgt)
+    read: Optional[DirectionLinks] = None
+    kept = {}
+    pairs = forced_attention(model, [src[i] for i in fits], [tgt[i] for i in fits], device, batch_tokens, dtype)
+    for n, attention in tqdm(pairs, progress, len(fits), leave=False, unit="sentence", disable=not progress):
+        i = fits[n]
+        src_pieces, tgt_pieces = tokenizer.src_pieces(src[i] + [EOS]), tokenizer.tgt_pieces(tgt[i] + [EOS])
+        names, best = read_words(attention, src_pieces, tgt_pieces, readings)
+        read = read or DirectionLinks(names)
+        read.best[i] = best
+        if i < keep:
+            kept[i] = attention.half()
+    return read, kept
+
+
+def link_candidates(
+    model,
+    tokenizer,
+    pairs: tuple[list[list[int]], list[list[int]]],
+    texts: tuple[list[str], list[str]],
+    device,
+    dtype,
+    batch_tokens: int,
+    reverse=None,
+    readings: tuple[Optional[Sequence[str]], Optional[Sequence[str]]] = (None, None),
+    keep: int = 0,
+    progress: str = "",
+) -> tuple[Optional[LinkCandidates], dict]:
+    """The links of the ``pairs`` (this model's subword ids) by every reading of its attention (or ``readings[0]``)
+    and, given a run of the other direction (``reverse``: a TrainedModel), by every reading (or ``readings[1]``) of
+    its attention over the pairs' ``texts`` turned round; the forced attention of the first ``keep`` pairs. None, {}
+    for a model without attention. ``progress``: the progress bars' title."""
+    forward, kept = read_direction(model, tokenizer, *pairs, device, dtype, batch_tokens, readings[0], keep, progress)
+    if forward is None or reverse is None:
+        return (None if forward is None else LinkCandidates(forward)), kept
+    r = reverse
+    turned = (r.tokenizer.encode_src(texts[1]), r.tokenizer.encode_tgt(texts[0]))
+    title = progress and f"{progress}, reverse run"
+    backward, _ = read_direction(r.model, r.tokenizer, *turned, r.device, r.dtype, batch_tokens, readings[1], 0, title)
+    return LinkCandidates(forward, backward), kept
+
+
+def fitting(model, src: list[list[int]], tgt: list[list[int]]) -> list[int]:
+    """The pairs whose source and target (each with its ``</s>``) fit the model's positions, and neither empty."""
+    limit = getattr(model, "max_positions", None) or float("inf")
+    return [i for i, (s, t) in enumerate(zip(src, tgt)) if s and t and len(s) < limit and len(t) < limit]
+
+
+def score_alignments(
+    model: AnySeq2Seq,
     data,
     gold: list[tuple[set, set]],
     tokenizer,
@@ -96,21 +196,55 @@ def score_alignments(
     scope: str = "all",
     progress: str = "",
 ) -> tuple[Optional[AlignmentScore], dict]:
-    """Every view of the teacher-forced attention of ``data`` (a ParallelData) scored against ``gold``
+    """Every reading of the teacher-forced attention of ``data`` (a ParallelData) scored against ``gold``
     (per pair: sure, possible links; ``scope`` as AlignmentScore's), and the attention of the first
     ``keep`` pairs (float16: for plots and the explorer). None, {} for a model without attention.
     ``progress``: a progress bar's title (none without)."""
     if len(gold) != len(data):
         raise UserError(f"{len(data)} sentences to align but the reference links have {len(gold)} lines")
-    score, kept = None, {}
-    pairs = forced_attention(model, data.src, data.tgt, device, batch_tokens, dtype)
-    for i, attention in tqdm(pairs, progress, len(data), leave=False, unit="sentence", disable=not progress):
-        names, maps = attention_views(attention)
-        score = score or AlignmentScore(names, scope)
-        links = hard_alignments(
-            maps, tokenizer.src_pieces(data.src[i] + [EOS]), tokenizer.tgt_pieces(data.tgt[i] + [EOS])
-        )
-        score.add(links, *gold[i])
-        if i < keep:
-            kept[i] = attention.half()
-    return score, kept
+    read, kept = read_direction(model, tokenizer, data.src, data.tgt, device, dtype, batch_tokens, None, keep, progress)
+    return (None if read is None else read.score(gold, scope)), kept
+
+
+@dataclass
+class LinkCandidates:
+    """The links of a split's pairs by every reading of this run's attention (``forward``) and, given a run of the
+    other direction, of its attention (``reverse``, read from the pairs turned round): what the methods
+    (app.evaluation.extraction.Method) are chosen among and read from."""
+
+    forward: DirectionLinks
+    reverse: Optional[DirectionLinks] = None
+
+    def links(self, i: int, method: Method) -> set[tuple[int, int]]:
+        forward = self.forward.links(i, method.forward)
+        if method.symmetrization is None or self.reverse is None:
+            return forward
+        return symmetrize(method.symmetrization, forward, self.reverse.links(i, str(method.reverse), turned=True))
+
+    def directions_best(self, gold: list[tuple[set, set]], scope: str) -> tuple[str, Optional[str]]:
+        """The best reading of each direction against ``gold`` (the reverse one against the gold turned round)."""
+        reverse = None if self.reverse is None else self.reverse.score(gold, scope, turned=True).best()
+        return self.forward.score(gold, scope).best(), reverse
+
+    def score(self, gold: list[tuple[set, set]], scope: str, methods: list[Method]) -> AlignmentScore:
+        score = AlignmentScore([m.name for m in methods], scope)
+        for i, (sure, possible) in enumerate(gold):
+            score.add([self.links(i, m) for m in methods], sure, possible)
+        return score
+
+    def methods(self, directions: tuple[str, Optional[str]], setting: str = "auto") -> list[Method]:
+        """The methods ``align.method`` allows: this run's readings, and the symmetrizations of each direction's
+        reading ``directions`` (each direction's best, chosen where the method is)."""
+        return allowed(candidates(self.forward.names, *directions), setting)
+
+    def choose(
+        self, gold: list[tuple[set, set]], scope: str, setting: str = "auto"
+    ) -> tuple[Method, tuple[str, Optional[str]]]:
+        """The method of the lowest AER against ``gold`` that ``setting`` (align.method) allows, and the best reading
+        of each direction (what the symmetrizations join)."""
+        directions = self.directions_best(gold, scope)
+        methods = self.methods(directions, setting)
+        if not methods:
+            raise UserError(f"align.method={setting}: it needs a run of the other direction, align.reverse=<run>")
+        score = self.score(gold, scope, methods)
+        return methods[score.views.index(score.best())], directions

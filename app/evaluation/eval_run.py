@@ -20,11 +20,13 @@ from app.decode.ensemble import ensemble_of
 from app.decode.search import describe
 from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.evaluation.alignment import align_scope
+from app.evaluation.significance import in_words, paired_significance
 from app.evaluation.split import Alignment, Asked, SplitResult, evaluate_split, with_ter
 from app.models import count_parameters, has_attention
-from app.run.checkpoint import checkpoint_path
+from app.models.api import SelfAttending
+from app.run.checkpoint import checkpoint_path, run_folder
 from app.run.device import resolve_device
-from app.run.errors import UserError
+from app.run.errors import UserError, required
 from app.run.host_worker import host_worker
 from app.run.stopwatch import Stopwatch
 
@@ -96,6 +98,7 @@ def evaluate_run(cfg: Config) -> EvaluatedRun:
         data = load_split(trained.config.data.dir, cfg.eval.split, trained.tokenizer)
         split_size, data = len(data), data.head(cfg.eval.max_sentences)
         ct2 = load_ct2(cfg, trained, "eval.engine") if cfg.eval.engine == "ct2" else None
+        baseline = baseline_hypotheses(cfg, len(data))
     if ct2:
         search = lambda src, attention, progress: ct2.translate(src, cfg.decode, need_attention=attention)  # noqa: E731
     else:
@@ -103,7 +106,7 @@ def evaluate_run(cfg: Config) -> EvaluatedRun:
             src, cfg.decode, progress=progress, need_attention=attention
         )
     alignment = alignment_asked(cfg, trained, data, split_size)
-    own = cfg.viz.self_attention and cfg.eval.engine == "torch" and hasattr(trained.model, "self_attention")
+    own = cfg.viz.self_attention and cfg.eval.engine == "torch" and isinstance(trained.model, SelfAttending)
     forced = own or (alignment is not None and has_attention(trained.config.model))  # a teacher-forced pass
     asked = Asked(
         scores="split",
@@ -135,7 +138,36 @@ def evaluate_run(cfg: Config) -> EvaluatedRun:
         run.metrics["hyp_align_view"] = result.links_view
     if result.heads:
         run.metrics["self_attention_heads"] = {kind: heads.result() for kind, heads in result.heads.items()}
+    if baseline is not None:
+        with clock("significance"):
+            run.metrics["significance"] = against_baseline(cfg, baseline, result.texts, data.tgt_texts)
     return run
+
+
+def baseline_hypotheses(cfg: Config, sentences: int) -> Optional[tuple[str, list[str]]]:
+    """``eval.baseline``'s hypotheses (a hypothesis file, or a run's eval/<split>/hyp.txt) and their file, read
+    before anything is decoded: one of another length than the ``sentences`` evaluated is refused at once."""
+    given = cfg.eval.baseline
+    if not given:
+        return None
+    path = given if os.path.isfile(given) else os.path.join(run_folder(given), "eval", cfg.eval.split, "hyp.txt")
+    if not os.path.isfile(path):
+        raise UserError(f"eval.baseline={given}: {path} does not exist (give a hypothesis file or an evaluated run)")
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    if len(lines) != sentences:
+        raise UserError(f"eval.baseline={given}: {path} has {len(lines)} lines for the {sentences} sentences evaluated")
+    return path, lines
+
+
+def against_baseline(cfg: Config, baseline: tuple[str, list[str]], texts: list[str], references: list[str]) -> dict:
+    """This evaluation's hypotheses tested against the baseline's on the same references: paired bootstrap and
+    approximate randomization (app/evaluation/significance.py)."""
+    path, lines = baseline
+    baseline_name = required(cfg.eval.baseline, "eval.baseline")  # the baseline's name: set when compared
+    compared = paired_significance([(baseline_name, lines), (cfg.name, texts)], references)
+    systems = [{"name": c.name, **c.scores} for c in compared]
+    return {"baseline": path, "systems": systems, "in_words": in_words(compared)}
 
 
 def subset_stats(sentences: int, split_size: int) -> dict:
@@ -153,8 +185,9 @@ def check_settings(cfg: Config) -> None:
 
 def alignment_asked(cfg: Config, trained: TrainedModel, data: ParallelData, split_size: int) -> Optional[Alignment]:
     """What AER is scored against: ``eval.gold_align``, else the corpus's own reference links of the split (none:
-    None). The view reported is the best on dev where the corpus has dev links (and the gold is its own; dev cut
-    as the split is), else the best on this split (said so: an optimistic choice)."""
+    None). The method reported (app/evaluation/extraction.py: ``align.method``'s, with ``align.reverse``'s run for
+    the symmetrized ones) is the best on dev where the corpus has dev links (and the gold is its own; dev cut as the
+    split is), else the best on this split (said so: an optimistic choice)."""
     gold_path = cfg.eval.gold_align or reference_links(trained.config.data.dir, cfg.eval.split)
     if not gold_path:
         return None
@@ -165,7 +198,11 @@ def alignment_asked(cfg: Config, trained: TrainedModel, data: ParallelData, spli
         split=split,
         gold=gold_path,
         keep=len(data),
+        method=cfg.align.method,
     )
+    if cfg.align.reverse:  # a run of the other direction: both directions symmetrized are methods too
+        reverse_dir = run_folder(cfg.align.reverse)
+        asked.reverse = load_trained(reverse_dir, cfg.align.checkpoint, trained.device, "align.checkpoint")
     dev_path = reference_links(trained.config.data.dir, "dev")
     if split != "dev" and dev_path and not cfg.eval.gold_align:
         dev = load_split(trained.config.data.dir, "dev", tok)

@@ -43,7 +43,7 @@ class HeadRoles:
     def result(self) -> list[list[dict]]:
         """Per layer, per head: ``confidence``, ``offsets`` (the share of pieces whose largest weight is at -1, 0,
         +1) and ``positional`` (the offset of a positional head, else None)."""
-        if self.peaks is None:
+        if self.peaks is None or self.at is None:  # no sentence added
             return []
         confidence, shares = self.peaks / self.pieces, self.at / self.pieces
         heads = []

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
@@ -21,7 +21,7 @@ def _check(hypotheses: list[str], references: list[str]) -> None:
 
 def score(hypotheses: list[str], references: list[str], ter: bool = True) -> dict:
     _check(hypotheses, references)
-    metrics = {"sentences": len(hypotheses)}
+    metrics: dict[str, Any] = {"sentences": len(hypotheses)}
     for name, metric in [("bleu", BLEU()), ("chrf", CHRF())] + ([("ter", TER())] if ter else []):
         result = metric.corpus_score(hypotheses, [references])
         metrics[name] = round(result.score, 2)
@@ -62,11 +62,13 @@ def bleu_by_length(
     ``stats``: the sentences' BleuStatistics, when already counted."""
     stats = stats or BleuStatistics(hypotheses, references)
     lengths = [len(src.split()) for src in sources]
-    bounds = [0, *edges, None]
     buckets = []
-    for low, high in zip(bounds, bounds[1:]):
+    for low, high in zip([0, *edges], [*edges, None]):
         members = [i for i, n in enumerate(lengths) if n >= low and (high is None or n < high)]
-        bucket = {"bucket": f"{low}-{high}" if high is not None else f"{low}+", "sentences": len(members)}
+        bucket: dict[str, Any] = {
+            "bucket": f"{low}-{high}" if high is not None else f"{low}+",
+            "sentences": len(members),
+        }
         if members:
             bucket["bleu"] = round(stats.corpus(members), 2)
         buckets.append(bucket)
@@ -102,7 +104,7 @@ def split_scores(
     signatures, BLEU per source-length bucket (``length_buckets``: the edges) and BLEU of the longest 10 %;
     and each sentence's BLEU. The BLEU statistics are counted once for all of them."""
     stats = BleuStatistics(hypotheses, references)
-    metrics = {"sentences": len(hypotheses), "bleu": round(stats.corpus(), 2)}
+    metrics: dict[str, Any] = {"sentences": len(hypotheses), "bleu": round(stats.corpus(), 2)}
     metrics["bleu_signature"] = str(stats.metric.get_signature())
     chrf = CHRF()
     metrics["chrf"] = round(chrf.corpus_score(hypotheses, [references]).score, 2)
@@ -136,7 +138,7 @@ def ter_statistics(hypotheses: list[str], references: list[str]) -> tuple[list, 
     return stats, str(metric.get_signature()), time.perf_counter() - start
 
 
-def ter_of_statistics(stats: list, signature: str) -> dict:
+def ter_of_statistics(stats: list, signature: Optional[str]) -> dict:
     """Corpus TER from the sentences' ``ter_statistics``, in the split's order, with its signature: the
     number ``ter_score`` of the same sentences gives."""
     return {"ter": round(TER()._aggregate_and_compute(stats).score, 2), "ter_signature": signature}

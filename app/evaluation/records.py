@@ -16,6 +16,7 @@ from app.data.tokenizer import EOS
 from app.decode.passes import forced_self_attention
 from app.evaluation.head_roles import HeadRoles
 from app.evaluation.views import SELF_ATTENTION, StoredAttention, store_attention
+from app.models.api import SelfAttending
 
 
 @dataclass
@@ -73,7 +74,7 @@ def sentence_records(
 
 def add_self_attention(
     records: list[SentenceRecord],
-    model,
+    model: SelfAttending,
     src: list[list[int]],
     hyps: list[list[int]],
     device: torch.device,
@@ -91,8 +92,8 @@ def add_self_attention(
     passes = forced_self_attention(model, sources, hyps, device, batch_tokens, amp_dtype)
     roles = {kind: HeadRoles() for kind in SELF_ATTENTION}  # the order of forced_self_attention's maps
     for n, *weights in tqdm(passes, progress, len(records), leave=False, unit="sentence", disable=not progress):
-        records[n].self_attention = {}
+        records[n].self_attention = own = {}
         for (kind, heads), w in zip(roles.items(), weights):
-            records[n].self_attention[kind] = store_attention(w, layer, keep)
+            own[kind] = store_attention(w, layer, keep)
             heads.add(w)
     return roles

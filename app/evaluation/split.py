@@ -19,14 +19,19 @@ import torch
 
 from app.data.batching import sorted_batches
 from app.data.corpus import ParallelData
+from app.data.symmetrization import symmetrize
 from app.data.tokenizer import PAD, Tokenizer
+from app.decode.ensemble import Ensemble
 from app.decode.search import Hypotheses
-from app.evaluation.alignment import AlignmentScore, hypothesis_links, links_view, score_alignments
+from app.decode.trained import TrainedModel
+from app.evaluation.alignment import LinkCandidates, link_candidates, links_view, read_direction
+from app.evaluation.extraction import Method, has_reading, read_links
 from app.evaluation.head_roles import HeadRoles
 from app.evaluation.metrics import score, split_scores, ter_of_statistics, ter_statistics
 from app.evaluation.records import SentenceRecord, add_self_attention, sentence_records
 from app.evaluation.views import attention_shape
-from app.models import sequence_loss
+from app.models import Family, sequence_loss
+from app.models.api import AnySeq2Seq, SelfAttending
 from app.run.device import autocast
 from app.run.host_worker import HostWorker, Job, submit
 from app.run.stopwatch import Stopwatch
@@ -48,6 +53,8 @@ class Alignment:
     dev: Optional[tuple[ParallelData, list[tuple[set, set]]]] = None
     dev_name: str = "dev"  # where the view was chosen when ``dev`` is given ("dev (first 80 of 1,019 sentences)")
     keep: int = 0
+    reverse: Optional[TrainedModel] = None  # a run of the other direction (align.reverse): symmetrized methods too
+    method: str = "auto"  # align.method: the methods the choice is made among (app/evaluation/extraction.py)
 
 
 @dataclass
@@ -84,7 +91,8 @@ class SplitResult:
     the loss where asked); each sentence's BLEU (scores "split"); the records and the hypotheses they were read from
     (``samples``), the entropy and monotonicity of their attention (``attention``) and the view their word links
     were read from (``links_view``); AER's result (``alignment``) with the forced attention kept for plots
-    (``forced``, by pair index); what each self-attention head does (``heads``)."""
+    (``forced``, by pair index) and the method AER chose (``method``, what hyp.align reads too); what each
+    self-attention head does (``heads``)."""
 
     hypotheses: Hypotheses
     texts: list[str]
@@ -96,6 +104,7 @@ class SplitResult:
     attention: Optional[dict] = None
     links_view: Optional[str] = None
     alignment: Optional[dict] = None
+    method: Optional[Method] = None
     forced: dict[int, torch.Tensor] = field(default_factory=dict)
     heads: dict[str, HeadRoles] = field(default_factory=dict)
     pending: Optional[Job] = None  # scores in the worker
@@ -119,7 +128,7 @@ class SplitResult:
 
 
 def evaluate_split(
-    model: torch.nn.Module,
+    model: Family | Ensemble,
     data: ParallelData,
     tokenizer: Tokenizer,
     search: Search,
@@ -163,16 +172,36 @@ def evaluate_split(
             align(result, model, data, tokenizer, asked.alignment, device, dtype, batch_tokens, asked.progress)
     if asked.links and result.records:
         with clock("files"):
-            chosen = (result.alignment or {}).get("view")
-            result.links_view = view = links_view(result.records[0].attention, asked.layer, chosen)
-            for r in result.records:  # hyp.align's, and the explorer outlines them on the hypothesis' map
-                r.hyp_links = hypothesis_links(r.attention, r.src_pieces, r.hyp_pieces, view)
+            reverse = asked.alignment.reverse if asked.alignment is not None else None
+            read_hypothesis_links(result, data, asked.layer, reverse, batch_tokens)
     return result
+
+
+def read_hypothesis_links(
+    result: SplitResult, data: ParallelData, layer: int, reverse: Optional[TrainedModel], batch_tokens: int
+) -> None:
+    """Each record's word links (hyp.align's, and the explorer outlines them on the hypothesis' map), read by the
+    method AER chose where its view is among the attention's (an export has one map), else from the view plots show
+    (``layer``'s mean of heads); a symmetrized method reads the reverse run's attention over the hypotheses too."""
+    records, method = result.records, result.method
+    if method is None or not has_reading(records[0].attention, method.forward):
+        method = Method(links_view(records[0].attention, layer))
+    result.links_view = method.name
+    turned = None
+    if method.symmetrization is not None and reverse is not None:
+        rsrc = reverse.tokenizer.encode_src([result.texts[r.index] for r in records])
+        rtgt = reverse.tokenizer.encode_tgt([data.src_texts[r.index] for r in records])
+        passes = (reverse.model, reverse.tokenizer, rsrc, rtgt, reverse.device, reverse.dtype, batch_tokens)
+        turned, _ = read_direction(*passes, [str(method.reverse)])
+    for n, r in enumerate(records):
+        r.hyp_links = read_links(r.attention, r.src_pieces, r.hyp_pieces, method.forward)
+        if turned is not None and method.symmetrization is not None:
+            r.hyp_links = symmetrize(method.symmetrization, r.hyp_links, turned.links(n, str(method.reverse), True))
 
 
 def records_of(
     result: SplitResult,
-    model,
+    model: AnySeq2Seq,
     data: ParallelData,
     tokenizer: Tokenizer,
     search: Search,
@@ -200,12 +229,13 @@ def records_of(
             data, sampled, tokenizer, indices, asked.keep, asked.layer, asked.references, progress
         )
         result.attention = attention_shape(sampled.attention, asked.layer)
-    if asked.self_attention and hasattr(model, "self_attention"):
+    if asked.self_attention and isinstance(model, SelfAttending):
         with clock("self-attention"):  # one teacher-forced pass of every hypothesis, without logits
             hypotheses = sampled.tokens
             passes = (model, data.src, hypotheses, device, batch_tokens, dtype)
             progress = "self-attention" if asked.progress else ""
-            result.heads = add_self_attention(records, *passes, keep=asked.keep, layer=asked.layer, progress=progress)
+            keep = asked.keep or "layer"
+            result.heads = add_self_attention(records, *passes, keep=keep, layer=asked.layer, progress=progress)
     result.records = records
     if asked.on_records is not None:
         asked.on_records(records)
@@ -222,44 +252,54 @@ def align(
     batch_tokens: int,
     progress: bool = False,
 ) -> None:
-    """AER of every view of the teacher-forced attention (each head of each layer, each layer's mean; an RNN's one
-    map) against ``asked.links``, the view reported chosen on ``asked.dev`` where given (an optimistic choice on
-    the split itself otherwise, said so). None for a model without attention."""
-    run = lambda split, links, keep=0, title="": score_alignments(  # noqa: E731
-        model, split, links, tokenizer, device, dtype, batch_tokens, keep, asked.scope, title if progress else ""
-    )
-    on_split: Optional[AlignmentScore]
-    on_split, result.forced = run(data, asked.links, asked.keep, f"AER on {asked.split}")
+    """AER of every method of reading links from the teacher-forced attention (each head of each layer, each layer's
+    mean, an RNN's one map; each as it is and shift-att; with a run of the other direction, its best reading and
+    this run's symmetrized) against ``asked.links``, the method reported chosen on ``asked.dev`` where given (an
+    optimistic choice on the split itself otherwise, said so). None for a model without attention."""
+
+    def read(split: ParallelData, keep: int = 0, title: str = "") -> tuple[Optional[LinkCandidates], dict]:
+        pairs, texts = (split.src, split.tgt), (split.src_texts, split.tgt_texts)
+        title = title if progress else ""
+        return link_candidates(
+            model, tokenizer, pairs, texts, device, dtype, batch_tokens, asked.reverse, keep=keep, progress=title
+        )
+
+    on_split, result.forced = read(data, asked.keep, f"AER on {asked.split}")
     if on_split is None:
         return
-    view, chosen_on = on_split.best(), asked.split
+    chooser, gold, chosen_on = on_split, asked.links, asked.split
     if asked.dev is not None:
-        on_dev, _ = run(*asked.dev, title="AER on dev")
+        on_dev, _ = read(asked.dev[0], title="AER on dev")
         if on_dev is not None:
-            view, chosen_on = on_dev.best(), asked.dev_name
-    aer_by_view = {name: on_split.result(name)["aer"] for name in on_split.views}
+            chooser, gold, chosen_on = on_dev, asked.dev[1], asked.dev_name
+    method, directions = chooser.choose(gold, asked.scope, asked.method)
+    methods = on_split.methods(directions)
+    score = on_split.score(asked.links, asked.scope, methods)
+    result.method = method
     result.alignment = {
-        **on_split.result(view),
-        "view": view,
+        **score.result(method.name),
+        "view": method.view,
+        "method": method.name,
         "chosen_on": chosen_on,
         "gold": asked.gold,
         "scope": asked.scope,
-        "aer_by_view": aer_by_view,
+        "aer_by_view": {name: score.result(name)["aer"] for name in score.views},
     }
 
 
 @torch.no_grad()
-def teacher_forced_loss(model, data: ParallelData, batch_tokens: int, device, dtype) -> dict:
+def teacher_forced_loss(model: torch.nn.Module, data: ParallelData, batch_tokens: int, device, dtype) -> dict:
     """The split's loss and perplexity under teacher forcing, without label smoothing."""
     was_training = model.training
     model.eval()
     loss_sum, tokens = 0.0, 0
     for batch in sorted_batches(data.src, data.tgt, batch_tokens):
         batch = batch.to(device)
+        tgt_in, tgt_out = batch.targets
         with autocast(device, dtype):
-            logits = model(batch.src, batch.tgt_in, src_lengths=batch.src_lengths)
-        loss_sum += sequence_loss(logits.float(), batch.tgt_out).item()
-        tokens += int((batch.tgt_out != PAD).sum())
+            logits = model(batch.src, tgt_in, src_lengths=batch.src_lengths)
+        loss_sum += sequence_loss(logits.float(), tgt_out).item()
+        tokens += int((tgt_out != PAD).sum())
     model.train(was_training)
     return {"loss": loss_sum / tokens, "ppl": math.exp(min(loss_sum / tokens, 50))}
 

@@ -3,13 +3,13 @@ model configuration and the tokenizer whose vocabularies they embed."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from app.config.schema import MODEL_SCHEMAS, ModelConfig
+from app.config.schema import MODEL_SCHEMAS, ModelConfig, RNNConfig, TransformerConfig
 from app.data.tokenizer import PAD
 from app.models.rnn import RNNSeq2Seq
 from app.models.transformer import Transformer
@@ -19,12 +19,20 @@ from app.run.errors import UserError
 class Vocabularies(Protocol):
     """What a model needs of its tokenizer (app.data.tokenizer.Tokenizer has it)."""
 
-    src_vocab_size: int
-    tgt_vocab_size: int
-    joint: bool
+    @property
+    def src_vocab_size(self) -> int: ...
+
+    @property
+    def tgt_vocab_size(self) -> int: ...
+
+    @property
+    def joint(self) -> bool: ...
 
 
-def build_model(cfg: ModelConfig, tokenizer: Vocabularies) -> nn.Module:
+Family = Union[Transformer, RNNSeq2Seq]  # a model of one family; each satisfies app.models.api.Seq2Seq
+
+
+def build_model(cfg: ModelConfig, tokenizer: Vocabularies) -> Family:
     families = {"transformer": Transformer, "rnn": RNNSeq2Seq}
     if cfg.arch not in families:
         raise UserError(f"model.arch={cfg.arch!r} is unknown; available: {sorted(families)}")
@@ -33,15 +41,16 @@ def build_model(cfg: ModelConfig, tokenizer: Vocabularies) -> nn.Module:
             f"model.arch={cfg.arch!r} does not match the {type(cfg).__name__} settings given: "
             "choose the family with a model= preset (model=transformer, model=rnn_bahdanau, ...)"
         )
+    vocab = (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.joint)
     try:
-        return families[cfg.arch](cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.joint)
+        return Transformer(cfg, *vocab) if isinstance(cfg, TransformerConfig) else RNNSeq2Seq(cfg, *vocab)
     except ValueError as err:
         raise UserError(str(err)) from None
 
 
 def has_attention(cfg: ModelConfig) -> bool:
     """Whether the family attends over the source: every Transformer, an RNN unless model.attention=none."""
-    return cfg.arch != "rnn" or cfg.attention != "none"
+    return not isinstance(cfg, RNNConfig) or cfg.attention != "none"
 
 
 def count_parameters(model: nn.Module) -> int:

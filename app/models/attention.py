@@ -85,7 +85,7 @@ class MultiHeadAttention(nn.Module):
             self.kv_proj = nn.Linear(d_model, sum(self.sizes[1:]))
         self.out_proj = nn.Linear(d_model, d_model)
 
-    def weight_blocks(self) -> dict[nn.Parameter, tuple[torch.Tensor, ...]]:
+    def weight_blocks(self) -> dict[torch.Tensor, tuple[torch.Tensor, ...]]:
         """The fused weight and its blocks (W^Q, W^K, W^V or W^K, W^V) as views, in that order."""
         if self.self_attention:
             return {self.qkv_proj.weight: self.qkv_proj.weight.split(self.sizes)}
@@ -141,7 +141,7 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The attention's output, shaped as ``query``, and with ``need_weights`` its weights (B, H, Tq, Tk)."""
         rows = batch is not None
-        if not rows:
+        if batch is None:
             batch = query.size(0)
             query = query.flatten(0, 1)
             key_value = None if key_value is None else key_value.flatten(0, 1)
@@ -266,6 +266,7 @@ class ConcatAttention(AdditiveAttention):
 
 
 def rnn_attention(kind: str, query_dim: int, key_dim: int, attn_dim: int, dropout: float = 0.0) -> RNNAttention:
+    attention: RNNAttention
     if kind == "bahdanau" or kind == "concat":
         attention = (AdditiveAttention if kind == "bahdanau" else ConcatAttention)(query_dim, key_dim, attn_dim)
     elif kind == "dot":

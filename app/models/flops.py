@@ -13,11 +13,15 @@ longer than sources.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
 import torch
 from torch import nn
+
+from app.config.schema import TransformerConfig
+from app.models import Family
 
 # dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched on the device name
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "RTX 4090": 165e12}
@@ -39,15 +43,17 @@ class FlopCounter:
     """Useful FLOPs of training steps of one model, from the lengths of their sentences (EOS/BOS
     included): ``counter(src_lens, tgt_lens)``."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: Family):
         cfg = model.cfg
         self.p_enc = matmul_parameters(model.encoder)
         self.p_dec = matmul_parameters(model) - self.p_enc
-        self.transformer = cfg.arch == "transformer"
-        self.window = cfg.window if self.transformer else 0
-        self.width = cfg.d_model if self.transformer else cfg.hidden
-        self.enc_layers, self.dec_layers = (cfg.enc_layers, cfg.dec_layers) if self.transformer else (0, 0)
-        self.rnn_attention = not self.transformer and cfg.attention != "none"
+        self.transformer = isinstance(cfg, TransformerConfig)
+        self.window, self.enc_layers, self.dec_layers, self.rnn_attention = 0, 0, 0, False
+        if isinstance(cfg, TransformerConfig):
+            self.window, self.width = cfg.window, cfg.d_model
+            self.enc_layers, self.dec_layers = cfg.enc_layers, cfg.dec_layers
+        else:
+            self.width, self.rnn_attention = cfg.hidden, cfg.attention != "none"
 
     def __call__(self, src_lens, tgt_lens) -> float:
         """FLOPs of sentences of these lengths (sequences or arrays of ints, EOS/BOS included)."""
@@ -76,7 +82,7 @@ class FlopCounter:
         return self(src_lens[indices] + 1, tgt_lens[indices] + 1)
 
 
-def training_flops(model: nn.Module, src_lens: list[int], tgt_lens: list[int]) -> float:
+def training_flops(model: Family, src_lens: Sequence[int] | np.ndarray, tgt_lens: Sequence[int] | np.ndarray) -> float:
     """Useful FLOPs of one training step over sentences of these lengths (EOS/BOS included)."""
     return FlopCounter(model)(src_lens, tgt_lens)
 

@@ -39,6 +39,8 @@ def table_rows(table: torch.Tensor, offset: int, length: int) -> torch.Tensor:
 
 
 class SinusoidalPositions(nn.Module):
+    table: torch.Tensor  # a buffer
+
     def __init__(self, max_len: int, d_model: int):
         super().__init__()
         # not in the state dict: a function of the config (and older checkpoints do not have it)
@@ -92,6 +94,8 @@ class Rotary(nn.Module):
     angles of any position are computed when asked for, so RoPE runs at any length.
     """
 
+    inv_freq: torch.Tensor  # a buffer
+
     def __init__(self, d_head: int, base: float = 10000.0):
         super().__init__()
         if d_head % 2:
@@ -126,6 +130,8 @@ class ALiBi(nn.Module):
     The paper's decoder-only model sees only j <= i, where |i - j| = i - j; here the encoder uses the
     same symmetric distance in both directions, and the decoder's causal mask removes j > i.
     """
+
+    slopes: torch.Tensor  # a buffer
 
     def __init__(self, heads: int):
         super().__init__()

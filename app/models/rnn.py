@@ -14,6 +14,7 @@ one step at a time through the RNN's cell ops (``rnn_step``), as decoding does.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -24,6 +25,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from app.config.schema import RNNConfig
 from app.data.tokenizer import PAD
+from app.models.api import Seq2Seq
 from app.models.attention import rnn_attention
 
 Hidden = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]  # GRU h, or LSTM (h, c): (layers, B, H)
@@ -43,8 +45,9 @@ class RNNMemory:
 
     def select(self, index: torch.Tensor) -> RNNMemory:
         """Rows ``index`` of the batch (beam search: expand per beam)."""
-        pick = lambda t: None if t is None else t.index_select(0, index)  # noqa: E731
-        return RNNMemory(pick(self.states), pick(self.src_mask), pick(self.summary), pick(self.keys))
+        pick = lambda t: t.index_select(0, index)  # noqa: E731
+        keys = None if self.keys is None else pick(self.keys)
+        return RNNMemory(pick(self.states), pick(self.src_mask), pick(self.summary), keys)
 
 
 @dataclass
@@ -57,7 +60,7 @@ class RNNState:
         """Rows ``index`` of the batch (beam search: follow the surviving beams); hidden is batch-second. Fewer
         rows than now: the sentences still decoding, whose memory is the same for all their beams."""
         hidden = (
-            tuple(h.index_select(1, index) for h in self.hidden)
+            (self.hidden[0].index_select(1, index), self.hidden[1].index_select(1, index))
             if isinstance(self.hidden, tuple)
             else self.hidden.index_select(1, index)
         )
@@ -80,24 +83,24 @@ def rnn_step(rnn: nn.RNNBase, x: torch.Tensor, hidden: Hidden) -> tuple[torch.Te
 
 
 def cell_step(
-    weights: list[list[torch.Tensor]], x: torch.Tensor, hidden: Hidden, dropout: float, training: bool
+    weights: Sequence[Sequence[torch.Tensor]], x: torch.Tensor, hidden: Hidden, dropout: float, training: bool
 ) -> tuple[torch.Tensor, Hidden]:
     """``rnn_step`` given the RNN's per-layer weights (``all_weights``) rather than the module: what a compiled
     decoder step calls (torch.compile does not trace through nn.GRU / nn.LSTM modules)."""
-    lstm = isinstance(hidden, tuple)
-    new = []
+    new_h: list[torch.Tensor] = []
+    new_c: list[torch.Tensor] = []  # an LSTM's cells
     for layer, layer_weights in enumerate(weights):
         if layer:
             x = F.dropout(x, dropout, training)  # nn.GRU/LSTM's dropout between layers
-        if lstm:
+        if isinstance(hidden, tuple):
             x, c = torch.lstm_cell(x, (hidden[0][layer], hidden[1][layer]), *layer_weights)
-            new.append((x, c))
+            new_c.append(c)
         else:
             x = torch.gru_cell(x, hidden[layer], *layer_weights)
-            new.append(x)
-    if lstm:
-        return x, (torch.stack([h for h, _ in new]), torch.stack([c for _, c in new]))
-    return x, torch.stack(new)
+        new_h.append(x)
+    if isinstance(hidden, tuple):
+        return x, (torch.stack(new_h), torch.stack(new_c))
+    return x, torch.stack(new_h)
 
 
 class RNNEncoder(nn.Module):
@@ -141,8 +144,8 @@ class RNNDecoder(nn.Module):
     length), which a compiled step takes as symbols from its first call on. ``loop_step`` gets the RNN's
     weights as its last argument, so that a compiled step never touches the RNN module."""
 
-    loops = False
     loop_dims: tuple = ()
+    loop_step: Callable[..., tuple]  # a decoder that loops: one target position
 
     def __init__(self, cfg: RNNConfig, embed: nn.Embedding, rnn_input: int, out_dim: int, vocab: int):
         super().__init__()
@@ -160,6 +163,10 @@ class RNNDecoder(nn.Module):
                     f"model.emb_dim ({cfg.emb_dim})"
                 )
             self.out_proj.weight = embed.weight
+
+    @property
+    def loops(self) -> bool:
+        return False
 
     def run_rnn(self, x: torch.Tensor, hidden: Hidden) -> tuple[torch.Tensor, Hidden]:
         """The decoder RNN over x (B, T, D): one cuDNN call for a sequence, the cell ops for one step."""
@@ -312,7 +319,9 @@ class RNNSeq2Seq(nn.Module):
         attention = getattr(self.decoder, "attention", None)
         return RNNMemory(states, src_mask, summary, attention.prepare(states) if attention is not None else None)
 
-    def decode(self, memory: RNNMemory, tgt_in: torch.Tensor, need_attention: bool = False, need_logits: bool = True):
+    def decode(
+        self, memory: RNNMemory, tgt_in: torch.Tensor, need_attention: bool = False, need_logits: bool = True
+    ) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         """Teacher-forced logits and, with ``need_attention``, the attention (batch, tgt, src); ``need_logits=False``:
         the attention alone, without the output layer (logits None)."""
         out, attention, _ = self.decoder(memory, tgt_in, self.decoder.initial_state(memory), need_attention)
@@ -331,7 +340,7 @@ class RNNSeq2Seq(nn.Module):
 
     def step(
         self, memory: RNNMemory, prev_tokens: torch.Tensor, state: Optional[RNNState], need_attention: bool = False
-    ):
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor], RNNState]:
         """One token for every row; ``memory`` starts the state when there is none (the state then holds it)."""
         state = self.start(memory, prev_tokens.size(0) // memory.states.size(0)) if state is None else state
         out, attention, new = self.decoder(state.memory, prev_tokens[:, None], state, need_attention)
@@ -348,3 +357,6 @@ class RNNSeq2Seq(nn.Module):
         """Teacher-forced logits; with ``alignment``, also the attention (batch, tgt, src)."""
         logits, attention = self.decode(self.encode(src, src_lengths=src_lengths), tgt_in, need_attention=alignment)
         return (logits, attention) if alignment else logits
+
+
+_API: type[Seq2Seq[RNNMemory, RNNState]] = RNNSeq2Seq  # mypy checks the family against the model API

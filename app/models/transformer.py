@@ -21,9 +21,9 @@ encoder self-attention).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, cast
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,7 @@ from torch import nn
 
 from app.config.schema import TransformerConfig
 from app.data.tokenizer import PAD
+from app.models.api import SelfAttention, Seq2Seq
 from app.models.attention import MultiHeadAttention, band_mask
 from app.models.decoder_state import DecoderState, Projection
 from app.models.positions import ALiBi, LearnedPositions, Rotary, Rotation, SinusoidalPositions
@@ -47,17 +48,6 @@ class Memory:
         return Memory(self.states.index_select(0, index), self.src_mask.index_select(0, index))
 
 
-@dataclass
-class SelfAttention:
-    """A teacher-forced pass's self-attention weights (rows sum to 1, masked keys exactly 0). ``encoder``
-    (B, enc_layers, heads, S, S): each source token over the source; ``decoder`` (B, dec_layers, heads, T, T):
-    each target position (its row: the token it predicts) over the inputs so far (its columns: BOS and the
-    target tokens before it), causal: zero above the diagonal."""
-
-    encoder: torch.Tensor
-    decoder: torch.Tensor
-
-
 class Transformer(nn.Module):
     def __init__(self, cfg: TransformerConfig, src_vocab: int, tgt_vocab: int, joint_vocab: bool):
         super().__init__()
@@ -70,8 +60,9 @@ class Transformer(nn.Module):
         self.tgt_embed = nn.Embedding(tgt_vocab, cfg.d_model, padding_idx=PAD)
         share_src = cfg.tie_embeddings and joint_vocab
         self.src_embed = self.tgt_embed if share_src else nn.Embedding(src_vocab, cfg.d_model, padding_idx=PAD)
-        absolute = {"sinusoidal": SinusoidalPositions, "learned": LearnedPositions}.get(cfg.pos)
-        self.positions = absolute(cfg.max_len, cfg.d_model) if absolute else None
+        absolute: dict[str, type[SinusoidalPositions | LearnedPositions]]
+        absolute = {"sinusoidal": SinusoidalPositions, "learned": LearnedPositions}
+        self.positions = absolute[cfg.pos](cfg.max_len, cfg.d_model) if cfg.pos in absolute else None
         self.embed_dropout = nn.Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.enc_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.dec_layers))
@@ -149,7 +140,7 @@ class Transformer(nn.Module):
         need_attention: bool = False,
         layer: Optional[int] = None,
         need_logits: bool = True,
-    ):
+    ) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         """Teacher-forced logits and, with ``need_attention``, every layer's cross-attention; with
         ``layer`` instead, that layer's alone (batch, heads, tgt, src): the others keep the fast kernels.
         ``need_logits=False``: the attention alone, without the output layer (logits None)."""
@@ -157,7 +148,7 @@ class Transformer(nn.Module):
         x, attention, _ = self.decoder_pass(memory, tgt_in, lambda i: need_attention or i == only)
         logits = self.out_proj(self.dec_norm(x)).view(tgt_in.shape + (-1,)) if need_logits else None
         if need_attention:
-            return logits, torch.stack(attention, dim=1)
+            return logits, stack_layers(attention)
         return logits, None if only is None else attention[only]
 
     def decoder_pass(
@@ -190,7 +181,8 @@ class Transformer(nn.Module):
         what the attention views show beside the cross-attention. No logits are computed."""
         memory, encoder = self.encoder_pass(src, need_weights=True)
         _, _, decoder = self.decoder_pass(memory, tgt_in, lambda i: False, need_self_weights=True)
-        return SelfAttention(encoder, torch.stack(decoder, dim=1))
+        assert encoder is not None  # asked for
+        return SelfAttention(encoder, stack_layers(decoder))
 
     @torch.no_grad()
     def start(self, memory: Memory, beam: int = 1, steps: Optional[int] = None, onednn: bool = False) -> DecoderState:
@@ -200,9 +192,10 @@ class Transformer(nn.Module):
         sentences, src_len, _ = memory.states.shape
         device = memory.states.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-        layers, attention = len(self.decoder), self.decoder[0].cross_attn
+        decoder = self.decoder_layers
+        layers, attention = len(decoder), decoder[0].cross_attn
         kv_heads, d_head = attention.kv_heads, attention.d_head
-        projections = [layer.cross_attn.kv_proj for layer in self.decoder]
+        projections = [layer.cross_attn.kv_proj for layer in decoder]
         weight, bias = torch.cat([p.weight for p in projections]), torch.cat([p.bias for p in projections])
         cross = Projection(weight, bias, onednn)(memory.states.flatten(0, 1))
         # (sentences · S, layers · 2 · kv_heads · d_head) -> (layers, 2, sentences, kv_heads, S, d_head)
@@ -214,7 +207,7 @@ class Transformer(nn.Module):
             cross=cross,
             key_mask=memory.src_mask[:, None, None, :],
             beam=beam,
-            weights=[layer.step_weights(onednn, dtype) for layer in self.decoder],
+            weights=[layer.step_weights(onednn, dtype) for layer in decoder],
             output=Projection(self.out_proj.weight, None, onednn, dtype),
             embedding=self.tgt_embed.weight * math.sqrt(self.d_model),
             exact=beam > 1 and steps is not None,
@@ -225,7 +218,7 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def step(
         self, memory: Memory, prev_tokens: torch.Tensor, state: Optional[DecoderState], need_attention: bool = False
-    ):
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor], DecoderState]:
         """One token for every row: ``prev_tokens`` (rows,) -> next-token logits (rows, V). ``memory`` starts the
         state when there is none (one row per sentence, or ``rows / sentences`` beams each); the state holds what
         later steps need. Inference only: no dropout."""
@@ -238,11 +231,11 @@ class Transformer(nn.Module):
         if self.positions is not None:
             x = x + self.positions.at(state.position)
         rotation = self.rotary.at(state.position) if self.rotary is not None else None
-        self_mask = None
+        self_mask, decoder = None, self.decoder_layers
         if self.alibi is not None:  # heads grouped as the queries are (grouped_queries)
-            self_mask = self.alibi.at(state.position, span).view(self.decoder[0].self_attn.kv_heads, -1, span)
+            self_mask = self.alibi.at(state.position, span).view(decoder[0].self_attn.kv_heads, -1, span)
         attention = []
-        for layer, cache, cross, weights in zip(self.decoder, state.layers, state.cross_layers, state.weights):
+        for layer, cache, cross, weights in zip(decoder, state.layers, state.cross_layers, state.weights):
             x, layer_attention = layer.step(
                 x, cache, cross, state, weights, span, self_mask, rotation, need_weights=need_attention
             )
@@ -250,7 +243,7 @@ class Transformer(nn.Module):
         state.position += 1
         state.length += 1
         logits = state.output(self.dec_norm(x))
-        return logits, torch.stack(attention, dim=1) if need_attention else None, state
+        return logits, stack_layers(attention) if need_attention else None, state
 
     def forward(
         self,
@@ -264,4 +257,22 @@ class Transformer(nn.Module):
         layer ``model.align_layer``. ``src_lengths`` is part of the common API (RNN encoders pack by it);
         padding masks serve here."""
         logits, weights = self.decode(self.encode(src), tgt_in, layer=self.cfg.align_layer if alignment else None)
-        return (logits, weights[:, 0]) if alignment else logits
+        if not alignment:
+            return logits
+        assert weights is not None  # the layer's, asked for
+        return logits, weights[:, 0]
+
+    @property
+    def decoder_layers(self) -> Sequence[DecoderLayer]:
+        """The decoder's layers, as what they are (an nn.ModuleList holds modules of any type)."""
+        return cast("Sequence[DecoderLayer]", self.decoder)
+
+
+def stack_layers(weights: list[Optional[torch.Tensor]]) -> torch.Tensor:
+    """Every layer's attention weights, asked of each, as one (batch, layers, ...) tensor."""
+    asked = [w for w in weights if w is not None]
+    assert len(asked) == len(weights), "a layer did not return the weights asked for"
+    return torch.stack(asked, dim=1)
+
+
+_API: type[Seq2Seq[Memory, DecoderState]] = Transformer  # mypy checks the family against the model API

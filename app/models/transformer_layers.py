@@ -128,6 +128,8 @@ class DecoderLayer(nn.Module):
         """The layer's projections for decoding steps (read from the parameters when a decoding starts; ``dtype``:
         autocast's, if on)."""
         a, c, ff = self.self_attn, self.cross_attn, self.ff
+        inner, outer = ff[0], ff[3]
+        assert isinstance(inner, nn.Linear) and isinstance(outer, nn.Linear)  # FeedForward's
 
         def projection(*linears: nn.Linear, activation: str = "none") -> Projection:
             weight, bias = torch.cat([lin.weight for lin in linears]), torch.cat([lin.bias for lin in linears])
@@ -138,8 +140,8 @@ class DecoderLayer(nn.Module):
             projection(a.out_proj),
             projection(c.q_proj),
             projection(c.out_proj),
-            projection(ff[0], activation="gelu" if isinstance(ff[1], nn.GELU) else "relu"),
-            projection(ff[3]),
+            projection(inner, activation="gelu" if isinstance(ff[1], nn.GELU) else "relu"),
+            projection(outer),
         )
 
     def step(

@@ -15,7 +15,9 @@ import os
 
 import yaml
 
+from app.data.prepare import read_tsv
 from app.evaluation.head_roles import positional_count
+from app.evaluation.significance import Compared, in_words, interval, paired_significance
 from app.evaluation.views import SELF_ATTENTION
 from app.report.history import FILE as HISTORY_FILE
 from app.report.history import read_history
@@ -47,6 +49,7 @@ def load_runs(sweep_dir: str, split: str = "test") -> list[dict]:
         runs.append(
             {
                 "dir": name,
+                "path": run,
                 "overrides": overrides,
                 "summary": summary,
                 "metrics": metrics,
@@ -237,7 +240,60 @@ def curves_section(runs: list[dict]) -> str:
     )
 
 
-def compare_report(sweep_dir: str, split: str = "test", out: str | None = None) -> str:
+def significance_section(runs: list[dict], split: str, baseline: str | None) -> str:
+    """Each run against the baseline (``compare.baseline``, a run's folder or label; unset: the first): BLEU and chrF
+    with their bootstrap 95 % intervals and the p-values of both paired tests, then in words which differences are
+    significant (app/evaluation/significance.py)."""
+    if len(runs) < 2:
+        return "\n## Significance\n\nOne run: nothing to test it against.\n"
+    order = list(range(len(runs)))
+    if baseline:
+        at = [i for i, r in enumerate(runs) if baseline in (r["dir"], r["label"])]
+        if not at:
+            raise UserError(f"compare.baseline={baseline}: no such run; the runs: {', '.join(r['dir'] for r in runs)}")
+        order = [at[0]] + [i for i in order if i != at[0]]
+    missing = [runs[i]["dir"] for i in order if not os.path.exists(hypotheses_path(runs[i], split))]
+    if missing or not os.path.exists(os.path.join(runs[order[0]]["path"], "config.yaml")):
+        without = ", ".join(missing) or runs[order[0]]["dir"]
+        return (
+            f"\n## Significance\n\nNot tested: {without} kept no hypotheses or settings (evaluated before they were).\n"
+        )
+    systems = [(runs[i]["label"], run_hypotheses(runs[i], split)) for i in order]
+    compared = paired_significance(systems, run_references(runs[order[0]], split))
+    head = "| run | BLEU (95 % CI) | p bootstrap, randomization | chrF (95 % CI) | p bootstrap, randomization |\n"
+    rows = "".join(f"| {c.name} | {cells(c)} |\n" for c in compared)
+    words = "".join(f"- {line}\n" for line in in_words(compared))
+    return (
+        f"\n## Significance against {compared[0].name}\n\nPaired bootstrap resampling (1,000 resamples) and "
+        "approximate randomization (10,000 trials) of sacrebleu, seeded; a difference is significant where both give "
+        f"p < 0.05.\n\n{head}|---|---|---|---|---|\n{rows}\n{words}"
+    )
+
+
+def cells(c: Compared) -> str:
+    def p(s: dict) -> str:
+        return "baseline" if s["p_bootstrap"] is None else f"{s['p_bootstrap']:.4f}, {s['p_randomization']:.4f}"
+
+    return " | ".join(f"{interval(c.scores[m])} | {p(c.scores[m])}" for m in ("BLEU", "chrF2"))
+
+
+def hypotheses_path(run: dict, split: str) -> str:
+    return os.path.join(run["path"], "eval", split, "hyp.txt")
+
+
+def run_hypotheses(run: dict, split: str) -> list[str]:
+    with open(hypotheses_path(run, split), encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def run_references(run: dict, split: str) -> list[str]:
+    """The references a run was evaluated against: its corpus's split (the first ``sentences`` of it)."""
+    with open(os.path.join(run["path"], "config.yaml"), encoding="utf-8") as f:
+        data_dir = yaml.safe_load(f)["data"]["dir"]
+    return [pair.tgt for pair in read_tsv(os.path.join(data_dir, f"{split}.tsv"))][: run["metrics"]["sentences"]]
+
+
+def compare_report(sweep_dir: str, split: str = "test", out: str | None = None, baseline: str | None = None) -> str:
     """The report over the runs of ``sweep_dir``, written to ``out`` (default: the sweep folder)."""
     from torch.utils.tensorboard import SummaryWriter
 
@@ -245,8 +301,9 @@ def compare_report(sweep_dir: str, split: str = "test", out: str | None = None) 
     out = out or sweep_dir
     os.makedirs(out, exist_ok=True)
     table = markdown_table(runs)
+    significance = significance_section(runs, split, baseline)
     report = (
-        f"# Comparison: {sweep_dir}\n\n{devices_note(runs)}{table}\n"
+        f"# Comparison: {sweep_dir}\n\n{devices_note(runs)}{table}{significance}\n"
         f"## {split} BLEU by source length (words; sentences per bucket)\n\n"
         f"{length_table(runs)}{curves_section(runs)}\n## Runs\n\n{commands(runs)}"
     )
@@ -261,6 +318,6 @@ def compare_report(sweep_dir: str, split: str = "test", out: str | None = None) 
         if curves is not None:
             writer.add_figure("compare/learning_curves", curves)
         writer.add_text("compare/table", table)
-    print(table)
+    print(table + significance)
     print(f"wrote {out}/compare.md and bleu_by_length.png" + (" and learning_curves.png" if curves is not None else ""))
     return table

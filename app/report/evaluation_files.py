@@ -11,17 +11,20 @@ import shutil
 
 from tqdm import tqdm
 
-from app.config.schema import Config, VizConfig
+from app.config.commands import VizConfig
+from app.config.schema import Config
 from app.data.links import pharaoh_line, piece_links
 from app.evaluation.alignment import alignment_view
 from app.evaluation.eval_run import EvaluatedRun
 from app.evaluation.head_roles import summary as head_summary
 from app.evaluation.records import SentenceRecord
+from app.evaluation.significance import interval
 from app.evaluation.views import figure_views, named_view
 from app.report.attention_files import write_attention_files
 from app.report.board import log_eval
 from app.report.explorer import evaluation_records, write_explorer
 from app.report.plots import alignment_figure, figures, png_bytes
+from app.run.errors import required
 from app.run.files import atomic_write, atomic_write_text
 
 METRIC_NAMES = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER"}
@@ -30,20 +33,20 @@ METRIC_NAMES = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER"}
 def write_evaluation(run: EvaluatedRun) -> dict:
     """Every file of ``eval/<split>/``, TensorBoard's records, and the report; returns metrics.json's content."""
     cfg, result, clock, data = run.cfg, run.result, run.clock, run.data
+    bleu = required(result.sentence_bleu, "sentence BLEU")  # make eval scores the split
     out_dir = os.path.join(cfg.run_dir, "eval", cfg.eval.split)
     with clock("files"):
         atomic_write_text(os.path.join(out_dir, "hyp.txt"), "".join(t + "\n" for t in result.texts))
         if result.records:  # hyp.align: per hypothesis, its word links read from the attention that wrote it
-            lines = "".join(pharaoh_line(r.hyp_links) + "\n" for r in result.records)
+            links = (required(r.hyp_links, "a record's hypothesis links") for r in result.records)
+            lines = "".join(pharaoh_line(hyp_links) + "\n" for hyp_links in links)
             atomic_write_text(os.path.join(out_dir, "hyp.align"), lines)
             write_alignments(out_dir, result.records, cfg, result.alignment)
     if run.has_attention:
         with clock("heatmaps"):
             write_heatmaps(out_dir, result.records[: cfg.viz.eval_plots], cfg.viz, run)
         with clock("explorer"):
-            explored = evaluation_records(
-                data, result.records, result.texts, result.sentence_bleu, result.forced, run.links
-            )
+            explored = evaluation_records(data, result.records, result.texts, bleu, result.forced, run.links)
             explored = tqdm(explored, "explorer", len(data), leave=False, unit="sentence")
             metrics = run.metrics
             title = f"{cfg.name}: {cfg.eval.split}" + (f" ({metrics['subset']})" if metrics["subset"] else "")
@@ -53,9 +56,7 @@ def write_evaluation(run: EvaluatedRun) -> dict:
     with clock("tensorboard"):
         tb_cfg = tensorboard_config(cfg, metrics)
         trained = run.trained
-        tb = log_eval(
-            tb_cfg, trained.config, trained.step, data, result.texts, result.sentence_bleu, result.records, metrics
-        )
+        tb = log_eval(tb_cfg, trained.config, trained.step, data, result.texts, bleu, result.records, metrics)
     metrics["seconds"] = clock.rounded()
     if result.in_worker:  # its share of TER, alongside the stages above, on another core
         metrics.update(ter_worker_share=round(result.ter_from / len(result.texts), 3))
@@ -93,6 +94,12 @@ def print_report(run: EvaluatedRun, metrics: dict, out_dir: str, tb: str) -> Non
         )
     for kind, heads in metrics.get("self_attention_heads", {}).items():  # confidence: the mean of largest weights
         print(f"  {kind} self-attention heads: {head_summary(heads)}")
+    if significance := metrics.get("significance"):
+        print(f"  against eval.baseline ({significance['baseline']}), paired bootstrap and approximate randomization:")
+        for system in significance["systems"]:
+            print(f"    {system['name']}: BLEU {interval(system['BLEU'])}  chrF {interval(system['chrF2'])}")
+        for line in significance["in_words"]:
+            print(f"    {line}")
     if ct2:
         print(
             f"  decoded by CTranslate2 ({ct2.model_dir}, {ct2.info['quantization']}): its attention is the mean of the "
@@ -149,11 +156,12 @@ def write_alignments(out_dir: str, records: list[SentenceRecord], cfg: Config, a
     def sentences():
         for r in records:
             entry = {"index": r.index, "id": r.id, "src_tokens": r.src_pieces, "hyp_tokens": r.hyp_pieces}
-            if r.stored.layers:
-                entry["layer"] = cfg.viz.layer % r.stored.layers  # the layer the plots show
+            stored = required(r.stored, "a record's views")  # eval.attention keeps them
+            if stored.layers:
+                entry["layer"] = cfg.viz.layer % stored.layers  # the layer the plots show
             if alignment:
                 entry["alignment_view"] = {"view": alignment["view"], "chosen_on": alignment["chosen_on"]}
-            yield entry, r.stored, r.self_attention or {}
+            yield entry, stored, r.self_attention or {}
 
     write_attention_files(out_dir, sentences())
 
@@ -175,7 +183,7 @@ def write_heatmaps(out_dir: str, records: list[SentenceRecord], viz: VizConfig, 
         for name, fig in figures(figure_views(r.attention, viz.layer), r.src_pieces, r.hyp_pieces).items():
             save(f"{i:04d}{'' if name == 'alignment' else f'_{name}'}.png", fig)
         if alignment is not None and run.links is not None:
-            ref_pieces = r.ref_pieces
+            ref_pieces = required(r.ref_pieces, "a record's reference pieces")  # given with links
             sure, possible = run.links[i]
             links = [piece_links(cells, r.src_pieces, ref_pieces) for cells in (sure, possible - sure)]
             view = alignment["view"]

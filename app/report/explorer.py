@@ -33,6 +33,7 @@ from matplotlib import colormaps
 
 from app.data.links import piece_links, word_index
 from app.evaluation.views import StoredAttention, store_attention
+from app.run.errors import required
 from app.run.files import atomic_write_text
 
 LEVEL = 1  # zlib level of the maps: higher levels save little for much longer (docs/benchmarking.md)
@@ -117,15 +118,14 @@ def link_cells(record: ExplorerRecord) -> dict | None:
     else:
         sure, possible = record.links
     sure, possible = ({(int(s), int(t)) for s, t in links} for links in (sure, possible))
-    src_words, ref_words = (
-        max(word_index(pieces), default=-1) + 1 for pieces in (record.src_tokens, record.ref_tokens)
-    )
+    ref_tokens = required(record.ref_tokens, f"sentence {record.id}: the reference tokens of its links")
+    src_words, ref_words = (max(word_index(pieces), default=-1) + 1 for pieces in (record.src_tokens, ref_tokens))
     if any(not (0 <= s < src_words and 0 <= t < ref_words) for s, t in sure | possible):
         raise ValueError(
             f"sentence {record.id}: a reference link is outside the {src_words} source x {ref_words} "
             "reference words (links are over whitespace words, not pieces)"
         )
-    cells = lambda links: [list(cell) for cell in piece_links(links, record.src_tokens, record.ref_tokens)]
+    cells = lambda links: [list(cell) for cell in piece_links(links, record.src_tokens, ref_tokens)]
     return {"sure": cells(sure), "possible": cells(possible - sure)}
 
 
@@ -271,7 +271,7 @@ def evaluation_records(
         record.encoder_attention, record.decoder_attention = own.get("encoder"), own.get("decoder")
         if links is not None:
             record.ref_tokens = r.ref_pieces
-            record.ref_attention = forced[i]
+            record.ref_attention = required(forced, "the forced attention of the references")[i]
             n_src, n_ref = len(data.src_texts[i].split()), len(data.tgt_texts[i].split())
             record.links = tuple({(s, t) for s, t in kind if s < n_src and t < n_ref} for kind in links[i])
         yield record

@@ -159,9 +159,12 @@ def checkpoint_path(run_dir: str, which: str) -> str:
 def named_checkpoint(given: str) -> str:
     """The checkpoint file ``given`` names (it may not exist): a ``.pt`` file, a run folder's best.pt, or that of
     the run of that name (``checkpoints/<name>/best.pt``, as the CLI's run folders)."""
-    if given.endswith(".pt"):
-        return given
-    return checkpoint_path(given if os.path.isdir(given) else os.path.join("checkpoints", given), "best")
+    return given if given.endswith(".pt") else checkpoint_path(run_folder(given), "best")
+
+
+def run_folder(given: str) -> str:
+    """The run folder ``given`` names: a folder, or the run of that name (``checkpoints/<name>``)."""
+    return given if os.path.isdir(given) else os.path.join("checkpoints", given)
 
 
 def snapshot_steps(run_dir: str) -> list[int]:
@@ -172,7 +175,10 @@ def snapshot_steps(run_dir: str) -> list[int]:
 
 def snapshot_step(name: str) -> int:
     """The step of a snapshot's name or file name (``step_0001000`` -> 1000)."""
-    return int(SNAPSHOT.search(name if name.endswith(".pt") else f"{name}.pt").group(1))
+    found = SNAPSHOT.search(name if name.endswith(".pt") else f"{name}.pt")
+    if found is None:
+        raise ValueError(f"{name!r} is not a snapshot's name (step_NNNNNNN)")
+    return int(found.group(1))
 
 
 def snapshot_name(step: int) -> str:

@@ -22,7 +22,9 @@ def rng_state(device: torch.device) -> dict:
     """Every random generator training may draw from, as tensors and plain values (weights_only-safe)."""
     import numpy as np
 
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    legacy = np.random.get_state()
+    assert isinstance(legacy, tuple)  # the global generator's (MT19937) legacy form
+    kind, keys, pos, has_gauss, cached = legacy
     state = {
         "python": random.getstate(),
         "torch": torch.get_rng_state(),

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import errno
+from typing import Optional, TypeVar
+
+T = TypeVar("T")
 
 
 class UserError(Exception):
@@ -22,6 +25,14 @@ class TrainingInterrupted(UserError):
         self.exit_code = 128 + signum
 
 
+def required(value: Optional[T], what: str) -> T:
+    """``value``, which the settings in force guarantee (an Optional field that they fill): None is a bug, raised
+    naming ``what``."""
+    if value is None:
+        raise AssertionError(f"{what} is missing")
+    return value
+
+
 def disk_full(err: BaseException) -> bool:
     """Whether ``err`` comes of a full disk or quota, also when a library wrapped the OSError (torch.save
     raises a RuntimeError whose context is the OSError)."""
@@ -30,8 +41,9 @@ def disk_full(err: BaseException) -> bool:
 
 def causes(err: BaseException) -> list[BaseException]:
     """``err`` and the exceptions it was raised from or while handling, outermost first."""
-    chain = []
-    while err is not None and err not in chain:
-        chain.append(err)
-        err = err.__cause__ or err.__context__
+    chain: list[BaseException] = []
+    current: Optional[BaseException] = err
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
     return chain

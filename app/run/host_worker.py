@@ -80,7 +80,7 @@ class Job:
 
     def result(self) -> Any:
         while self._reply is None:
-            if self._worker.broken:
+            if self._worker is None or self._worker.broken:
                 self._run_here()
             else:
                 self._worker.receive_next()

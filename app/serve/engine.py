@@ -22,15 +22,18 @@ from typing import Any, Optional
 
 import torch
 
-from app.config.schema import Config, DecodeConfig
+from app.config.commands import DecodeConfig
+from app.config.schema import Config
 from app.data.links import hard_alignments, piece_links
 from app.data.tokenizer import Tokenizer
+from app.decode.constraints import encode_phrases
 from app.decode.ensemble import ensemble_of
 from app.decode.passes import forced_attention, forced_self_attention
 from app.decode.search import check_lengths
 from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.evaluation.views import SCALE, self_attention_axes, store_attention
 from app.models import count_parameters
+from app.models.api import SelfAttending
 from app.run.device import resolve_device
 
 
@@ -55,6 +58,10 @@ class Engine:
         check_lengths(self.max_positions, tgt, what)
         return tgt
 
+    def encode_constraints(self, phrases: list[list[str]]) -> list[list[list[int]]]:
+        """Target token ids of each line's phrases; a phrase with none is a UserError naming it."""
+        return encode_phrases(self.tokenizer.encode_tgt, phrases, lambda i, j: f"constraints[{i}][{j}]")
+
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Source token ids of ``texts``; a line longer than the model takes is a UserError naming it."""
         src = self.tokenizer.encode_src(texts)
@@ -75,15 +82,17 @@ class Engine:
         self_attention: bool = False,
         no_repeat_ngram_size: int = 0,
         prefix: Optional[list[list[int]]] = None,
+        constraints: Optional[list[list[list[int]]]] = None,
     ) -> list[dict[str, Any]]:
         """One decoding call for every sentence of ``src``: per sentence its source pieces, its hypotheses (text,
-        score, target pieces; best first; each beginning with its ``prefix`` where given) and, with ``attention``,
-        the attention of each hypothesis; with ``self_attention`` too, the self-attention of the encoder and of
-        each hypothesis (``self_attention_entry``: None where the model has none)."""
+        score, target pieces; best first; each beginning with its ``prefix`` where given and containing its
+        ``constraints``' phrases) and, with ``attention``, the attention of each hypothesis; with ``self_attention``
+        too, the self-attention of the encoder and of each hypothesis (``self_attention_entry``: None where the
+        model has none)."""
         decode = dataclasses.replace(
             self.decode, beam_size=beam_size, n_best=n_best, no_repeat_ngram_size=no_repeat_ngram_size
         )
-        hyps = self.translator.translate(src, decode, need_attention=attention, prefix=prefix)
+        hyps = self.translator.translate(src, decode, need_attention=attention, prefix=prefix, constraints=constraints)
         results, candidates = [], []  # candidates: per sentence, its hypotheses' tokens, best first
         for i, ids in enumerate(src):
             nbest = hyps.nbest[i] if hyps.nbest is not None else [(hyps.tokens[i], None)]  # greedy: no score kept
@@ -133,17 +142,18 @@ class Engine:
         """Per sentence (its encoder's self-attention, [each hypothesis' decoder self-attention]), read while
         forcing each hypothesis through the decoder; [] for a model without self-attention (or an export)."""
         t = self.trained
-        if t is None or not hasattr(t.model, "self_attention"):
+        if t is None or not isinstance(t.model, SelfAttending):
             return []
         pairs = [(i, k) for i in range(len(src)) for k in range(len(nbest[i]))]
         batch = ([src[i] for i, _ in pairs], [nbest[i][k] for i, k in pairs], t.device, self.decode.batch_tokens)
         passes = forced_self_attention(t.model, *batch, t.dtype)
-        own = [[None, [None] * len(nbest[i])] for i in range(len(src))]
+        encoders: list[Optional[torch.Tensor]] = [None] * len(src)
+        decoders: list[list[Optional[torch.Tensor]]] = [[None] * len(nbest[i]) for i in range(len(src))]
         for j, encoder, decoder in passes:
             i, k = pairs[j]
-            own[i][0] = encoder  # the same for every hypothesis of the sentence
-            own[i][1][k] = decoder
-        return [tuple(o) for o in own]
+            encoders[i] = encoder  # the same for every hypothesis of the sentence
+            decoders[i][k] = decoder
+        return list(zip(encoders, decoders))
 
     def pieces(self, tokens: list[int]) -> list[str]:
         return self.tokenizer.tgt_pieces(tokens)

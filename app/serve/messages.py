@@ -7,7 +7,7 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
-from app.config.schema import DecodeConfig, ServeConfig
+from app.config.commands import DecodeConfig, ServeConfig
 
 
 class TranslateRequest(BaseModel):
@@ -17,7 +17,9 @@ class TranslateRequest(BaseModel):
     ``no_repeat_ngram_size``: no n-gram of pieces twice in a hypothesis (unset: decode.no_repeat_ngram_size);
     ``translation``: one per line of ``text``, scored instead of searched (make score's log p, and the attention that
     read it, as one hypothesis; beam size and n-gram ban do not apply); ``prefix``: one per line of ``text``, the
-    words its hypotheses begin with (make translate's translate.prefix; an empty one: none)."""
+    words its hypotheses begin with (make translate's translate.prefix; an empty one: none); ``constraints``: one
+    list per line of ``text``, the phrases each of its hypotheses contains (make translate's translate.constraints;
+    an empty list: none)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -29,6 +31,7 @@ class TranslateRequest(BaseModel):
     no_repeat_ngram_size: Optional[StrictInt] = None
     translation: Union[StrictStr, list[StrictStr], None] = None
     prefix: Union[StrictStr, list[StrictStr], None] = None
+    constraints: Optional[list[list[StrictStr]]] = None
 
     def lines(self) -> list[str]:
         return [self.text] if isinstance(self.text, str) else list(self.text)
@@ -83,7 +86,7 @@ def check_request(
     request: TranslateRequest, limits: ServeConfig, defaults: DecodeConfig
 ) -> tuple[list[str], Optional[list[str]], tuple]:
     """The request's lines, their given translations or prefixes (None: neither), and how (the key its batch
-    shares: beam size, n-best, attention, self-attention, n-gram ban, whether prefixes are given; a given
+    shares: beam size, n-best, attention, self-attention, n-gram ban, whether prefixes, constraints are given; a given
     translation's: "score", attention, self-attention), within ``serve.*``'s limits (else a RequestError); unset,
     ``defaults``' (decode.*)."""
     lines, translations, prefixes = request.lines(), request.translations(), request.prefixes()
@@ -98,9 +101,12 @@ def check_request(
             raise RequestError(
                 413, f"text[{i}]: {len(line)} characters; at most {limits.max_chars} a line (serve.max_chars)"
             )
+    constraints = request.constraints
     if translations is not None:
         if prefixes is not None:
             raise RequestError(422, "prefix: a given translation is scored whole; give a translation or a prefix")
+        if constraints is not None:
+            raise RequestError(422, "constraints: a given translation is scored whole; give one or the other")
         check_given("translation", translations, lines, limits)
         if request.n_best != 1:
             raise RequestError(
@@ -109,6 +115,8 @@ def check_request(
         return lines, translations, ("score", request.attention, request.self_attention)
     if prefixes is not None:
         check_given("prefix", prefixes, lines, limits)
+    if constraints is not None:
+        check_constraints(constraints, lines, limits)
     beam = defaults.beam_size if request.beam_size is None else request.beam_size
     if not 1 <= beam <= limits.max_beam:
         raise RequestError(422, f"beam_size: {beam}; choose 1 to {limits.max_beam} (serve.max_beam)")
@@ -118,4 +126,22 @@ def check_request(
     if ban < 0:
         raise RequestError(422, f"no_repeat_ngram_size: {ban}; choose 0 (no ban) or more")
     key = (beam, request.n_best, request.attention, request.self_attention, ban, prefixes is not None)
-    return lines, prefixes, key
+    return lines, prefixes, (*key, constraints is not None)
+
+
+def check_constraints(constraints: list[list[str]], lines: list[str], limits: ServeConfig) -> None:
+    """A list of phrases per line, each phrase with words and within serve.max_chars, else a RequestError."""
+    if len(constraints) != len(lines):
+        raise RequestError(
+            422, f"constraints: {len(constraints)} for {len(lines)} lines of text; give one list of phrases a line"
+        )
+    for i, phrases in enumerate(constraints):
+        for j, phrase in enumerate(phrases):
+            if not phrase.strip():
+                raise RequestError(422, f"constraints[{i}][{j}]: an empty phrase; give its words ([]: no phrase)")
+            if len(phrase) > limits.max_chars:
+                raise RequestError(
+                    413,
+                    f"constraints[{i}][{j}]: {len(phrase)} characters; at most {limits.max_chars} a phrase "
+                    "(serve.max_chars)",
+                )

@@ -24,9 +24,9 @@ def type_name(annotation: Any, plural: bool = False) -> str:
         names = [type_name(a, plural) for a in args if a is not type(None)] + ["null"] * (type(None) in args)
         return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
     if origin is list:
-        return "a list of " + type_name(args[0], plural=True) if args else "a list"
-    names = TYPE_NAMES.get(annotation)
-    return names[plural] if names else getattr(annotation, "__name__", str(annotation))
+        return ("lists of " if plural else "a list of ") + type_name(args[0], plural=True) if args else "a list"
+    known = TYPE_NAMES.get(annotation)
+    return known[plural] if known else getattr(annotation, "__name__", str(annotation))
 
 
 def expected(field: str) -> str:
@@ -36,7 +36,12 @@ def expected(field: str) -> str:
 
 
 # what each wrong type of a value inside a field (a line of a list) should have been
-ELEMENT_TYPES = {"string_type": "a string", "int_type": "an integer", "bool_type": "true or false"}
+ELEMENT_TYPES = {
+    "string_type": "a string",
+    "int_type": "an integer",
+    "bool_type": "true or false",
+    "list_type": "a list",
+}
 
 
 def shown(value: Any, limit: int = 40) -> str:
@@ -45,11 +50,14 @@ def shown(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+JSON_KINDS: dict[type, str] = {list: "array", str: "string", dict: "object"}
+
+
 def json_kind(value: Any) -> str:
     """What a JSON value is: "a JSON array", "JSON null"."""
     if value is None or isinstance(value, bool):
         return f"JSON {json.dumps(value)}"
-    return "a JSON " + {list: "array", str: "string", dict: "object"}.get(type(value), "number")
+    return "a JSON " + JSON_KINDS.get(type(value), "number")
 
 
 def field_problems(field: str, errors: list[dict]) -> list[str]:
@@ -85,7 +93,10 @@ def validation_message(err: RequestValidationError) -> tuple[int, str]:
         f'"{name}" ({expected(name)})' for name, info in TranslateRequest.model_fields.items() if info.is_required()
     ]
     send = f'send a JSON object with {", ".join(required)}, e.g. {{"text": "Hola"}}'
-    unknown, missing, fields, other = [], [], {}, []
+    unknown: list[str] = []
+    missing: list[str] = []
+    fields: dict[str, list[dict]] = {}  # the errors inside each field
+    other: list[str] = []
     for e in errors:
         loc = tuple(e.get("loc", ()))
         loc = loc[1:] if loc[:1] == ("body",) else loc  # the field, then union members and list indices

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Hashable
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
@@ -17,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from app.config.schema import DecodeConfig, ServeConfig
+from app.config.commands import DecodeConfig, ServeConfig
 from app.report.explorer import attention_map_script
 from app.run.errors import UserError
 from app.serve.batcher import RequestBatcher
@@ -41,16 +42,21 @@ def create_app(engine: Engine, limits: ServeConfig, defaults: DecodeConfig) -> F
     """The application serving ``engine``; requests batched as ``limits`` (serve.*) says, decoded as ``defaults``
     (decode.*) says where they do not."""
 
-    def decode(sources: list, key: tuple) -> list[dict[str, Any]]:
+    def decode(sources: list, key: Hashable) -> list[dict[str, Any]]:
         """One call for the lines of a batch: decoded (key: beam size, n-best, attention, self-attention, n-gram
-        ban, whether each source comes with its prefix, as a pair), or their given translations scored (key:
-        "score", attention, self-attention; sources: pairs)."""
+        ban, whether prefixes and whether constraints are given: then each source comes as (source, prefix,
+        phrases)), or their given translations scored (key: "score", attention, self-attention; sources: pairs)."""
+        assert isinstance(key, tuple)  # check_request's
         if key[0] == "score":
-            return engine.score([s for s, _ in sources], [t for _, t in sources], *key[1:])
-        *how, prefixed = key
-        if prefixed:
-            return engine.translate([s for s, _ in sources], *how, prefix=[p for _, p in sources])
-        return engine.translate(sources, *how)
+            _, attention, own = key
+            return engine.score([s for s, _ in sources], [t for _, t in sources], attention, own)
+        beam, n_best, attention, own, ban, prefixed, constrained = key
+        if prefixed or constrained:
+            prefix = [p for _, p, _ in sources] if prefixed else None
+            phrases = [c for _, _, c in sources] if constrained else None
+            src = [s for s, _, _ in sources]
+            return engine.translate(src, beam, n_best, attention, own, ban, prefix=prefix, constraints=phrases)
+        return engine.translate(sources, beam, n_best, attention, own, ban)
 
     batcher = RequestBatcher(decode, limits.batch_wait_ms / 1000, limits.max_batch_lines)
 
@@ -106,14 +112,21 @@ def create_app(engine: Engine, limits: ServeConfig, defaults: DecodeConfig) -> F
         and pieces, with ``attention`` each hypothesis' cross-attention (app.serve.engine.attention_entry), with
         ``self_attention`` the encoder's and each hypothesis' decoder's self-attention (self_attention_entry). With
         ``translation``, each line's given translation is its one hypothesis, scored (make score's log p); with
-        ``prefix``, each line's hypotheses begin with its prefix."""
+        ``prefix``, each line's hypotheses begin with its prefix; with ``constraints``, they contain its phrases."""
         start = time.monotonic()
         lines, given, key = check_request(body, limits, defaults)
-        sources = engine.encode(lines)
+        sources: list[Any] = engine.encode(lines)  # or (source, given pieces) pairs
         if given is not None:
             if key[0] == "score" and body.attention and engine.trained is None:
                 raise RequestError(422, "attention: the CTranslate2 export scores a translation without attention")
-            sources = list(zip(sources, engine.encode_targets(given, "translation" if key[0] == "score" else "prefix")))
+            if key[0] == "score":
+                sources = list(zip(sources, engine.encode_targets(given, "translation")))
+        if key[0] != "score" and (key[-2] or key[-1]):  # prefixes or constraints: (source, prefix, phrases)
+            if body.constraints is not None and engine.trained is None:
+                raise RequestError(422, "constraints: the CTranslate2 export has no constrained decoding")
+            prefix = [[]] * len(lines) if given is None else engine.encode_targets(given, "prefix")
+            phrases = [[]] * len(lines) if body.constraints is None else engine.encode_constraints(body.constraints)
+            sources = list(zip(sources, prefix, phrases))
         results = await batcher.submit(sources, key)
         return JSONResponse({"translations": results, "seconds": round(time.monotonic() - start, 4)})
 

@@ -26,8 +26,9 @@ class ExponentialAverage:
     def __init__(self, model: nn.Module, decay: float):
         self.decay = decay
         self.model = copy.deepcopy(model).float().eval().requires_grad_(False)
-        self.averaged = list(self.model.parameters())
-        self.trained = list(model.parameters())  # the same order: deepcopy keeps the module tree and its ties
+        # the same order: deepcopy keeps the module tree and its ties
+        self.averaged: list[torch.Tensor] = list(self.model.parameters())
+        self.trained: list[torch.Tensor] = list(model.parameters())
         self.same_dtype = all(a.dtype == t.dtype for a, t in zip(self.averaged, self.trained))
 
     def weight(self, updates: int) -> float:

@@ -89,8 +89,8 @@ def alignment_targets(cfg: Config, tokenizer: Tokenizer, train_pairs: int) -> Al
     if not os.path.exists(path):
         raise UserError(
             f"train.align_weight={cfg.train.align_weight} needs reference links of the train split, "
-            f"{path}: data.reference_links=true for a tagged Bible (data=bible_es_kjv), or "
-            "data.train_align=<file> for any corpus"
+            f"{path}: data.reference_links=true for a tagged Bible (data=bible_es_kjv), "
+            "data.aligner=eflomal or data.train_align=<file> for any corpus"
         )
     links = [possible for _, possible in read_pharaoh(path)]  # possible includes sure
     if len(links) != train_pairs:

@@ -46,8 +46,8 @@ class MasterWeights:
                     converted.add(id(param))
                     param.data = param.data.to(dtype)
                     self.pairs.append((getattr(master_module, name), param))
-        self.masters = [master for master, _ in self.pairs]
-        self.copies = [low for _, low in self.pairs]
+        self.masters: list[torch.Tensor] = [master for master, _ in self.pairs]
+        self.copies: list[torch.Tensor] = [low for _, low in self.pairs]
 
     @property
     def enabled(self) -> bool:
@@ -62,7 +62,11 @@ class MasterWeights:
             if master.grad is None:  # once, and after an out-of-memory step cleared them
                 master.grad = torch.zeros_like(master)
         grads = [low.grad if low.grad is not None else torch.zeros_like(low) for low in self.copies]
-        (torch._foreach_copy_ if first else torch._foreach_add_)([m.grad for m in self.masters], grads)
+        master_grads = [m.grad for m in self.masters if m.grad is not None]  # every one (given above)
+        if first:
+            torch._foreach_copy_(master_grads, grads)
+        else:
+            torch._foreach_add_(master_grads, grads)
         for low in self.copies:
             low.grad = None
 

@@ -15,7 +15,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -71,11 +71,10 @@ class TrainingState:
     vocab: dict  # the tokenizer's fingerprint
     device: torch.device
     ema: Optional[ExponentialAverage] = None  # train.ema_decay
-    progress: Progress = None
+    progress: Progress = field(default_factory=lambda: Progress(started=datetime.now().isoformat(timespec="seconds")))
 
     def __post_init__(self) -> None:
         self.config = asdict(self.cfg)
-        self.progress = self.progress or Progress(started=datetime.now().isoformat(timespec="seconds"))
 
     @property
     def served_model(self) -> torch.nn.Module:
@@ -84,7 +83,7 @@ class TrainingState:
 
     def checkpoint(self, rng_ranks: Optional[list] = None) -> dict:
         """Everything a resume needs (``last.pt``); ``rng_ranks``: every rank's generators."""
-        state = {
+        state: dict[str, Any] = {
             "model": self.served_model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),

@@ -188,7 +188,8 @@ class CompileWatch:
     """How many graphs torch.compile built during training, and the seconds of the steps that built them."""
 
     def __init__(self, enabled: bool):
-        self.enabled, self.graphs, self.seconds, self.steps = enabled, 0, 0.0, []
+        self.enabled, self.graphs, self.seconds = enabled, 0, 0.0
+        self.steps: list[int] = []  # the steps that built graphs
 
     def watch(self, step: int) -> contextlib.AbstractContextManager:
         return self._watch(step) if self.enabled else contextlib.nullcontext()

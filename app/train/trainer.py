@@ -20,14 +20,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from torch import nn
 from tqdm import tqdm
 
 from app.config.schema import Config
 from app.data.batching import Batch, Batcher
 from app.data.prefetch import Prefetcher
 from app.data.schedule import BatchSchedule, Update, accumulation_steps, training_schedule
-from app.models import build_model, count_parameters
+from app.models import Family, build_model, count_parameters
 from app.models.flops import FlopCounter, peak_flops
 from app.report.board import training_results, write_hparams
 from app.report.history import history_entry, write_history
@@ -81,7 +80,7 @@ class Trainer:
         cfg: Config,
         device: torch.device,
         data: TrainingData,
-        model: nn.Module,
+        model: Family,
         optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler,
         schedule: BatchSchedule,
@@ -153,7 +152,7 @@ class Trainer:
             d = self.data
             model = self.state.served_model
             metrics = validate(model, d.dev, d.dev_links, d.tokenizer, self.cfg, self.writer, self.progress, closing)
-            p, lr = self.progress, self.scheduler.get_last_lr()[0]
+            p, lr = self.progress, float(self.scheduler.get_last_lr()[0])
             p.history.append(history_entry(p.step, self.elapsed() / 60, p.tgt_tokens, lr, self.train_loss, metrics))
             write_history(self.run_dir, p.history)
             if metrics["improved"]:  # the weights users evaluate, without the optimizer's state (last.pt has it)
@@ -169,8 +168,9 @@ class Trainer:
         """The update's batches on the host and on the device, and its counts (in the prefetch thread)."""
         parts = update.parts if parts is None else parts
         batches = [self.batcher(self.data.train.rows_of(update.epoch, indices)) for indices in parts]
-        for batch, indices in zip(batches, parts) if self.data.align_targets else ():
-            batch.align = self.data.align_targets(indices, batch.src, batch.tgt_out)
+        if (align := self.data.align_targets) is not None:
+            for batch, indices in zip(batches, parts):
+                batch.align = align(indices, batch.src, batch.targets[1])
         src_lens, tgt_lens = self.data.train.lengths(update.epoch)
         local_tokens = int(sum(tgt_lens[indices].sum() + len(indices) for indices in parts))  # + EOS each
         flops = self.flop_counter.of_batches(parts, src_lens, tgt_lens) if self.flop_counter else 0.0
@@ -210,8 +210,8 @@ class Trainer:
                 parts = (self.optimizer, self.scheduler, self.cfg, self.dtype, self.world, self.master)
                 result = train_step(self.trained, ready.on_device, n_tokens, *parts)
         except torch.OutOfMemoryError:
-            big = max(ready.batches, key=lambda b: b.src.numel() + b.tgt_in.numel())
-            return f"{big.src.size(0)} sentences, source {tuple(big.src.shape)}, target {tuple(big.tgt_in.shape)}"
+            big = max(ready.batches, key=lambda b: b.src.numel() + b.targets[0].numel())
+            return f"{big.src.size(0)} sentences, source {tuple(big.src.shape)}, target {tuple(big.targets[0].shape)}"
         p, t = self.progress, self.cfg.train
         p.step += 1
         if self.ema is not None:
@@ -228,7 +228,7 @@ class Trainer:
         p = self.progress
         report_skips(self.window, p, self.writer, self.cfg.train.max_bad_steps)
         if write_scalars:
-            values = self.window.log(self.writer, p.step, lr=self.scheduler.get_last_lr()[0])
+            values = self.window.log(self.writer, p.step, lr=float(self.scheduler.get_last_lr()[0]))
             self.train_loss = values["loss"]
             self.postfix = progress_postfix(values, self.time_left())
             self.bar.set_postfix(self.postfix, refresh=False)
@@ -258,14 +258,14 @@ class Trainer:
         self.saved_step = p.step  # last.pt holds it (a resumed run), or there is nothing to save yet
         self.last_eval_step = p.validations[-1][0] if p.validations else -1  # the same on every rank
         self.checkpoints = CheckpointWriter()  # every checkpoint of this run is written through it
-        updates = iter(())
+        updates: Optional[Prefetcher[Update, Prepared]] = None
         with bar_safe_logging(), StopRequest(can_abort=self.world == 1) as stop:
             try:
                 if self.main:
                     record_start(self)
                 stop_reason = self.limits.reached(p.step, self.limits.out_of_time(p.elapsed_seconds))  # resumed
-                updates = Prefetcher(iter(self.schedule), self.prepare) if stop_reason is None else updates
-                stop_reason = self.loop(updates, stop, stop_reason, clock)
+                updates = Prefetcher(iter(self.schedule), self.prepare) if stop_reason is None else None
+                stop_reason = self.loop(updates if updates is not None else iter(()), stop, stop_reason, clock)
                 self.close_run()
             except StopNow as now:  # in a validation (its frames let go of first: its progress bar closes)
                 self.interrupt(now.with_traceback(None).signum)
@@ -274,8 +274,9 @@ class Trainer:
                     updates.close()
                 self.bar.close()  # now, not at exit after the error message
                 self.checkpoints.close()  # every checkpoint on disk before the run returns or raises
+            assert stop_reason is not None  # the loop ends on a stop rule
             summary = self.finish(stop_reason)
-            if stop.requested:  # during the last saves: the run is complete
+            if stop.signum is not None:  # a signal during the last saves: the run is complete
                 self.interrupt(stop.signum)
         return summary
 
@@ -355,7 +356,7 @@ class Trainer:
         return summary
 
 
-def build_trainer(cfg: Config, model: Optional[nn.Module] = None, quiet: bool = False) -> Trainer:
+def build_trainer(cfg: Config, model: Optional[Family] = None, quiet: bool = False) -> Trainer:
     """A Trainer with every part built from ``cfg`` (``model``: a model to train instead of
     ``build_model(cfg.model, ...)``, e.g. one a test made faulty), resumed when the run is to be; ``quiet``:
     without its progress bar (make bench prints its own table)."""
@@ -380,7 +381,7 @@ def build_trainer(cfg: Config, model: Optional[nn.Module] = None, quiet: bool = 
     return trainer
 
 
-def train(cfg: Config, model: Optional[nn.Module] = None) -> dict:
+def train(cfg: Config, model: Optional[Family] = None) -> dict:
     """Train a run: build its parts, then ``Trainer.run``. A signal before its update loop (preparing the data,
     building the model) stops it at once: nothing of it to save yet."""
     stopped_by, summary = None, {}

@@ -8,12 +8,14 @@ import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, Protocol, cast
 
 import torch
 
 from app.config.schema import CUDA_GRAPH_MODES, Config
 from app.models import sequence_loss
+from app.models.rnn import RNNSeq2Seq
+from app.models.transformer import Transformer
 from app.models.transformer_layers import DecoderLayer, EncoderLayer
 from app.run.device import autocast
 from app.train.guided_alignment import guided_alignment_loss
@@ -33,10 +35,11 @@ def make_optimizer(
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW (fused: one kernel for all parameters, which can skip an update on the device) with the
     inverse square root schedule."""
+    beta1, beta2 = cfg.train.adam_betas  # two (TrainConfig checks)
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=cfg.train.lr,
-        betas=tuple(cfg.train.adam_betas),
+        betas=(beta1, beta2),
         weight_decay=cfg.train.weight_decay,
         fused=cfg.train.fused_optimizer,
     )
@@ -71,11 +74,12 @@ def compiled_for_training(module: torch.nn.Module, cfg: Config) -> torch.nn.Modu
     # (dynamo restarts its analysis to turn them into tensors)
     torch._dynamo.config.specialize_float = True
     core = getattr(module, "module", module)  # under DDP: the wrapped model
-    if cfg.model.arch == "transformer":
+    if isinstance(core, Transformer):  # model.arch=transformer
         compiled = {kind: torch.compile(kind.forward, dynamic=True, mode=mode) for kind in (EncoderLayer, DecoderLayer)}
         for layer in (*core.encoder, *core.decoder):
             layer.forward = training_compiled(layer, layer.forward, functools.partial(compiled[type(layer)], layer))
         return module
+    assert isinstance(core, RNNSeq2Seq)
     decoder = core.decoder
     if decoder.loops:
         step = decoder.loop_step
@@ -87,9 +91,17 @@ def compiled_for_training(module: torch.nn.Module, cfg: Config) -> torch.nn.Modu
     return module
 
 
+class CompiledMethod(Protocol):
+    """What ``training_compiled`` puts in a method's place; ``compiled``: what was compiled."""
+
+    compiled: Callable
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
 def training_compiled(
     module: torch.nn.Module, eager: Callable, compiled: Callable, mark_dynamic: Sequence = ()
-) -> Callable:
+) -> CompiledMethod:
     """What takes the place of ``module``'s method ``eager``: ``compiled`` while the module trains, ``eager`` in
     evaluation. ``mark_dynamic``, per positional argument, names the dimensions of that tensor (or of each
     tensor of a tuple, an LSTM's hidden state) marked dynamic before every call."""
@@ -103,8 +115,9 @@ def training_compiled(
                     torch._dynamo.maybe_mark_dynamic(tensor, dim)
         return compiled(*args, **kwargs)
 
-    method.compiled = compiled  # what was compiled (tests check that the wrapper took the method's place)
-    return method
+    wrapper = cast(CompiledMethod, method)
+    wrapper.compiled = compiled  # what was compiled (tests check that the wrapper took the method's place)
+    return wrapper
 
 
 class StepResult(NamedTuple):

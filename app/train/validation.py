@@ -90,7 +90,7 @@ def validate(
             pngs = drawing[0].result() if drawing else {}
     aer = ""
     if result.alignment is not None:
-        metrics["aer"], metrics["aer_view"] = result.alignment["aer"], result.alignment["view"]
+        metrics["aer"], metrics["aer_view"] = result.alignment["aer"], result.alignment["method"]
         aer = f" AER {metrics['aer']:.3f} ({metrics['aer_view']})"
     if result.samples is not None:
         texts, refs = tokenizer.decode_tgt(result.samples.tokens), [dev.tgt_texts[i] for i in chosen]

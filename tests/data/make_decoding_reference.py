@@ -114,7 +114,7 @@ def load(name: str, saved: dict) -> torch.nn.Module:
 
 
 def record(saved: dict) -> dict:
-    from app.config.schema import DecodeConfig
+    from app.config.commands import DecodeConfig
     from app.decode.passes import beam_search, decode_corpus, greedy_decode
 
     src = saved["src"]

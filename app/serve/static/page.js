@@ -3,7 +3,8 @@
 // Transformer also the encoder's self-attention and the hypothesis' decoder self-attention (the "map" buttons).
 // With lines in the second box, those translations are scored instead (log p) and their attention drawn; with
 // "continue my translation" ticked, each is the beginning the hypotheses of its line continue (the API's prefix),
-// asked again as it is typed.
+// asked again as it is typed. The third box's lines are the phrases each line's translations contain (the API's
+// constraints: one line per sentence, phrases separated by |; an empty or missing line: none).
 'use strict';
 const $ = id => document.getElementById(id);
 const page = { data: null, lines: [], line: 0, hyp: 0, l: null, h: null, map: 'cross' };
@@ -47,9 +48,15 @@ async function translate() {
       `${lines.length > 1 ? 's' : ''}: give one a line, or none`, true);
   }
   const scored = given.length > 0 && !$('complete').checked;
+  const constraints = requiredPhrases(lines.length);
+  if (typeof constraints === 'string') return status(constraints, true);
+  if (scored && constraints) {
+    return status('required words apply to a translation the model writes: empty their box to score yours', true);
+  }
   const body = scored ? { text: lines, translation: given, attention: true, self_attention: true } : {
     text: lines, beam_size: Number($('beam').value), n_best: Number($('nbest').value), attention: true,
     self_attention: true, no_repeat_ngram_size: Number($('ngram').value), ...(given.length ? { prefix: given } : {}),
+    ...(constraints ? { constraints } : {}),
   };
   status(scored ? 'scoring…' : 'translating…');
   const response = await fetch('/translate', {
@@ -65,6 +72,18 @@ async function translate() {
   status(`${lines.length} line${lines.length > 1 ? 's' : ''} in ${data.seconds.toFixed(2)} s`);
   renderResults();
   drawMap();
+}
+
+// the third box: per line of text, its phrases (null: the box is empty; a string: what is wrong); lines missing at
+// its end are free
+function requiredPhrases(count) {
+  const rows = $('constraints').value.replace(/\s+$/, '').split('\n');
+  if (rows.length === 1 && !rows[0].trim()) return null;
+  if (rows.length > count) {
+    return `${rows.length} lines of required words for ${count} line${count > 1 ? 's' : ''}: give at most one ` +
+      'a line (an empty line: none)';
+  }
+  return Array.from({ length: count }, (_, i) => (rows[i] ?? '').split(/[|\t]/).map(s => s.trim()).filter(Boolean));
 }
 
 function renderResults() {

@@ -1,0 +1,192 @@
+"""The settings of the commands that use a trained run: decoding, evaluation, translation, scoring, export,
+serving, make bench, make compare, weight averaging and the figures (``viz``). Sections of the root schema
+(app/config/schema.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional
+
+from app.config.choices import Checked, choice
+from app.run.errors import UserError
+
+
+@dataclass
+class DecodeConfig:
+    beam_size: int = 5  # 1 = greedy; validation during training is always greedy
+    length_penalty: float = 1.0  # GNMT α: hypotheses scored log p / ((5 + |Y|) / 6)^α
+    n_best: int = 1  # translate: hypotheses printed per input
+    # no n-gram of this many pieces twice in a hypothesis (fairseq's and CTranslate2's setting); 0 = off
+    no_repeat_ngram_size: int = 0
+    sampling: bool = False  # draw each next token at random (beam_size 1), e.g. for back-translation, from:
+    sampling_topk: int = 0  # the k most probable (0: all),
+    sampling_topp: float = 1.0  # then the fewest of them holding this probability,
+    sampling_temperature: float = 1.0  # of softmax(log p / temperature)
+    sampling_seed: int = 0  # the same seed, settings and device draw the same samples
+    max_len_ratio: float = 1.5  # output length limit = ratio * source length + max_len_extra
+    max_len_extra: int = 10
+    # tokens per decoding batch after the beam: sentences × beam_size × their padded source length (on a CPU)
+    batch_tokens: int = 16000
+    # the same on CUDA, where a step costs its launches more than its rows: the test split in one batch
+    cuda_batch_tokens: int = 200_000
+    cpu_onednn: bool = True  # a Transformer's decoding steps multiply through oneDNN on a CPU (false: MKL, as training)
+
+    def __post_init__(self) -> None:
+        beam, ngram, topk, topp = self.beam_size, self.no_repeat_ngram_size, self.sampling_topk, self.sampling_topp
+        rules = {  # the first one broken is the error
+            f"decode.beam_size={beam} must be >= 1 and >= decode.n_best={self.n_best}": beam < 1 or self.n_best > beam,
+            f"decode.no_repeat_ngram_size={ngram} must be >= 0 (0: off)": ngram < 0,
+            "decode.sampling=true draws one hypothesis per sentence, a beam search does not draw: set "
+            f"decode.beam_size=1 (it is {beam})": self.sampling and beam != 1,
+            f"decode.sampling_topk={topk} must be >= 0 (0: the whole vocabulary)": topk < 0,
+            f"decode.sampling_topp={topp} must be in (0, 1] (1: no cut)": not 0 < topp <= 1,
+            f"decode.sampling_temperature={self.sampling_temperature} must be > 0": self.sampling_temperature <= 0,
+        }
+        for rule in (rule for rule, broken in rules.items() if broken):
+            raise UserError(rule)
+
+    @property
+    def batch_source_tokens(self) -> int:
+        """Source tokens per decoding batch: a beam search batch holds beam_size copies of every sentence."""
+        return max(self.batch_tokens // self.beam_size, 1)
+
+    def greedy(self) -> DecodeConfig:
+        return dataclasses.replace(self, beam_size=1, n_best=1, sampling=False)
+
+
+@dataclass
+class EvalConfig(Checked, section="eval"):
+    split: str = "test"
+    checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
+    length_buckets: list[int] = field(default_factory=lambda: [10, 20, 30, 40, 50])  # source-word bucket edges
+    gold_align: Optional[str] = None  # Pharaoh gold alignments for the split: AER/precision/recall in metrics.json
+    engine: str = choice("torch", "ct2")  # ct2: the run's CTranslate2 export (make export)
+    # AER counts the link of every target word (all) or of the words the reference links (linked); unset:
+    # linked for the corpus's own reference links (Strong's numbers leave function words untagged), all for gold_align
+    align_scope: Optional[str] = choice(None, "all", "linked")
+    max_sentences: int = 0  # score only the first N sentences of the split (a quick look, said so everywhere); 0 = all
+    # what the attention files and explorer keep: every layer's mean of heads and viz.layer's heads (layer), or
+    # every layer's heads (all: files 3 to 5 times the size)
+    attention: str = choice("layer", "all")
+    # another system to test this one against (paired bootstrap and approximate randomization of BLEU and chrF):
+    # a run (its eval/<split>/hyp.txt) or a hypothesis file, a line per sentence evaluated
+    baseline: Optional[str] = None
+
+
+@dataclass
+class TranslateConfig(Checked, section="translate"):
+    input: Optional[str] = None  # file; default stdin
+    output: Optional[str] = None  # file; default stdout
+    checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
+    engine: str = choice("torch", "ct2")  # ct2: the run's CTranslate2 export (translate.checkpoint unused)
+    # each line "translation ||| i-j ...": its word links to the source, read from the attention (Pharaoh format)
+    alignments: bool = False
+    prefix: Optional[str] = None  # file, a line per input line: its translation begins so (empty line: free)
+    # file, a line per input line: target phrases (tab-separated) its translation contains (empty line: free)
+    constraints: Optional[str] = None
+    window: int = 2000  # lines read, sorted by length, translated and written at a time: memory flat in a file's length
+    resume: bool = False  # continue translate.output where an interrupted run stopped (same input and settings)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.window < 1:
+            raise UserError(f"translate.window={self.window}: lines translated at a time, at least 1")
+
+
+@dataclass
+class ScoreConfig(Checked, section="score"):
+    source: Optional[str] = None  # parallel files, line by line (neither given: the references of score.split)
+    target: Optional[str] = None
+    split: str = "test"
+    output: Optional[str] = None  # default stdout
+    checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
+    engine: str = choice("torch", "ct2")  # ct2: the run's CTranslate2 export (score.checkpoint unused)
+    pieces: bool = False  # each line also lists every target piece (and the final </s>) with its log p
+    alignments: bool = False  # each line also holds the pair's word links read from the attention (Pharaoh)
+
+
+@dataclass
+class AlignConfig(Checked, section="align"):
+    """make align: word links of every pair of a parallel corpus from a trained run (app/evaluation/corpus_links.py);
+    reverse and method also shape make eval's AER and hyp.align."""
+
+    split: str = "test"  # the split of the run's corpus to align (unless align.source and align.target are given)
+    source: Optional[str] = None  # parallel text files, a sentence per line, to align instead of a split
+    target: Optional[str] = None
+    output: Optional[str] = None  # Pharaoh links, a line per pair; unset: <run>/align/<split or source name>.align
+    gold: Optional[str] = None  # Pharaoh reference links of the pairs: AER; unset: the split's own reference links
+    reverse: Optional[str] = None  # a run of the other direction (a name or a folder): symmetrized methods too
+    # how links are read (app/evaluation/extraction.py): the best on the run's dev reference links of every method
+    # (auto) or of one; without dev links, the view plots show (grow-diag-final-and with align.reverse for auto)
+    method: str = choice("auto", "attention", "shift-att", "intersection", "union", "grow-diag-final-and")
+    checkpoint: str = "best"  # of both runs: best | last | averaged | step_NNNNNNN
+    chunk: int = 2000  # pairs read, aligned and written at a time (in batches of decode.batch_tokens)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if bool(self.source) != bool(self.target):
+            raise UserError("align.source and align.target go together: the two sides of the pairs, line by line")
+        if self.chunk < 1:
+            raise UserError(f"align.chunk={self.chunk}: pairs aligned at a time, at least 1")
+
+
+@dataclass
+class ExportConfig(Checked, section="export"):
+    checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
+    quantization: str = choice("int8", "int8_float16", "float16", "none")  # none: float32
+    dir: Optional[str] = None  # default <run_dir>/ct2
+
+
+@dataclass
+class BenchConfig:
+    steps: int = 50  # timed training steps
+    warmup: int = 10  # untimed steps first (allocator, cuDNN/compile warm-up)
+    decode_sentences: int = 0  # decode the first N test sentences (greedy and with decode.beam_size); 0 = all
+    decode_rounds: int = 1  # decode that many times, the engines taking turns; the best time of each is kept
+    # CTranslate2's threads on a CPU (0: its default); one call per length limit (docs/benchmarking.md)
+    ct2_threads: int = 1
+    checkpoint_path: Optional[str] = None  # a trained run's .pt (same model= settings): decode timings of real output
+    profile_steps: int = 0  # then profile this many more steps: time per kind of work, top ops, a Chrome trace
+    host_tokens: int = 256  # host_step_ms: updates on a batch of at most this many padded tokens (its compute ~ 0)
+    ablate: bool = False  # also time training with each speed feature off in turn (and with train.compile)
+    cpu_small: bool = True  # on a CPU, cap model, batch, steps and test sentences at a size benched in minutes
+    serve: bool = False  # instead: requests/s and latency of make serve's API (app/bench/serving.py)
+
+
+@dataclass
+class VizConfig:
+    sentences: int = 4  # dev sentences whose alignments go to TensorBoard at every validation
+    eval_plots: int = 20  # eval: PNG heatmaps for the first N sentences (alignments.npz has every sentence's maps)
+    layer: int = -1  # Transformer layer whose heads are shown, kept in alignments.npz and the explorer
+    worker: bool = True  # validation's scoring and heatmaps, make eval's TER: in a process beside (host_worker.py)
+    # a Transformer's self-attention too (encoder's, decoder's over the hypothesis: a teacher-forced pass), in make
+    # eval's files, explorer and figures, and in every validation's figures
+    self_attention: bool = True
+
+
+@dataclass
+class AverageConfig:
+    last: int = 5  # average the newest N snapshots (step_*.pt) into averaged.pt
+
+
+@dataclass
+class CompareConfig:
+    dir: Optional[str] = None  # sweep folder of a `train -m` run (make compare sets it)
+    out: Optional[str] = None  # where compare.md, bleu_by_length.png and tb/ go; unset: compare.dir
+    baseline: Optional[str] = None  # the run the others are tested against (its folder name or label); unset: the first
+
+
+@dataclass
+class ServeConfig:
+    host: str = "127.0.0.1"  # only this machine; 0.0.0.0 answers every interface (no authentication: mind it)
+    port: int = 8000  # 0: any free port (the line printed at start names it)
+    checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN (translate.engine=ct2: the export instead)
+    batch_wait_ms: float = 20.0  # how long a batch waits for requests to join it (from the first, or the last answers)
+    max_batch_lines: int = 256  # lines of one decoding call at most (decode.batch_tokens splits it further)
+    max_lines: int = 64  # lines of one request at most
+    max_chars: int = 2000  # characters of one line at most
+    max_beam: int = 16  # beam_size of a request at most
+    # make bench ARGS="name=<run> bench.serve=true": concurrent clients, each sending single sentences
+    bench_clients: int = 16
+    bench_seconds: float = 20.0  # how long each of the two loads (1 client, bench_clients clients) runs

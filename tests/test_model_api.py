@@ -1,0 +1,49 @@
+"""The model API written once as a Protocol (app/models/api.py): every family and the ensemble satisfy it. mypy checks
+the signatures in ``make lint`` (each family's module assigns its class to ``type[Seq2Seq[Memory, State]]``); here, at
+run time, that each has the API's members, that its state reorders with ``select``, and that the optional members
+(self-attention, a key/value cache) are where they belong."""
+
+import pytest
+import torch
+from test_beam_search import FAMILIES, real_model, sources
+
+from app.data.tokenizer import BOS
+from app.decode.ensemble import Ensemble
+from app.models.api import DecodingState, KVCached, SelfAttending, Seq2Seq
+
+
+def model_of(family: str) -> torch.nn.Module:
+    if family == "ensemble":  # of two families: its state holds a cache and an RNN's hidden state
+        return Ensemble([real_model("transformer"), real_model("rnn_bahdanau")])
+    return real_model(family)
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "ensemble"])
+def test_every_family_and_the_ensemble_decode_through_the_api(family):
+    model, src, beam = model_of(family), sources(), 2
+    assert isinstance(model, Seq2Seq)
+    memory = model.encode(src)
+    state = model.start(memory, beam, steps=4)
+    rows = src.size(0) * beam
+    logits, _, state = model.step(memory, torch.full((rows,), BOS), state)
+    assert logits.shape == (rows, 30)
+    assert isinstance(state, DecodingState)
+    state = state.select(torch.arange(rows).flip(0))
+    assert isinstance(state, DecodingState)
+    assert model.step(memory, logits.argmax(-1).flip(0), state)[0].shape == (rows, 30)
+    assert isinstance(model, SelfAttending) == (family == "transformer")
+    assert isinstance(state, KVCached) == (family in ("transformer", "ensemble"))
+
+
+def test_a_model_missing_a_member_of_the_api_is_not_one():
+    class NoStep(torch.nn.Module):
+        def encode(self, src, src_mask=None):
+            return src
+
+        def decode(self, memory, tgt_in, *, need_attention=False, need_logits=True):
+            return None, None
+
+        def start(self, memory, beam=1, steps=None, onednn=False):
+            return None
+
+    assert not isinstance(NoStep(), Seq2Seq)

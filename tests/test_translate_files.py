@@ -1,0 +1,170 @@
+"""make translate on files of any size (app/decode/line_files.py, app/decode/translate.py): a window of lines at a
+time, written as it goes, equal to one window of the whole file; an interrupted output (cut mid-line, or a process
+killed) continued by translate.resume=true to the same bytes; the refusals. Through the CLI on the tiny run."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import REPO, run_cli, trained_tiny_run
+
+from app.decode.line_files import resume_point
+from app.run.errors import UserError
+
+pytestmark = pytest.mark.slow
+
+LINES = [
+    "En el principio creó Dios los cielos y la tierra.",
+    "Y dijo Dios: Sea la luz.",
+    "Y fue la tarde y la mañana el día primero.",
+    "Y llamó Dios a la luz Día.",
+    "Y vio Dios que era bueno.",
+    "Y creó Dios al hombre a su imagen.",
+    "Estas son las generaciones de los cielos y de la tierra.",
+]
+BASE = ("command=translate", "name=tiny", "device=cpu", "decode.beam_size=3")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, corpus_tsv):
+    root = trained_tiny_run(tmp_path_factory, corpus_tsv, "files")
+    (root / "in.txt").write_text("".join(line + "\n" for line in LINES), encoding="utf-8")
+    return root
+
+
+def translate(workdir, *settings, stdin=None):
+    result = run_cli(workdir, *BASE, *settings, stdin=stdin)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [(), ("decode.n_best=3",), ("translate.alignments=true",), ("decode.beam_size=1", "decode.sampling=true")],
+    ids=["beam", "n-best", "alignments", "sampling"],
+)
+def test_windows_write_what_one_window_writes(workdir, settings):
+    """Three lines a window, written as each is done, in input order: the output of the whole file in one window
+    (beam, n-best with the input's line numbers, word links). Sampling draws window k with seed + k: a resumed run
+    draws what the uninterrupted one drew."""
+    whole = translate(workdir, *settings, "translate.input=in.txt", "translate.window=1000")
+    windowed = translate(workdir, *settings, "translate.input=in.txt", "translate.window=3")
+    if "decode.sampling=true" in settings:  # a batch's draws depend on its sentences: the same windows, the same draws
+        assert len(windowed.stdout.splitlines()) == len(whole.stdout.splitlines()) == len(LINES)
+        (workdir / "drawn.txt").write_text("".join(windowed.stdout.splitlines(True)[:4]), encoding="utf-8")
+        with open(workdir / "drawn.txt", "a", encoding="utf-8") as cut:
+            cut.write("half a line")
+        translate(
+            workdir,
+            *settings,
+            "translate.input=in.txt",
+            "translate.window=3",
+            "translate.output=drawn.txt",
+            "translate.resume=true",
+        )
+        assert (workdir / "drawn.txt").read_text(encoding="utf-8") == windowed.stdout  # window 2 drawn again, the same
+        return
+    if settings == ("decode.n_best=3",):  # scores within rounding: batches of other lengths sum in another order
+        rows, whole_rows = ([line.split(" ||| ") for line in r.stdout.splitlines()] for r in (windowed, whole))
+        assert [r[:2] for r in rows] == [r[:2] for r in whole_rows] and len(rows) == 3 * len(LINES)
+        assert [float(r[2]) for r in rows] == pytest.approx([float(r[2]) for r in whole_rows], abs=2e-4)
+        assert [r[0] for r in rows[::3]] == [str(i) for i in range(len(LINES))]
+    else:
+        assert windowed.stdout == whole.stdout and whole.stdout.count("\n") == len(LINES)
+    assert windowed.stderr.startswith(f"translating {len(LINES)} lines with ")
+    assert (
+        f"translated {len(LINES)} lines in " in windowed.stderr and " lines/s) into standard output" in windowed.stderr
+    )
+
+
+@pytest.mark.parametrize("nbest", [1, 3])
+def test_an_output_cut_anywhere_is_resumed_to_the_same_bytes(workdir, nbest):
+    """The whole output, cut after every byte that ends a line and in the middle of lines, then resumed with
+    translate.resume=true (windows of 2 lines): the same file each time."""
+    settings = (f"decode.n_best={nbest}", "translate.input=in.txt", "translate.window=2")
+    whole = translate(workdir, *settings, "translate.output=whole.txt")
+    assert whole.stdout == ""
+    full = (workdir / "whole.txt").read_bytes()
+    line_ends = [i + 1 for i, byte in enumerate(full) if byte == ord("\n")]
+    cuts = sorted({0, len(full) // 2, line_ends[2] - 5, line_ends[3], line_ends[-2] + 3, len(full)})
+    for cut in cuts:
+        (workdir / "cut.txt").write_bytes(full[:cut])
+        resumed = translate(workdir, *settings, "translate.output=cut.txt", "translate.resume=true")
+        assert (workdir / "cut.txt").read_bytes() == full, cut
+        if nbest == 1 and cut == len(full):
+            assert "holds every line's translation already" in resumed.stderr
+    (workdir / "fresh.txt").unlink(missing_ok=True)
+    fresh = translate(workdir, *settings, "translate.output=fresh.txt", "translate.resume=true")  # no file yet
+    assert "resuming fresh.txt at line 1 (window 1)" in fresh.stderr and (workdir / "fresh.txt").read_bytes() == full
+
+
+def test_resume_point_keeps_whole_windows():
+    """Known answers: the window of the first missing line is translated again; an n-best list's last index may be
+    incomplete."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "out.txt")
+        with open(path, "wb") as f:
+            f.write(b"a\nbb\nc\nd")  # 3 complete lines, the 4th cut
+        assert resume_point(path, 10, 2, nbest=False) == (2, 5)  # window 2 starts at line 2, after "a\nbb\n"
+        assert resume_point(path, 10, 4, nbest=False) == (0, 0)
+        assert resume_point(path, 3, 2, nbest=False) == (3, 7)  # every line done
+        with pytest.raises(UserError, match="holds translations of 3 lines and the input has 2"):
+            resume_point(path, 2, 2, nbest=False)
+        with open(path, "wb") as f:
+            f.write(b"0 ||| a ||| -1\n0 ||| b ||| -2\n1 ||| c ||| -1\n2 ||| d ||| -1\n")
+        assert resume_point(path, 5, 1, nbest=True) == (2, 45)  # line 2 may lack hypotheses: again
+        assert resume_point(path, 5, 2, nbest=True) == (2, 45)
+        assert resume_point(path, 5, 3, nbest=True) == (0, 0)
+        with open(path, "wb") as f:
+            f.write(b"a translation\n")
+        with pytest.raises(UserError, match="not an n-best line"):
+            resume_point(path, 5, 2, nbest=True)
+
+
+def test_a_killed_translation_resumed_equals_an_uninterrupted_one(workdir):
+    """SIGKILL once the output holds some windows, then translate.resume=true: the same bytes as a run never
+    stopped."""
+    lines = [LINES[i % len(LINES)] + f" {i}" for i in range(1500)]
+    (workdir / "big.txt").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    settings = ("decode.beam_size=1", "translate.input=big.txt", "translate.window=100")
+    translate(workdir, *settings, "translate.output=big_whole.txt")
+    output = workdir / "big_killed.txt"
+    env = {**os.environ, "PYTHONPATH": REPO}
+    args = [sys.executable, "-m", "app", *BASE, *settings, "translate.output=big_killed.txt"]
+    process = subprocess.Popen(args, cwd=workdir, env=env, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        if output.exists() and output.read_bytes().count(b"\n") >= 300:
+            break
+        time.sleep(0.02)
+    assert process.poll() is None, "finished before it could be killed"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    kept = output.read_bytes().count(b"\n")
+    assert 300 <= kept < len(lines)
+    resumed = translate(workdir, *settings, "translate.output=big_killed.txt", "translate.resume=true")
+    assert f"at line {kept // 100 * 100 + 1} " in resumed.stderr
+    assert output.read_bytes() == (workdir / "big_whole.txt").read_bytes()
+
+
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        (("translate.resume=true",), "error: translate.resume=true continues the file translate.output names"),
+        (("translate.window=0",), "error: translate.window=0: lines translated at a time, at least 1"),
+        (
+            ("translate.input=in.txt", "translate.output=long.txt", "translate.resume=true"),
+            "error: translate.output='long.txt' holds translations of 9 lines and the input has 7",
+        ),
+    ],
+)
+def test_refusals(workdir, settings, message):
+    (workdir / "long.txt").write_text("x\n" * 9, encoding="utf-8")
+    result = run_cli(workdir, *BASE, *settings, stdin="Hola\n")
+    assert result.returncode == 2 and result.stderr.strip().startswith(message), result.stderr
+    assert "Traceback" not in result.stderr

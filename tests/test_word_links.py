@@ -1,0 +1,227 @@
+"""Word links worth exporting (issue 66): shift-att and the symmetrizations on hand-made matrices and link sets,
+the choice of a method by its AER, eflomal's links for guided alignment, and make align through the CLI."""
+
+import json
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+from conftest import TINY, run_cli
+
+from app.config.schema import DataConfig
+from app.data.aligner import aligner_words, check_aligner, write_aligner_links
+from app.data.links import read_pharaoh
+from app.data.prepare import prepare, read_tsv
+from app.data.symmetrization import grow_diag_final_and, intersection, symmetrize, union
+from app.evaluation.alignment import DirectionLinks, LinkCandidates, alignment_error_rate
+from app.evaluation.extraction import Method, default_method, read_links, read_words, shift_att
+from app.run.errors import UserError
+
+SRC = ["▁a", "▁b", "▁c", "</s>"]
+TGT = ["▁x", "▁y", "▁z", "</s>"]
+# rows: the positions that write x, y, z, </s> (their inputs: <s>, x, y, z); each looks at one source word
+ROWS = np.array(
+    [
+        [0.0, 0.1, 0.9, 0.0],  # writes x (input <s>): on c
+        [0.8, 0.1, 0.1, 0.0],  # writes y (input x): on a
+        [0.1, 0.8, 0.1, 0.0],  # writes z (input y): on b
+        [0.0, 0.1, 0.9, 0.0],  # writes </s> (input z): on c
+    ]
+)
+
+
+def test_shift_att_reads_the_row_where_the_target_word_is_the_decoders_input():
+    assert read_links(ROWS, SRC, TGT, "attention") == {(2, 0), (0, 1), (1, 2)}  # x-c, y-a, z-b
+    assert read_links(ROWS, SRC, TGT, "attention, shift-att") == {(0, 0), (1, 1), (2, 2)}  # x-a, y-b, z-c
+    shifted = shift_att(ROWS[None])[0]
+    assert np.array_equal(shifted[:3], ROWS[1:]) and not shifted[3].any()  # </s>'s row links no word
+    # a Transformer's (layers, heads, tgt, src): every head and layer mean, as it is and shifted
+    attention = np.stack([np.stack([ROWS, np.roll(ROWS, 1, axis=0)])])  # 1 layer, 2 heads
+    names, best = read_words(attention, SRC, TGT)
+    assert names == [
+        "layer 0 head 0",
+        "layer 0 head 1",
+        "layer 0 mean",
+        "layer 0 head 0, shift-att",
+        "layer 0 head 1, shift-att",
+        "layer 0 mean, shift-att",
+    ]
+    assert best[names.index("layer 0 head 0, shift-att")].tolist() == [0, 1, 2]
+    assert best[names.index("layer 0 head 1, shift-att")].tolist() == [2, 0, 1]  # head 1's rows are one late
+    assert read_words(attention, SRC, TGT, ["layer 0 head 1, shift-att"])[1].tolist() == [[2, 0, 1]]
+
+
+# A worked example of grow-diag-final-and, by hand (6 source words, 6 target words):
+# intersection {0-0, 1-1}; the union's other links in order: 2-2, 3-2, 4-0, 5-3, 5-5.
+# grow-diag: 2-2 (source 2 unaligned, diagonal to 1-1) in; 3-2 (source 3 unaligned, beside 2-2) in; 4-0, 5-3 and
+# 5-5 touch no link: out; a second pass adds nothing. final-and, forward first: 4-0 out (target 0 is aligned),
+# 5-5 in (both unaligned); then reverse: 5-3 out (source 5 is aligned by now).
+FORWARD = {(0, 0), (1, 1), (2, 2), (5, 5), (4, 0)}
+REVERSE = {(0, 0), (1, 1), (3, 2), (5, 3)}
+
+
+def test_symmetrizations_of_a_worked_example():
+    assert intersection(FORWARD, REVERSE) == {(0, 0), (1, 1)}
+    assert union(FORWARD, REVERSE) == {(0, 0), (1, 1), (2, 2), (3, 2), (4, 0), (5, 3), (5, 5)}
+    assert grow_diag_final_and(FORWARD, REVERSE) == {(0, 0), (1, 1), (2, 2), (3, 2), (5, 5)}
+    # the reverse direction's links first: final-and then takes 5-3 before 5-5
+    assert grow_diag_final_and(REVERSE, FORWARD) == {(0, 0), (1, 1), (2, 2), (3, 2), (5, 3)}
+    assert symmetrize("grow-diag-final-and", FORWARD, REVERSE) == grow_diag_final_and(FORWARD, REVERSE)
+    # a diagonal grows from a corner one step at a time, each step beside the last
+    diagonal = {(i, i) for i in range(5)}
+    assert grow_diag_final_and({(0, 0)} | diagonal, {(0, 0)}) == diagonal
+
+
+def test_the_method_of_lowest_aer_is_chosen_and_scored_against_a_known_gold():
+    # one pair of 3 x 3 words; gold: 0-0 1-1 2-2 sure
+    gold = [({(0, 0), (1, 1), (2, 2)}, {(0, 0), (1, 1), (2, 2)})]
+    forward = DirectionLinks(["view", "view, shift-att"], {0: np.array([[0, 0, 2], [0, 1, 0]])})
+    # reverse: a row per source word (its targets): the target word it links, turned round {0-0, 1-1, 2-1}
+    reverse = DirectionLinks(["view"], {0: np.array([[0, 1, 1]])})
+    found = LinkCandidates(forward, reverse)
+    # "view": {0-0, 0-1, 2-2}: |A∩S| = 2 -> AER 1 - 4/6; shift: {0-0, 1-1, 0-2}: also 2 of 3 right
+    assert found.forward.score(gold, "all").result("view")["aer"] == pytest.approx(round(1 - 4 / 6, 4))
+    assert found.directions_best(gold, "all") == ("view", "view")  # the first of equals
+    method, directions = found.choose(gold, "all")
+    # intersection of {0-0, 0-1, 2-2} and the reverse {0-0, 1-1, 2-1}: {0-0}: AER 1 - 2/4; union: 5 links, 3 right:
+    # 1 - 6/8; grow-diag-final-and: 0-1 (target 1 unaligned, beside 0-0), 1-1 (source 1 unaligned), 2-1 (source 2),
+    # 2-2 (target 2): the union again, listed after it
+    scores = found.score(gold, "all", found.methods(directions))
+    assert scores.result("intersection of view and the reverse run's view")["aer"] == 0.5
+    assert scores.result("union of view and the reverse run's view")["aer"] == 0.25
+    assert method == Method("view", "union", "view")  # AER 0.25, the lowest; the first of equals
+    assert alignment_error_rate([found.links(0, method)], gold) == scores.result(method.name)
+    assert found.choose(gold, "all", "shift-att")[0] == Method("view, shift-att")
+    with pytest.raises(UserError, match="align.reverse"):
+        LinkCandidates(forward).choose(gold, "all", "union")
+
+
+def test_without_dev_links_the_method_is_the_plotted_view():
+    attention = np.zeros((3, 4, 1, 1))
+    assert default_method(attention, -1, "auto") == Method("layer 2 mean")
+    assert default_method(attention, 1, "shift-att").name == "layer 1 mean, shift-att"
+    assert default_method(attention, -1, "auto", attention).name == (
+        "grow-diag-final-and of layer 2 mean and the reverse run's layer 2 mean"
+    )
+
+
+def test_a_missing_eflomal_is_a_one_line_error_naming_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "eflomal", None)  # import eflomal raises ImportError
+    with pytest.raises(UserError, match=r'^data.aligner=eflomal needs the eflomal package: pip install "nmt-attention'):
+        check_aligner("eflomal")
+    check_aligner("none")
+
+
+def test_the_aligner_reads_words_without_their_punctuation_and_keeps_their_count():
+    assert aligner_words("En el principio, Dios creó «los cielos». —") == "En el principio Dios creó los cielos —"
+
+
+def eflomal_or_skip():
+    return pytest.importorskip("eflomal", reason='eflomal is not installed: pip install "nmt-attention[align]"')
+
+
+@pytest.mark.slow
+def test_eflomal_links_guide_training_and_leave_the_reference_links_of_dev_and_test(tmp_path, corpus_tsv):
+    eflomal_or_skip()
+    cfg = DataConfig(source="files", train=str(corpus_tsv), dev_fraction=0.1, test_fraction=0.1, aligner="eflomal")
+    assert cfg.dir.endswith("_eflomal")  # beside the corpus prepared without it, never in its place
+    cfg.dir = str(tmp_path / "d")
+    report = prepare(cfg)
+    assert report["aligned"] == ["train"] and not os.path.exists(os.path.join(cfg.dir, "dev.align"))
+    pairs = read_tsv(os.path.join(cfg.dir, "train.tsv"))
+    links = read_pharaoh(os.path.join(cfg.dir, "train.align"))
+    assert len(links) == len(pairs) > 100
+    for pair, (sure, possible) in zip(pairs, links):
+        assert sure == possible and sure  # every link sure, and every pair linked
+        assert all(s < len(pair.src.split()) and t < len(pair.tgt.split()) for s, t in sure)
+    # read back through the split: where "Dios" and "God" (Genesis 1-6) both occur once, most pairs link them
+    both = [
+        (pair.src.split().index("Dios"), pair.tgt.split().index("God"), sure)
+        for pair, (sure, _) in zip(pairs, links)
+        if pair.src.split().count("Dios") == 1 and pair.tgt.split().count("God") == 1
+    ]
+    assert len(both) > 20 and sum((s, t) in sure for s, t, sure in both) > 0.5 * len(both)
+    for split in ("dev", "test"):  # the aligner's own links of dev and test, to score it, under another name
+        assert len(read_pharaoh(os.path.join(cfg.dir, f"{split}.eflomal.align"))) == len(
+            read_tsv(os.path.join(cfg.dir, f"{split}.tsv"))
+        )
+    # a corpus with reference links: dev and test keep theirs, train's are replaced by the aligner's
+    gold = {split: os.path.join(cfg.dir, f"{split}.align") for split in ("dev", "test")}
+    for split, path in gold.items():
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines("0-0\n" for _ in read_tsv(os.path.join(cfg.dir, f"{split}.tsv")))
+    write_aligner_links(cfg.dir, "eflomal", ("train", "dev", "test"))
+    assert all(set(open(path, encoding="utf-8").read().split()) == {"0-0"} for path in gold.values())
+
+
+def pharaoh_words(line: str) -> list[tuple[int, int]]:
+    assert re.fullmatch(r"(\d+-\d+( \d+-\d+)*)?", line), line
+    return [tuple(map(int, link.split("-"))) for link in line.split()]
+
+
+@pytest.fixture(scope="module")
+def linked_runs(tmp_path_factory, corpus_tsv):
+    """A tiny run trained on Genesis 1-6 with word links (a diagonal: every dev and test pair has reference links),
+    and a run of the other direction on the same pairs turned round."""
+    root = tmp_path_factory.mktemp("word_links")
+    rows = [line.split("\t") for line in corpus_tsv.read_text(encoding="utf-8").splitlines()]
+    diagonal = [" ".join(f"{i}-{i}" for i in range(min(len(s.split()), len(t.split())))) for _, s, t in rows]
+    (root / "corpus.tsv").write_text("".join(f"{r}\t{s}\t{t}\n" for r, s, t in rows), encoding="utf-8")
+    (root / "turned.tsv").write_text("".join(f"{r}\t{t}\t{s}\n" for r, s, t in rows), encoding="utf-8")
+    (root / "links.txt").write_text("".join(line + "\n" for line in diagonal), encoding="utf-8")
+    tiny = [a for a in TINY if not a.startswith(("data.train=", "data.name=", "name="))]
+    for name, corpus in (("tiny", "corpus.tsv"), ("tiny_turned", "turned.tsv")):
+        args = [*tiny, f"data.train={corpus}", "data.train_align=links.txt", f"data.name={name}", f"name={name}"]
+        result = run_cli(root, "command=train", *args, "train.max_steps=40", "train.eval_every=40")
+        assert result.returncode == 0, result.stderr[-3000:]
+    return root
+
+
+@pytest.mark.slow
+def test_make_align_writes_a_line_per_pair_and_counts_the_pairs_it_skips(linked_runs):
+    root = linked_runs
+    src = ["En el principio creó Dios los cielos y la tierra.", "", " ".join(["palabra"] * 1100), "Y dijo Dios."]
+    tgt = ["In the beginning God created the heavens and the earth.", "And God said.", "word", "And God said."]
+    (root / "a.es").write_text("".join(line + "\n" for line in src), encoding="utf-8")
+    (root / "a.en").write_text("".join(line + "\n" for line in tgt), encoding="utf-8")
+    (root / "gold.txt").write_text("0-0 1-1 2-2\n\n\n0-0 1-1 2-2\n", encoding="utf-8")
+    args = ["align.source=a.es", "align.target=a.en", "align.gold=gold.txt", "align.output=out/a.align"]
+    result = run_cli(root, "command=align", "name=tiny", "device=cpu", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = (root / "out" / "a.align").read_text(encoding="utf-8").split("\n")
+    assert lines[-1] == "" and len(lines) == len(src) + 1  # one line per pair
+    for line, s, t in zip(lines, src, tgt):
+        for i, j in pharaoh_words(line):
+            assert i < len(s.split()) and j < len(t.split())
+    assert lines[1] == lines[2] == "" and lines[0] and lines[3]  # the empty and the over-long pair: empty lines
+    assert "skipped 2 pairs, an empty line each: 1 empty, 1 too long for the model" in result.stdout
+    assert re.search(r"aligned 4 pairs in [\d.]+ s \([\d.]+ lines/s\)", result.stdout)
+    summary = json.loads((root / "out" / "a.json").read_text())
+    assert summary["skipped"] == {"empty": 1, "too long for the model": 1}
+    assert summary["chosen_on"].startswith("chosen on dev: AER") and summary["alignment"]["scope"] == "all"
+    assert summary["method"] in result.stdout and 0 <= summary["alignment"]["aer"] <= 1
+
+
+@pytest.mark.slow
+def test_both_directions_symmetrized_through_make_align_and_make_eval(linked_runs):
+    root = linked_runs
+    turned = os.path.join("checkpoints", "tiny_turned")
+    for method in ("grow-diag-final-and", "intersection"):
+        args = ["align.split=test", f"align.reverse={turned}", f"align.method={method}"]
+        result = run_cli(root, "command=align", "name=tiny", "device=cpu", *args)
+        assert result.returncode == 0, result.stderr[-3000:]
+        summary = json.loads((root / "checkpoints" / "tiny" / "align" / "test.json").read_text())
+        assert summary["method"].startswith(f"{method} of layer 0 ") and summary["kind"] == method
+        lines = (root / "checkpoints" / "tiny" / "align" / "test.align").read_text(encoding="utf-8").splitlines()
+        assert len(lines) == len(read_tsv(str(root / "data" / "tiny" / "test.tsv")))
+        assert summary["alignment"]["scope"] == "linked" and summary["alignment"]["gold"].endswith("test.align")
+    result = run_cli(root, "command=eval", "name=tiny", "device=cpu", f"align.reverse={turned}", "viz.eval_plots=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((root / "checkpoints" / "tiny" / "eval" / "test" / "metrics.json").read_text())
+    a = metrics["alignment"]
+    assert any(name.startswith("grow-diag-final-and of ") for name in a["aer_by_view"])
+    assert any(name.endswith(", shift-att") for name in a["aer_by_view"])
+    assert a["method"] in a["aer_by_view"] and metrics["hyp_align_view"] == a["method"]
+    assert a["aer"] == a["aer_by_view"][a["method"]] and a["chosen_on"] == "dev"
