@@ -436,6 +436,15 @@ def test_a_given_translation_is_scored_as_make_score_scores_it(served, workdir, 
     assert mine["links"] == theirs["links"]
 
 
+def nbest_rows(answer: dict) -> list[str]:
+    """An API answer's hypotheses as make translate's n-best lines."""
+    return [
+        f"{i} ||| {h['text']} ||| {h['score']:.4f}"
+        for i, t in enumerate(answer["translations"])
+        for h in t["hypotheses"]
+    ]
+
+
 @pytest_slow
 def test_a_prefix_begins_each_hypothesis_as_in_make_translate(served, workdir, tmp_path):
     """``prefix``: the hypotheses of make translate with translate.prefix (the same n-best and scores); the attention
@@ -454,11 +463,7 @@ def test_a_prefix_begins_each_hypothesis_as_in_make_translate(served, workdir, t
     status, answer = request(served.port, "POST", "/translate", body)
     assert status == 200, answer
     TranslateResponse.model_validate(answer)
-    rows = [
-        f"{i} ||| {h['text']} ||| {h['score']:.4f}"
-        for i, t in enumerate(answer["translations"])
-        for h in t["hypotheses"]
-    ]
+    rows = nbest_rows(answer)
     assert rows == expected.stdout.splitlines() and rows[0].startswith("0 ||| In the end")
     first = answer["translations"][0]
     for hypothesis, maps in zip(first["hypotheses"], first["attention"]["hypotheses"]):
@@ -486,11 +491,7 @@ def test_constraints_are_met_by_every_hypothesis_as_in_make_translate(served, wo
     status, answer = request(served.port, "POST", "/translate", body)
     assert status == 200, answer
     TranslateResponse.model_validate(answer)
-    rows = [
-        f"{i} ||| {h['text']} ||| {h['score']:.4f}"
-        for i, t in enumerate(answer["translations"])
-        for h in t["hypotheses"]
-    ]
+    rows = nbest_rows(answer)
     assert rows == expected.stdout.splitlines()
     assert all("the waters" in h["text"] and "God" in h["text"] for h in answer["translations"][0]["hypotheses"])
     free = request(served.port, "POST", "/translate", {"text": LINES[1], "n_best": 2})[1]

@@ -225,3 +225,10 @@ def test_both_directions_symmetrized_through_make_align_and_make_eval(linked_run
     assert any(name.endswith(", shift-att") for name in a["aer_by_view"])
     assert a["method"] in a["aer_by_view"] and metrics["hyp_align_view"] == a["method"]
     assert a["aer"] == a["aer_by_view"][a["method"]] and a["chosen_on"] == "dev"
+    # each kind of method at its best reading on dev, scored on test; the one reported is its kind's best
+    kinds = ["attention", "shift-att", "intersection", "union", "grow-diag-final-and"]
+    assert sorted(a["by_method"]) == sorted(kinds)
+    for kind, best in a["by_method"].items():
+        assert best["aer"] == a["aer_by_view"][best["method"]] and 0 <= best["precision"] <= 1, kind
+    assert a["method"] in [best["method"] for best in a["by_method"].values()]
+    assert "    AER by method: attention " in result.stdout

@@ -276,6 +276,10 @@ def align(
     methods = on_split.methods(directions)
     score = on_split.score(asked.links, asked.scope, methods)
     result.method = method
+    best_of_kind = {}  # each kind of method (align.method) at its best reading, chosen as the reported one is
+    for kind in dict.fromkeys(m.kind for m in methods):
+        of_kind = chooser.score(gold, asked.scope, [m for m in methods if m.kind == kind]).best()
+        best_of_kind[kind] = {"method": of_kind, **score.result(of_kind)}
     result.alignment = {
         **score.result(method.name),
         "view": method.view,
@@ -284,6 +288,7 @@ def align(
         "gold": asked.gold,
         "scope": asked.scope,
         "aer_by_view": {name: score.result(name)["aer"] for name in score.views},
+        "by_method": best_of_kind,
     }
 
 

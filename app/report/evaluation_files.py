@@ -92,6 +92,9 @@ def print_report(run: EvaluatedRun, metrics: dict, out_dir: str, tb: str) -> Non
             f"  alignment vs {a['gold']}: AER {a['aer']:.4f}  precision {a['precision']:.4f}  "
             f"recall {a['recall']:.4f}  ({alignment_view(a)})"
         )
+        if len(a.get("by_method", {})) > 1:  # each kind of method at its best reading, chosen the same way
+            kinds = ", ".join(f"{kind} {m['aer']:.4f}" for kind, m in a["by_method"].items())
+            print(f"    AER by method: {kinds}")
     for kind, heads in metrics.get("self_attention_heads", {}).items():  # confidence: the mean of largest weights
         print(f"  {kind} self-attention heads: {head_summary(heads)}")
     if significance := metrics.get("significance"):
