@@ -1,6 +1,15 @@
 import gc
+import os
 
-from app.cli import main
+# oneDNN's caches of kernels made for one shape (PyTorch's LRU_CACHE_CAPACITY and oneDNN's own, 1,024 each by
+# default): a CPU decoding meets a new shape at every batch size, so a long make translate or make serve grew by
+# ~0.5 GB a few hundred batches in before they filled. 128 each hold a decoding's shapes at the same speed
+# (docs/configuration.md#files-of-any-size-translatewindow-translateresume). Read when torch loads oneDNN, so set
+# before the first import of torch; a value in the environment wins.
+for cache in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY"):
+    os.environ.setdefault(cache, "128")
+
+from app.cli import main  # noqa: E402
 
 try:
     main()

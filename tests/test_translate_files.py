@@ -168,3 +168,20 @@ def test_refusals(workdir, settings, message):
     result = run_cli(workdir, *BASE, *settings, stdin="Hola\n")
     assert result.returncode == 2 and result.stderr.strip().startswith(message), result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("environment,expected", [({}, "128 128"), ({"LRU_CACHE_CAPACITY": "7"}, "7 128")])
+def test_the_command_bounds_onednns_caches_before_torch_loads(environment, expected):
+    """Every command (python -m app) bounds oneDNN's per-shape kernel caches, which a long CPU decoding filled by
+    ~0.5 GB at their defaults; a value the environment gives wins."""
+    script = (
+        "import os, runpy, sys\n"
+        "sys.argv = ['app', 'command=translate', 'translate.window=0']\n"
+        "try:\n    runpy.run_module('app', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print(os.environ['LRU_CACHE_CAPACITY'], os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, env={**env, **environment}, capture_output=True, text=True
+    )
+    assert result.stdout.strip().splitlines()[-1] == expected, result.stderr[-2000:]
