@@ -477,7 +477,8 @@ def test_compare_assembles_runs_trained_by_separate_calls(workdir):
     learned = run_of("model.pos=learned")
     before = {f: (learned / f).stat().st_mtime_ns for f in ("last.pt", "eval/test/metrics.json")}
     again = sweep_and_compare(workdir, sweep, "model.pos=learned", *overrides)
-    assert again.count("| model.pos=") == 4  # the main table and the length table, two runs each
+    # the main table, the length table and the significance table, two runs each
+    assert again.count("| model.pos=") == 6 and "## Significance against model.pos=learned" in again
     assert {f: (learned / f).stat().st_mtime_ns for f in before} == before
 
 
