@@ -84,7 +84,7 @@ def test_the_method_of_lowest_aer_is_chosen_and_scored_against_a_known_gold():
     # "view": {0-0, 0-1, 2-2}: |A∩S| = 2 -> AER 1 - 4/6; shift: {0-0, 1-1, 0-2}: also 2 of 3 right
     assert found.forward.score(gold, "all").result("view")["aer"] == pytest.approx(round(1 - 4 / 6, 4))
     assert found.directions_best(gold, "all") == ("view", "view")  # the first of equals
-    method, directions = found.choose(gold, "all")
+    method, directions, _ = found.choose(gold, "all")
     # intersection of {0-0, 0-1, 2-2} and the reverse {0-0, 1-1, 2-1}: {0-0}: AER 1 - 2/4; union: 5 links, 3 right:
     # 1 - 6/8; grow-diag-final-and: 0-1 (target 1 unaligned, beside 0-0), 1-1 (source 1 unaligned), 2-1 (source 2),
     # 2-2 (target 2): the union again, listed after it

@@ -17,9 +17,10 @@ from app.config.commands import ScoreConfig
 from app.config.schema import Config
 from app.data.corpus import load_split
 from app.decode.ensemble import ensemble_of
+from app.decode.line_files import read_lines
 from app.decode.search import check_lengths
 from app.decode.trained import load_ct2, load_trained
-from app.decode.translate import read_translate_input, word_links
+from app.decode.translate import word_links
 from app.models import has_attention
 from app.run.checkpoint import checkpoint_path
 from app.run.device import resolve_device
@@ -77,8 +78,8 @@ def read_pairs(s: ScoreConfig) -> Optional[tuple[list[str], list[str]]]:
     if s.source is None:
         return None
     texts = (
-        read_translate_input(s.source, "score.source", "score"),
-        read_translate_input(s.target, "score.target", "score"),
+        read_lines(s.source, "score.source", "score"),
+        read_lines(s.target, "score.target", "score"),
     )
     if len(texts[0]) != len(texts[1]):
         raise UserError(

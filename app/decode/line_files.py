@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -68,6 +69,14 @@ def open_line_file(path: Optional[str], setting: str, purpose: str, spool: str) 
     return LineFile(path, where, lines, filled)
 
 
+def read_lines(path: Optional[str], setting: str, purpose: str) -> list[str]:
+    """Every line of the file ``path`` (the value of ``setting``) or of standard input, checked as
+    ``open_line_file`` checks them: for commands that need them all at once (make score)."""
+    with tempfile.TemporaryDirectory(prefix="lines-") as spool:
+        file = open_line_file(path, setting, purpose, spool)
+        return next(windows(file, file.lines))
+
+
 def windows(file: LineFile, size: int, start: int = 0) -> Iterator[list[str]]:
     """The lines of ``file`` from line ``start`` (0-based), ``size`` at a time, without their line ends."""
     with open(file.path, "rb") as source:
@@ -83,15 +92,15 @@ def resume_point(output: str, total: int, window: int, nbest: bool) -> tuple[int
     written may lack hypotheses, so its line counts as missing. (0, 0) for an output not yet written."""
     if not os.path.exists(output):
         return 0, 0
-    starts: list[tuple[int, int]] = []  # (input line, byte) where each complete output line begins
+    window_starts: dict[int, int] = {}  # window -> the byte its first complete output line begins at
+    done = at = 0
     with open(output, "rb") as written:
-        at = 0
         for n, raw in enumerate(written):
             if not raw.endswith(b"\n"):
                 break
-            starts.append((index_of(raw, output, n) if nbest else n, at))
-            at += len(raw)
-    done = (starts[-1][0] if nbest else len(starts)) if starts else 0
+            line = index_of(raw, output, n) if nbest else n
+            window_starts.setdefault(line // window, at)
+            done, at = (line if nbest else n + 1), at + len(raw)
     if done > total or (nbest and done >= total):
         raise UserError(
             f"translate.output={output!r} holds translations of {done + nbest} lines and the input has {total}: "
@@ -99,8 +108,7 @@ def resume_point(output: str, total: int, window: int, nbest: bool) -> tuple[int
         )
     if done == total:  # finished: nothing is translated again
         return total, at
-    first = done // window * window
-    return first, next((b for line, b in starts if line >= first), at)
+    return done // window * window, window_starts.get(done // window, at)
 
 
 def index_of(raw: bytes, output: str, n: int) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import sys
 import tempfile
 import time
@@ -185,28 +184,4 @@ def word_links(src: list[list[int]], tgt: list[list[int]], maps: list, tokenizer
         weights = attention if attention.dim() == 2 else attention[layer].mean(0)
         pieces = tokenizer.src_pieces(source + [EOS]), tokenizer.tgt_pieces(tokens + [EOS])
         lines.append(pharaoh_line(hard_alignment(weights, *pieces)))
-    return lines
-
-
-def read_translate_input(path: str | None, setting: str = "translate.input", purpose: str = "translate") -> list[str]:
-    """Lines to translate (or score: ``purpose``) from the file ``path`` (the value of ``setting``) or stdin; an
-    empty input or undecodable bytes is an error."""
-    where = f"{setting}={path!r}" if path else "standard input"
-    if path and os.path.isdir(path):
-        raise UserError(f"{where}: a folder, not a file")
-    try:  # any file that reads: also /dev/null, a named pipe, a shell's <(...)
-        source = open(path, "rb") if path else sys.stdin.buffer
-    except FileNotFoundError:
-        raise UserError(f"{where}: file not found") from None
-    except OSError as err:
-        raise UserError(f"{where}: cannot be read ({err.strerror})") from None
-    lines = []
-    with source:
-        for line_no, raw in enumerate(source, start=1):
-            try:
-                lines.append(raw.decode("utf-8").rstrip("\r\n"))
-            except UnicodeDecodeError:
-                raise UserError(f"{path or 'standard input'}:{line_no}: not valid UTF-8") from None
-    if not lines:
-        raise UserError(f"{where}: nothing to {purpose} (it is empty)")
     return lines

@@ -77,9 +77,9 @@ class AlignmentScore:
             "links": a,
         }
 
-    def best(self) -> str:
-        """The view with the lowest AER (the first of equals)."""
-        return min(self.views, key=lambda view: self.result(view)["aer"])
+    def best(self, among: Optional[list[str]] = None) -> str:
+        """The view with the lowest AER (the first of equals), of all or of those ``among``."""
+        return min(self.views if among is None else among, key=lambda view: self.result(view)["aer"])
 
 
 def alignment_error_rate(predicted: list[set], gold: list[tuple[set, set]], scope: str = "all") -> dict:
@@ -239,12 +239,15 @@ class LinkCandidates:
 
     def choose(
         self, gold: list[tuple[set, set]], scope: str, setting: str = "auto"
-    ) -> tuple[Method, tuple[str, Optional[str]]]:
-        """The method of the lowest AER against ``gold`` that ``setting`` (align.method) allows, and the best reading
-        of each direction (what the symmetrizations join)."""
+    ) -> tuple[Method, tuple[str, Optional[str]], AlignmentScore]:
+        """The method of the lowest AER against ``gold`` that ``setting`` (align.method) allows, the best reading
+        of each direction (what the symmetrizations join), and the scores of every method (each kind's best:
+        ``best(among=...)``), scored once."""
         directions = self.directions_best(gold, scope)
-        methods = self.methods(directions, setting)
-        if not methods:
+        methods = self.methods(directions)
+        names = [m.name for m in allowed(methods, setting)]
+        if not names:
             raise UserError(f"align.method={setting}: it needs a run of the other direction, align.reverse=<run>")
         score = self.score(gold, scope, methods)
-        return methods[score.views.index(score.best())], directions
+        best = score.best(names)
+        return next(m for m in methods if m.name == best), directions, score

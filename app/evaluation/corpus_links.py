@@ -158,8 +158,8 @@ def choose_method(cfg: Config, forward: TrainedModel, reverse: Optional[TrainedM
     if found is None:
         raise UserError(f"{cfg.run_dir}: this model has no attention to read word links from")
     gold, scope = read_pharaoh(dev_links), align_scope(cfg.eval.align_scope, gold_file=False)
-    method, _ = found.choose(gold, scope, cfg.align.method)
-    aer = found.score(gold, scope, [method]).result(method.name)["aer"]
+    method, _, on_dev = found.choose(gold, scope, cfg.align.method)
+    aer = on_dev.result(method.name)["aer"]
     return method, f"chosen on dev: AER {aer:.4f} against {dev_links}"
 
 

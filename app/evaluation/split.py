@@ -272,13 +272,13 @@ def align(
         on_dev, _ = read(asked.dev[0], title="AER on dev")
         if on_dev is not None:
             chooser, gold, chosen_on = on_dev, asked.dev[1], asked.dev_name
-    method, directions = chooser.choose(gold, asked.scope, asked.method)
+    method, directions, chosen_by = chooser.choose(gold, asked.scope, asked.method)
     methods = on_split.methods(directions)
     score = on_split.score(asked.links, asked.scope, methods)
     result.method = method
     best_of_kind = {}  # each kind of method (align.method) at its best reading, chosen as the reported one is
     for kind in dict.fromkeys(m.kind for m in methods):
-        of_kind = chooser.score(gold, asked.scope, [m for m in methods if m.kind == kind]).best()
+        of_kind = chosen_by.best([m.name for m in methods if m.kind == kind])
         best_of_kind[kind] = {"method": of_kind, **score.result(of_kind)}
     result.alignment = {
         **score.result(method.name),
