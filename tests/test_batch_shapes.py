@@ -35,6 +35,52 @@ def test_choose_shapes_known_answer():
     assert choose_shapes(src, tgt, 9) == [(3, 3), (4, 2), (10, 10)]  # no more shapes than save tokens
 
 
+def test_shape_padding_stops_at_the_fewest_shapes_within_it():
+    src = np.array([3] * 10 + [10] * 10 + [4])
+    tgt = np.array([3] * 10 + [10] * 10 + [2])
+    # 266 real tokens: one shape pads them to 21 × 20 = 420 (36.7 % padding), two to 280 (5.0 %), three to 266
+    assert choose_shapes(src, tgt, 9, max_padding=0.5) == [(10, 10)]
+    assert choose_shapes(src, tgt, 9, max_padding=0.1) == [(3, 3), (10, 10)]
+    assert choose_shapes(src, tgt, 9, max_padding=0.04) == [(3, 3), (4, 2), (10, 10)]
+    assert choose_shapes(src, tgt, 1, max_padding=0.1) == [(10, 10)]  # K is the most, whatever the padding
+    shapes = BatchShapes(src - 1, tgt - 1, 9, max_padding=0.1)  # BatchShapes adds EOS / BOS itself
+    assert shapes.shapes == [(3, 3), (10, 10)] and shapes.pair_padding == pytest.approx(1 - 266 / 280)
+
+
+def test_shape_padding_is_logged_and_a_missed_target_warned_about(caplog):
+    from app.data.schedule import training_schedule
+
+    src_lens, tgt_lens = correlated_lengths(3000, seed=8)
+    with caplog.at_level("INFO", logger="app.data.schedule"):
+        chosen = training_schedule(
+            TrainConfig(batch_tokens=4000, batch_shapes=32, shape_padding=0.1), src_lens, tgt_lens, 1, 0, 1, cuda=True
+        )
+        (info,) = caplog.records
+        assert "train.batch_shapes=32 train.shape_padding=0.1:" in info.getMessage()
+        assert 1 < chosen.shape_count < 32 and chosen.shapes.pair_padding <= 0.1
+        fewer = BatchShapes(src_lens, tgt_lens, chosen.shape_count - 1)
+        assert fewer.pair_padding > 0.1  # the fewest shapes within the target
+        caplog.clear()
+        training_schedule(
+            TrainConfig(batch_tokens=4000, batch_shapes=2, shape_padding=0.1), src_lens, tgt_lens, 1, 0, 1, cuda=True
+        )
+        assert [r.levelname for r in caplog.records] == ["INFO", "WARNING"]
+        assert "more than train.shape_padding=0.1" in caplog.records[1].getMessage()
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(batch_shapes=16, shape_padding=1.0), "train.shape_padding=1.0 must be in"),
+        (dict(batch_shapes=16, shape_padding=-0.1), "train.shape_padding=-0.1 must be in"),
+        (dict(shape_padding=0.1), "give train.batch_shapes=K"),
+    ],
+)
+def test_bad_shape_padding_is_refused(settings, message):
+    with pytest.raises(UserError, match=message):
+        TrainConfig(**settings)
+
+
 @pytest.mark.parametrize("budget", [300, 2000, 9000])
 def test_every_pair_once_an_epoch_in_a_shape_it_fits(budget):
     src_lens, tgt_lens = correlated_lengths(3000, seed=budget)

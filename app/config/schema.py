@@ -219,6 +219,8 @@ class TrainConfig(Checked, section="train"):
     # pad every batch to one of N (sentences, source, target) shapes chosen from the training lengths (app/data/
     # shapes.py), so CUDA graphs replay N graphs; 0 = each batch padded to its longest pair (a new shape per batch)
     batch_shapes: int = 0
+    # with batch_shapes=K: the fewest shapes (K at most) whose pairs pad at most this share of their tokens; 0 = K
+    shape_padding: float = 0.0
     # a moving average of the weights (app/train/ema.py), validated, kept and translated with in place of the trained
     # weights; 0 = off. Until step 9 / (1 - decay) it spans the last ninth of the run whatever the decay
     ema_decay: float = 0.999
@@ -237,6 +239,13 @@ class TrainConfig(Checked, section="train"):
         self.check_subword_sampling()
         if self.batch_shapes < 0:
             raise UserError(f"train.batch_shapes={self.batch_shapes} must be 0 (off) or a number of shapes")
+        if not 0.0 <= self.shape_padding < 1.0:
+            raise UserError(f"train.shape_padding={self.shape_padding} must be in [0, 1): 0.1 is a tenth of the tokens")
+        if self.shape_padding and not self.batch_shapes:
+            raise UserError(
+                f"train.shape_padding={self.shape_padding} chooses among fixed batch shapes: give train.batch_shapes=K,"
+                " the most it may choose (16 or 32)"
+            )
         if not 0.0 <= self.ema_decay < 1.0:
             raise UserError(f"train.ema_decay={self.ema_decay} must be in [0, 1): 0 is off, 0.999 a typical decay")
         if self.average_snapshots < 0:

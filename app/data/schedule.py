@@ -171,7 +171,7 @@ class BatchSchedule:
             raise UserError(
                 f"train.batch_shapes gives {self.shape_count or 'no fixed'} shapes but the checkpoint's run was cut "
                 f"into {state.get('batch_shapes', 0) or 'no fixed'} shapes: a resumed run replays its batches; "
-                "keep train.batch_shapes"
+                "keep train.batch_shapes and train.shape_padding"
             )
         if state.get("subword_sampling") != self.subword_sampling:
             was = " ".join(f"train.subword_{k}={v}" for k, v in (state.get("subword_sampling") or {"alpha": 0}).items())
@@ -218,7 +218,7 @@ def training_schedule(
 ) -> BatchSchedule:
     """The schedule of ``train.*``: length-bucketed batches, or with train.batch_shapes padded to fixed shapes;
     with train.subword_alpha cut by each epoch's segmentations (``epoch_lengths``)."""
-    shapes = BatchShapes(src_lens, tgt_lens, t.batch_shapes) if t.batch_shapes else None
+    shapes = BatchShapes(src_lens, tgt_lens, t.batch_shapes, t.shape_padding) if t.batch_shapes else None
     schedule = BatchSchedule(src_lens, tgt_lens, t.batch_tokens, t.seed, world, rank, accum, shapes, epoch_lengths)
     if t.subword_alpha > 0:
         schedule.subword_sampling = {"alpha": t.subword_alpha, "nbest": t.subword_nbest, "variants": t.subword_variants}
@@ -231,12 +231,23 @@ def training_schedule(
             SUGGESTED_SHAPES,
         )
     if shapes is not None:
+        padding = schedule.epoch_stats()["epoch_padding_ratio"]
         log.info(
-            "train.batch_shapes=%d: every batch padded to one of %d (source, target) lengths %s; an epoch pads "
-            "%.1f %% of its tokens",
+            "train.batch_shapes=%d%s: every batch padded to one of %d (source, target) lengths %s; the pairs pad "
+            "%.1f %% of their tokens, an epoch with its batches' empty rows %.1f %%",
             t.batch_shapes,
+            f" train.shape_padding={t.shape_padding:g}" if t.shape_padding else "",
             len(shapes.shapes),
             " ".join(f"{src}x{tgt}" for src, tgt in shapes.shapes),
-            100 * schedule.epoch_stats()["epoch_padding_ratio"],
+            100 * shapes.pair_padding,
+            100 * padding,
         )
+        if t.shape_padding and shapes.pair_padding > t.shape_padding:
+            log.warning(
+                "train.batch_shapes=%d shapes pad %.1f %% of the pairs' tokens, more than train.shape_padding=%g: "
+                "allow more shapes (a larger train.batch_shapes) to pad less",
+                t.batch_shapes,
+                100 * shapes.pair_padding,
+                t.shape_padding,
+            )
     return schedule

@@ -7,6 +7,8 @@ but nearly every batch a new (sentences, source length, target length) shape, an
 
 1. K (source, target) lengths are chosen from the training split, greedily, each the one that saves the
    most pad tokens given those already chosen; the first is the longest pair's box, so every pair fits one.
+   With ``train.shape_padding=p`` the choice stops at the first count whose pairs pad at most that share of
+   their tokens: the fewest graphs for the padding a user accepts, K at most.
 2. Each pair goes to the cheapest shape it fits (fewest source + target tokens per row).
 3. A shape's pairs are cut into the fewest batches the token budget allows, all with the same number of
    rows; the last batch of a shape fills its missing rows (fewer than the shape's batches) with empty
@@ -44,10 +46,12 @@ class ShapedBatch(list):
         return self.rows, self.src_len, self.tgt_len
 
 
-def choose_shapes(src_len: np.ndarray, tgt_len: np.ndarray, k: int) -> list[tuple[int, int]]:
+def choose_shapes(src_len: np.ndarray, tgt_len: np.ndarray, k: int, max_padding: float = 0.0) -> list[tuple[int, int]]:
     """Up to ``k`` (source, target) padded lengths that every pair fits, chosen greedily to pad the fewest
-    tokens. Lengths are as the tensors hold them (source with EOS, target with BOS or EOS)."""
+    tokens; with ``max_padding`` the fewest of them whose pairs pad at most that share of their tokens.
+    Lengths are as the tensors hold them (source with EOS, target with BOS or EOS)."""
     pairs, counts = np.unique(np.stack([src_len, tgt_len], 1), axis=0, return_counts=True)
+    real = int((pairs.sum(1) * counts).sum())
     candidates, step = pairs, 1
     while len(candidates) > MAX_CANDIDATES:  # a very long-tailed corpus: consider coarser lengths
         step *= 2
@@ -55,6 +59,8 @@ def choose_shapes(src_len: np.ndarray, tgt_len: np.ndarray, k: int) -> list[tupl
     shapes = [(int(src_len.max()), int(tgt_len.max()))]
     cost = np.full(len(pairs), sum(shapes[0]))  # tokens per row of each pair's cheapest shape so far
     for _ in range(k - 1):
+        if max_padding > 0 and 1 - real / int((cost * counts).sum()) <= max_padding:
+            break
         chunks = np.array_split(candidates, max(1, len(candidates) * len(pairs) // 2**22))  # ~4 M cells each
         gains = np.concatenate([_gains(chunk, pairs, counts, cost) for chunk in chunks])
         best = int(gains.argmax())
@@ -77,14 +83,16 @@ def _gains(candidates: np.ndarray, pairs: np.ndarray, counts: np.ndarray, cost: 
 class BatchShapes:
     """The training split's pairs, each assigned to one of a fixed set of padded shapes."""
 
-    def __init__(self, src_lens: Lengths, tgt_lens: Lengths, k: int):
+    def __init__(self, src_lens: Lengths, tgt_lens: Lengths, k: int, max_padding: float = 0.0):
         src_len = np.asarray(src_lens, dtype=np.int64) + 1  # + EOS
         tgt_len = np.asarray(tgt_lens, dtype=np.int64) + 1  # + BOS / EOS
-        self.shapes = choose_shapes(src_len, tgt_len, k)
+        self.shapes = choose_shapes(src_len, tgt_len, k, max_padding)
         lengths = np.asarray(self.shapes)
         fits = (lengths[:, None, 0] >= src_len[None, :]) & (lengths[:, None, 1] >= tgt_len[None, :])
         # shapes are sorted by tokens per row: the first that fits is the cheapest
         self.shape_of = fits.argmax(0)
+        # the share of the padded tokens that is padding, before the empty rows of a shape's last batch
+        self.pair_padding = 1 - float(src_len.sum() + tgt_len.sum()) / float(lengths.sum(1)[self.shape_of].sum())
         self.members = [np.flatnonzero(self.shape_of == j).tolist() for j in range(len(self.shapes))]
 
     def rows(self, budget: int) -> list[int]:
