@@ -11,6 +11,7 @@ import hashlib
 import os
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 import hydra
 from hydra.experimental.callback import Callback
@@ -266,8 +267,7 @@ def run(dict_cfg: DictConfig) -> None:
             _before.undo()
         sys.exit(2)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        exit_interrupted()
     except Exception as err:
         if not disk_full(err):
             raise
@@ -303,6 +303,18 @@ def check_arguments(args: list[str]) -> None:
         raise UserError(config_error(err)) from None
 
 
+def exit_interrupted() -> NoReturn:
+    """Ctrl-C: one line, exit status 130, the exit handlers run (lock files, logs).
+
+    CPython also marks a KeyboardInterrupt raised inside ``exec`` of a string (a dataclass's or namedtuple's
+    methods being made as a module imports) as uncaught, even where the program catches it, and then ends the
+    process by SIGINT after its exit handlers instead of with the status asked for (Python/pythonrun.c,
+    run_eval_code_obj). Each exec of a string clears that mark first: an empty one after the catch does."""
+    print("interrupted", file=sys.stderr)
+    exec("")
+    sys.exit(130)
+
+
 def main() -> None:
     args = sys.argv[1:]
     try:
@@ -314,4 +326,6 @@ def main() -> None:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # while the settings are composed and checked, before the command runs
+        exit_interrupted()
     run()

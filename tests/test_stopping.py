@@ -197,6 +197,28 @@ def test_a_signal_while_the_data_is_prepared_ends_at_once_in_one_line(root, comm
     assert not (root / "checkpoints" / "early" / "last.pt").exists()
 
 
+def test_ctrl_c_caught_inside_a_string_exec_still_exits_130(tmp_path):
+    """CPython marks a KeyboardInterrupt that ends an ``exec`` of a string as uncaught even where the program
+    catches it, and under ``python -m`` ends the process by SIGINT instead of with the status asked for. Ctrl-C
+    during an import that makes a dataclass (datasets' imports) did that to make data: status -2, not 130."""
+    (tmp_path / "interrupted_in_exec.py").write_text(
+        "from app.cli import exit_interrupted\n"
+        "try:\n"
+        "    exec('raise KeyboardInterrupt', {})\n"
+        "except KeyboardInterrupt:\n"
+        "    exit_interrupted()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "interrupted_in_exec"],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        preexec_fn=as_a_terminal_starts_it,
+    )
+    assert (done.returncode, done.stderr.strip()) == (130, "interrupted")
+
+
 # --- the lock file's protocol ------------------------------------------------------------------------------
 
 

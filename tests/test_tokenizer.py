@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import signal
 
 import pytest
 
@@ -9,6 +10,8 @@ from app.config.schema import DataConfig, TokenizerConfig
 from app.data.prepare import prepare, read_tsv
 from app.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, build_tokenizer, model_paths
 from app.run.errors import UserError
+from app.run.folder_lock import Terminated
+from app.train.stop_rules import StopNow
 
 VOCAB = 250
 
@@ -120,3 +123,30 @@ def test_joint_and_separate_models_coexist(data_dir):
 def test_missing_model_is_user_error(tmp_path):
     with pytest.raises(UserError, match="tokenizer model not found"):
         Tokenizer(str(tmp_path / "a.model"), str(tmp_path / "a.model"))
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt(), Terminated(143), StopNow(signal.SIGINT)], ids=type)
+def test_a_signal_while_sentencepiece_reads_the_corpus_is_raised_as_it_was(data_dir, monkeypatch, stop):
+    """SentencePiece pulls the sentences from Python inside its C++ trainer and turns an exception raised there into
+    a RuntimeError ("INTERNAL: KeyboardInterrupt"): Ctrl-C at that moment ended make data with a traceback. The
+    signal's own exception reaches the command, which ends in one line; no model is written."""
+    import app.data.tokenizer as tokenizer
+
+    def sentences_then(error):
+        def column(tsv, *columns):
+            with open(tsv, encoding="utf-8") as f:
+                for i, line in enumerate(f):
+                    if i == 30:
+                        raise error
+                    yield line.split("\t")[1]
+
+        return column
+
+    cfg = TokenizerConfig(vocab_size=100)
+    monkeypatch.setattr(tokenizer, "_column", sentences_then(stop))
+    with pytest.raises(type(stop)):
+        build_tokenizer(data_dir, cfg)
+    assert not os.path.exists(model_paths(data_dir, cfg)[0])
+    monkeypatch.setattr(tokenizer, "_column", sentences_then(ValueError("a bad line")))
+    with pytest.raises(RuntimeError, match="a bad line"):  # an error is still the trainer's to report
+        build_tokenizer(data_dir, cfg)

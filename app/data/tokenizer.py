@@ -7,6 +7,7 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import asdict
+from typing import Optional
 
 import sentencepiece as spm
 
@@ -83,25 +84,48 @@ def _column(tsv: str, *columns: int) -> Iterator[str]:
                 yield line.rstrip("\n").split("\t")[column]
 
 
+class _Pulled:
+    """Sentences that SentencePiece's C++ trainer pulls one at a time. An exception raised in Python while it
+    pulls comes back from the trainer as a RuntimeError ("INTERNAL: KeyboardInterrupt"): a signal's (Ctrl-C's
+    KeyboardInterrupt, SIGTERM's Terminated, training's StopNow) is kept here for the caller to raise as it was."""
+
+    def __init__(self, sentences: Iterator[str]):
+        self.sentences = sentences
+        self.stopped: Optional[BaseException] = None
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            yield from self.sentences
+        except BaseException as stop:
+            if not isinstance(stop, (Exception, GeneratorExit)):  # a signal's, not an error or the trainer's close
+                self.stopped = stop
+            raise
+
+
 def _train_one(sentences: Iterator[str], path: str, cfg: TokenizerConfig) -> None:
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=sentences,
-        model_writer=model,
-        model_type=cfg.model_type,
-        vocab_size=cfg.vocab_size,
-        character_coverage=cfg.character_coverage,
-        max_sentence_length=cfg.max_sentence_length,
-        pad_id=PAD,
-        unk_id=UNK,
-        bos_id=BOS,
-        eos_id=EOS,
-        hard_vocab_limit=False,  # a tiny corpus gets a smaller vocabulary instead of an error
-        input_sentence_size=cfg.input_sentence_size,
-        shuffle_input_sentence=True,
-        num_threads=os.cpu_count() or 1,
-        minloglevel=2,
-    )
+    model, pulled = io.BytesIO(), _Pulled(sentences)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(pulled),
+            model_writer=model,
+            model_type=cfg.model_type,
+            vocab_size=cfg.vocab_size,
+            character_coverage=cfg.character_coverage,
+            max_sentence_length=cfg.max_sentence_length,
+            pad_id=PAD,
+            unk_id=UNK,
+            bos_id=BOS,
+            eos_id=EOS,
+            hard_vocab_limit=False,  # a tiny corpus gets a smaller vocabulary instead of an error
+            input_sentence_size=cfg.input_sentence_size,
+            shuffle_input_sentence=True,
+            num_threads=os.cpu_count() or 1,
+            minloglevel=2,
+        )
+    except RuntimeError:
+        if pulled.stopped is not None:
+            raise pulled.stopped from None
+        raise
     atomic_write(path, lambda f: f.write(model.getvalue()))
 
 
