@@ -12,9 +12,16 @@ from conftest import TINY, run_cli
 
 from app.config.schema import DataConfig
 from app.data.aligner import aligner_words, check_aligner, write_aligner_links
-from app.data.links import read_pharaoh
+from app.data.links import read_pharaoh, word_probabilities
 from app.data.prepare import prepare, read_tsv
-from app.data.symmetrization import grow_diag_final_and, intersection, symmetrize, union
+from app.data.symmetrization import (
+    AGREEMENT_THRESHOLDS,
+    agreement,
+    grow_diag_final_and,
+    intersection,
+    symmetrize,
+    union,
+)
 from app.evaluation.alignment import DirectionLinks, LinkCandidates, alignment_error_rate
 from app.evaluation.extraction import Method, default_method, read_links, read_words, shift_att
 from app.run.errors import UserError
@@ -83,7 +90,7 @@ def test_the_method_of_lowest_aer_is_chosen_and_scored_against_a_known_gold():
     found = LinkCandidates(forward, reverse)
     # "view": {0-0, 0-1, 2-2}: |A∩S| = 2 -> AER 1 - 4/6; shift: {0-0, 1-1, 0-2}: also 2 of 3 right
     assert found.forward.score(gold, "all").result("view")["aer"] == pytest.approx(round(1 - 4 / 6, 4))
-    assert found.directions_best(gold, "all") == ("view", "view")  # the first of equals
+    assert found.directions(gold, "all") == ("view", "view")  # the first of equals
     method, directions, _ = found.choose(gold, "all")
     # intersection of {0-0, 0-1, 2-2} and the reverse {0-0, 1-1, 2-1}: {0-0}: AER 1 - 2/4; union: 5 links, 3 right:
     # 1 - 6/8; grow-diag-final-and: 0-1 (target 1 unaligned, beside 0-0), 1-1 (source 1 unaligned), 2-1 (source 2),
@@ -96,6 +103,59 @@ def test_the_method_of_lowest_aer_is_chosen_and_scored_against_a_known_gold():
     assert found.choose(gold, "all", "shift-att")[0] == Method("view, shift-att")
     with pytest.raises(UserError, match="align.reverse"):
         LinkCandidates(forward).choose(gold, "all", "union")
+
+
+def test_agreement_links_the_words_whose_two_directions_probabilities_multiply_to_the_threshold():
+    # forward: each target word's distribution over 3 source words; reverse: each source word's over 3 target words
+    forward = np.array([[0.9, 0.1, 0.0], [0.1, 0.5, 0.4], [0.0, 0.0, 0.0]])  # target 2 attends to no word
+    reverse = np.array([[0.8, 0.2, 0.0], [0.1, 0.6, 0.3], [0.0, 0.9, 0.1]])
+    # products (target, source): 0-0 0.72, 1-1 0.30, 1-2 0.36, 0-1 0.01, 1-0 0.02; none for target 2
+    assert agreement(forward, reverse, 0.3) == {(0, 0), (1, 1), (2, 1)}  # target 1 links to two words
+    assert agreement(forward, reverse, 0.35) == {(0, 0), (2, 1)}
+    assert agreement(forward, reverse, 0.8) == set()  # none is sure enough: no links, not the argmax
+    # a tokenizer that drops a word's only character: the common words are read
+    assert agreement(forward, reverse[:2, :2], 0.3) == {(0, 0), (1, 1)}
+    # pieces summed into words, each target word's row a distribution; a row on </s> alone stays zeros
+    maps = np.array([[[0.2, 0.2, 0.5, 0.1], [0.0, 0.0, 0.0, 1.0], [0.5, 0.25, 0.25, 0.0]]])
+    words = word_probabilities(maps, ["▁a", "b", "▁c", "</s>"], ["▁x", "▁y", "▁z"])
+    assert np.allclose(words, [[[0.4 / 0.9, 0.5 / 0.9], [0.0, 0.0], [0.75, 0.25]]])
+
+
+def test_the_reverse_reading_is_chosen_by_what_it_adds_and_agreement_by_its_aer_on_gold():
+    # one pair of 3 x 3 words; gold: the diagonal, sure. The forward reading links every target word to source 0.
+    gold = [({(0, 0), (1, 1), (2, 2)}, {(0, 0), (1, 1), (2, 2)})]
+    forward = DirectionLinks(["view"], {0: np.array([[0, 0, 0]])})  # 0-0 0-1 0-2: one right
+    # the reverse run's rows, a row per source word (its target word): "own" is right twice on its own (1-1 2-2) but
+    # joins the forward reading only in its wrong 0-1; "joins" is right once (0-0), the link the forward got right
+    rows = np.array([[1, 1, 2], [0, 0, 0]])
+    reverse = DirectionLinks(["own", "joins"], {0: rows})
+    found = LinkCandidates(forward, reverse)
+    assert reverse.score(gold, "all", turned=True).best() == "own"
+    assert found.directions(gold, "all") == ("view", "joins")
+
+    # agreement: the probabilities of the two readings, read by a pass more (read_two). The forward model is unsure
+    # of target words 1 and 2 (0.5 / 0.5 and 0.55 / 0.45 between source 0 and their own), the reverse one is sure.
+    p_fwd = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.55, 0.0, 0.45]])
+    p_rev = np.eye(3)
+    asked = []
+
+    def read_two(directions):
+        asked.append(directions)
+        fwd = DirectionLinks(["view"], dict(forward.best), ("view",), {(0, "view"): p_fwd})
+        rev = DirectionLinks(["joins"], {0: rows[1:]}, ("joins",), {(0, "joins"): p_rev})
+        return LinkCandidates(fwd, rev)
+
+    method, directions, score = found.choose(gold, "all", "auto", read_two)
+    assert asked == [("view", "joins")] and directions == ("view", "joins")
+    # at 0.45 and below agreement links the diagonal, all three right; the others: intersection 0-0 alone
+    assert method.name == f"agreement ≥ {AGREEMENT_THRESHOLDS[0]:g} of view and the reverse run's joins"
+    assert score.result(method.name)["aer"] == 0.0
+    assert score.result("intersection of view and the reverse run's joins")["aer"] == 0.5
+    assert found.links(0, method) == {(0, 0), (1, 1), (2, 2)}
+    assert found.choose(gold, "all", "grow-diag-final-and", read_two)[0].kind == "grow-diag-final-and"
+    assert found.choose(gold, "all", "agreement")[0].kind == "agreement"  # the probabilities were kept
+    with pytest.raises(UserError, match="align.reverse"):
+        LinkCandidates(forward).choose(gold, "all", "agreement", read_two)
 
 
 def test_without_dev_links_the_method_is_the_plotted_view():
@@ -208,12 +268,13 @@ def test_make_align_writes_a_line_per_pair_and_counts_the_pairs_it_skips(linked_
 def test_both_directions_symmetrized_through_make_align_and_make_eval(linked_runs):
     root = linked_runs
     turned = os.path.join("checkpoints", "tiny_turned")
-    for method in ("grow-diag-final-and", "intersection"):
+    for method in ("grow-diag-final-and", "intersection", "agreement"):
         args = ["align.split=test", f"align.reverse={turned}", f"align.method={method}"]
         result = run_cli(root, "command=align", "name=tiny", "device=cpu", *args)
         assert result.returncode == 0, result.stderr[-3000:]
         summary = json.loads((root / "checkpoints" / "tiny" / "align" / "test.json").read_text())
-        assert summary["method"].startswith(f"{method} of layer 0 ") and summary["kind"] == method
+        named = f"{method} ≥ " if method == "agreement" else f"{method} of layer 0 "  # agreement names its threshold
+        assert summary["method"].startswith(named) and summary["kind"] == method
         lines = (root / "checkpoints" / "tiny" / "align" / "test.align").read_text(encoding="utf-8").splitlines()
         assert len(lines) == len(read_tsv(str(root / "data" / "tiny" / "test.tsv")))
         assert summary["alignment"]["scope"] == "linked" and summary["alignment"]["gold"].endswith("test.align")
@@ -226,7 +287,7 @@ def test_both_directions_symmetrized_through_make_align_and_make_eval(linked_run
     assert a["method"] in a["aer_by_view"] and metrics["hyp_align_view"] == a["method"]
     assert a["aer"] == a["aer_by_view"][a["method"]] and a["chosen_on"] == "dev"
     # each kind of method at its best reading on dev, scored on test; the one reported is its kind's best
-    kinds = ["attention", "shift-att", "intersection", "union", "grow-diag-final-and"]
+    kinds = ["attention", "shift-att", "intersection", "union", "grow-diag-final-and", "agreement"]
     assert sorted(a["by_method"]) == sorted(kinds)
     for kind, best in a["by_method"].items():
         assert best["aer"] == a["aer_by_view"][best["method"]] and 0 <= best["precision"] <= 1, kind

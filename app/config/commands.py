@@ -119,7 +119,7 @@ class AlignConfig(Checked, section="align"):
     reverse: Optional[str] = None  # a run of the other direction (a name or a folder): symmetrized methods too
     # how links are read (app/evaluation/extraction.py): the best on the run's dev reference links of every method
     # (auto) or of one; without dev links, the view plots show (grow-diag-final-and with align.reverse for auto)
-    method: str = choice("auto", "attention", "shift-att", "intersection", "union", "grow-diag-final-and")
+    method: str = choice("auto", "attention", "shift-att", "intersection", "union", "grow-diag-final-and", "agreement")
     checkpoint: str = "best"  # of both runs: best | last | averaged | step_NNNNNNN
     chunk: int = 2000  # pairs read, aligned and written at a time (in batches of decode.batch_tokens)
 

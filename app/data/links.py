@@ -77,14 +77,29 @@ def piece_links(links: set[tuple[int, int]], src_pieces: list[str], tgt_pieces: 
     return list(zip(cells[0].tolist(), cells[1].tolist()))
 
 
+def word_attention(maps, src_pieces: list[str], tgt_pieces: list[str]) -> np.ndarray:
+    """Attention maps (views, tgt pieces, src pieces) -> (views, target words, source words): pieces summed into
+    words (special tokens such as ``</s>`` left out)."""
+    to_src, to_tgt = pieces_to_words(src_pieces), pieces_to_words(tgt_pieces)
+    return to_tgt @ np.asarray(maps, dtype=np.float64) @ to_src.T
+
+
 def most_attended(maps, src_pieces: list[str], tgt_pieces: list[str]) -> np.ndarray:
     """Attention maps (views, tgt pieces, src pieces) -> (views, target words): the most attended source word of
     every target word, pieces summed into words (no columns where either side has no word)."""
-    to_src, to_tgt = pieces_to_words(src_pieces), pieces_to_words(tgt_pieces)
-    if not len(to_src) or not len(to_tgt):
+    merged = word_attention(maps, src_pieces, tgt_pieces)
+    if not merged.shape[1] or not merged.shape[2]:
         return np.zeros((len(maps), 0), dtype=np.int64)
-    merged = to_tgt @ np.asarray(maps, dtype=np.float64) @ to_src.T  # (views, tgt words, src words)
     return merged.argmax(-1)
+
+
+def word_probabilities(maps, src_pieces: list[str], tgt_pieces: list[str]) -> np.ndarray:
+    """Attention maps (views, tgt pieces, src pieces) -> (views, target words, source words): each target word's
+    attention over the source words, pieces summed into words, as a distribution (a row that attends to no word,
+    only to ``</s>``, stays zeros)."""
+    merged = word_attention(maps, src_pieces, tgt_pieces)
+    rows = merged.sum(-1, keepdims=True)
+    return np.divide(merged, rows, out=np.zeros_like(merged), where=rows > 0)
 
 
 def word_links(best) -> set[tuple[int, int]]:

@@ -1,7 +1,8 @@
 """Two directions' word links made one: intersection, union and grow-diag-final-and (Koehn, Och & Marcu 2003,
-"Statistical Phrase-Based Translation"; the heuristic of Moses' symal and fast_align's atools). What make align
-and make eval do with a model of each direction (app/evaluation/extraction.py), and what eflomal's forward and
-reverse links become before they guide training (app/data/aligner.py).
+"Statistical Phrase-Based Translation"; the heuristic of Moses' symal and fast_align's atools), and agreement of
+the two directions' probabilities (Liang, Taskar & Klein 2006). What make align and make eval do with a model of
+each direction (app/evaluation/extraction.py), and what eflomal's forward and reverse links become before they
+guide training (app/data/aligner.py).
 
 Links are (source word, target word) pairs, both directions' in that orientation (the reverse direction's links
 turned around first)."""
@@ -9,6 +10,8 @@ turned around first)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+
+import numpy as np
 
 Links = set[tuple[int, int]]
 
@@ -62,6 +65,29 @@ SYMMETRIZATIONS: dict[str, Callable[[Links, Links], Links]] = {
     "union": union,
     "grow-diag-final-and": grow_diag_final_and,
 }
+
+
+AGREEMENT = "agreement"
+# the thresholds make eval and make align choose among on dev; the default where there are no dev links
+AGREEMENT_THRESHOLDS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
+AGREEMENT_DEFAULT = 0.15  # the best on the KJV's dev links for guided and unguided runs (docs/attention.md)
+
+
+def agreement(forward: np.ndarray, reverse: np.ndarray, threshold: float) -> Links:
+    """The links both directions' probabilities agree on, as Liang, Taskar & Klein (2006, "Alignment by
+    Agreement") decode two directions' models: their posteriors multiplied, the links at or above a threshold,
+
+        A = {(s, t) : p_fwd(s | t) · p_rev(t | s) ≥ threshold}.
+
+    ``forward``: (target words, source words), each target word's distribution over the source words (the forward
+    model's word attention); ``reverse``: (source words, target words), the reverse model's. Unlike the heuristics
+    above, it reads how sure each direction is: a word may link to several words, or to none. Should the two
+    models split a pair into different numbers of words (a character one tokenizer drops), their common words
+    are read."""
+    t_words, s_words = min(forward.shape[0], reverse.shape[1]), min(forward.shape[1], reverse.shape[0])
+    product = forward[:t_words, :s_words] * reverse[:s_words, :t_words].T
+    t, s = np.nonzero(product >= threshold)
+    return {(int(i), int(j)) for i, j in zip(s, t)}
 
 
 def symmetrize(method: str, forward: Links, reverse: Links) -> Links:

@@ -1,10 +1,10 @@
 """Hard word alignments read from attention (app/evaluation/extraction.py: every view, as it is and shift-att; both
-directions symmetrized), scored against reference links with AER, precision and recall (Och & Ney 2003), every
-method at once, the best chosen; a hypothesis' word links."""
+directions symmetrized or agreeing), scored against reference links with AER, precision and recall (Och & Ney
+2003), every method at once, the best chosen; a hypothesis' word links."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -12,10 +12,19 @@ import numpy as np
 from tqdm import tqdm
 
 from app.data.links import word_links
-from app.data.symmetrization import symmetrize
+from app.data.symmetrization import AGREEMENT, agreement, symmetrize
 from app.data.tokenizer import EOS
 from app.decode.passes import forced_attention
-from app.evaluation.extraction import Method, allowed, candidates, has_reading, read_links, read_words
+from app.evaluation.extraction import (
+    Method,
+    agreement_asked,
+    allowed,
+    candidates,
+    has_reading,
+    read_links,
+    read_probabilities,
+    read_words,
+)
 from app.evaluation.views import plotted_view
 from app.models.api import AnySeq2Seq
 from app.run.errors import UserError
@@ -95,11 +104,14 @@ def alignment_error_rate(predicted: list[set], gold: list[tuple[set, set]], scop
 @dataclass
 class DirectionLinks:
     """What every reading (app/evaluation/extraction.py) of one model's attention links, per pair (by index in the
-    pairs read): the most attended source word of each target word, (readings, target words). A pair not read
-    (too long for the model) links nothing."""
+    pairs read): the most attended source word of each target word, (readings, target words); and of the readings
+    ``soft`` names, each target word's distribution over the source words (``probabilities``: what agreement
+    reads). A pair not read (too long for the model) links nothing."""
 
     names: list[str]
     best: dict[int, np.ndarray] = field(default_factory=dict)
+    soft: tuple[str, ...] = ()
+    probabilities: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)  # (pair, reading) -> (tgt, src)
 
     def links(self, i: int, reading: str, turned: bool = False) -> set[tuple[int, int]]:
         """Pair ``i``'s links of ``reading``; ``turned``: (target word, source word) of this model become (source
@@ -132,10 +144,12 @@ def read_direction(
     readings: Optional[Sequence[str]] = None,
     keep: int = 0,
     progress: str = "",
+    soft: Sequence[str] = (),
 ) -> tuple[Optional[DirectionLinks], dict]:
     """The links of every reading (or of ``readings``) of the teacher-forced attention of the pairs (``src``,
-    ``tgt``: the model's subword ids) that fit the model, and the attention of the first ``keep`` pairs (float16:
-    for plots and the explorer). None, {} for a model without attention. ``progress``: a progress bar's title."""
+    ``tgt``: the model's subword ids) that fit the model, the word probabilities of the readings ``soft``, and the
+    attention of the first ``keep`` pairs (float16: for plots and the explorer). None, {} for a model without
+    attention. ``progress``: a progress bar's title."""
     fits = fitting(model, src, tgt)
     read: Optional[DirectionLinks] = None
     kept = {}
@@ -144,8 +158,11 @@ def read_direction(
         i = fits[n]
         src_pieces, tgt_pieces = tokenizer.src_pieces(src[i] + [EOS]), tokenizer.tgt_pieces(tgt[i] + [EOS])
         names, best = read_words(attention, src_pieces, tgt_pieces, readings)
-        read = read or DirectionLinks(names)
+        read = read or DirectionLinks(names, soft=tuple(soft))
         read.best[i] = best
+        if soft:
+            for reading, words in zip(soft, read_probabilities(attention, src_pieces, tgt_pieces, soft)):
+                read.probabilities[i, reading] = words.astype(np.float32)
         if i < keep:
             kept[i] = attention.half()
     return read, kept
@@ -163,18 +180,25 @@ def link_candidates(
     readings: tuple[Optional[Sequence[str]], Optional[Sequence[str]]] = (None, None),
     keep: int = 0,
     progress: str = "",
+    soft: tuple[Sequence[str], Sequence[str]] = ((), ()),
 ) -> tuple[Optional[LinkCandidates], dict]:
     """The links of the ``pairs`` (this model's subword ids) by every reading of its attention (or ``readings[0]``)
     and, given a run of the other direction (``reverse``: a TrainedModel), by every reading (or ``readings[1]``) of
-    its attention over the pairs' ``texts`` turned round; the forced attention of the first ``keep`` pairs. None, {}
-    for a model without attention. ``progress``: the progress bars' title."""
-    forward, kept = read_direction(model, tokenizer, *pairs, device, dtype, batch_tokens, readings[0], keep, progress)
+    its attention over the pairs' ``texts`` turned round; the word probabilities of the readings ``soft`` of each
+    direction; the forced attention of the first ``keep`` pairs. None, {} for a model without attention.
+    ``progress``: the progress bars' title."""
+    src, tgt = pairs
+    forward, kept = read_direction(
+        model, tokenizer, src, tgt, device, dtype, batch_tokens, readings[0], keep, progress, soft[0]
+    )
     if forward is None or reverse is None:
         return (None if forward is None else LinkCandidates(forward)), kept
     r = reverse
-    turned = (r.tokenizer.encode_src(texts[1]), r.tokenizer.encode_tgt(texts[0]))
+    src, tgt = r.tokenizer.encode_src(texts[1]), r.tokenizer.encode_tgt(texts[0])  # the pairs turned round
     title = progress and f"{progress}, reverse run"
-    backward, _ = read_direction(r.model, r.tokenizer, *turned, r.device, r.dtype, batch_tokens, readings[1], 0, title)
+    backward, _ = read_direction(
+        r.model, r.tokenizer, src, tgt, r.device, r.dtype, batch_tokens, readings[1], 0, title, soft[1]
+    )
     return LinkCandidates(forward, backward), kept
 
 
@@ -216,15 +240,41 @@ class LinkCandidates:
     reverse: Optional[DirectionLinks] = None
 
     def links(self, i: int, method: Method) -> set[tuple[int, int]]:
+        if method.symmetrization == AGREEMENT and self.reverse is not None and method.threshold is not None:
+            p_fwd = self.forward.probabilities.get((i, method.forward))
+            p_rev = self.reverse.probabilities.get((i, str(method.reverse)))
+            return set() if p_fwd is None or p_rev is None else agreement(p_fwd, p_rev, method.threshold)
         forward = self.forward.links(i, method.forward)
         if method.symmetrization is None or self.reverse is None:
             return forward
         return symmetrize(method.symmetrization, forward, self.reverse.links(i, str(method.reverse), turned=True))
 
-    def directions_best(self, gold: list[tuple[set, set]], scope: str) -> tuple[str, Optional[str]]:
-        """The best reading of each direction against ``gold`` (the reverse one against the gold turned round)."""
-        reverse = None if self.reverse is None else self.reverse.score(gold, scope, turned=True).best()
-        return self.forward.score(gold, scope).best(), reverse
+    def directions(self, gold: list[tuple[set, set]], scope: str) -> tuple[str, Optional[str]]:
+        """The reading of each direction that the symmetrizations and agreement join: this run's best against
+        ``gold``, and the reverse run's reading whose intersection with it is the best. The reverse run serves only
+        to be joined, so its reading is chosen by what it adds, not by its own AER (its own best reading is not
+        always the one that agrees best: a guided head, docs/attention.md)."""
+        forward = self.forward.score(gold, scope).best()
+        if self.reverse is None:
+            return forward, None
+        score = AlignmentScore(self.reverse.names, scope)
+        for i, (sure, possible) in enumerate(gold):
+            mine = self.forward.links(i, forward)
+            score.add([mine & self.reverse.links(i, name, turned=True) for name in self.reverse.names], sure, possible)
+        return forward, score.best()
+
+    def add_probabilities(self, other: Optional[LinkCandidates]) -> None:
+        """Take the word probabilities ``other`` (a pass over the same pairs) read."""
+        if other is None:
+            return
+        for mine, theirs in ((self.forward, other.forward), (self.reverse, other.reverse)):
+            if mine is not None and theirs is not None:
+                mine.soft += theirs.soft
+                mine.probabilities.update(theirs.probabilities)
+
+    def agreeing(self, directions: tuple[str, Optional[str]]) -> bool:
+        """Whether the probabilities of both directions' readings were read (agreement can be scored)."""
+        return self.reverse is not None and directions[0] in self.forward.soft and directions[1] in self.reverse.soft
 
     def score(self, gold: list[tuple[set, set]], scope: str, methods: list[Method]) -> AlignmentScore:
         score = AlignmentScore([m.name for m in methods], scope)
@@ -233,17 +283,24 @@ class LinkCandidates:
         return score
 
     def methods(self, directions: tuple[str, Optional[str]], setting: str = "auto") -> list[Method]:
-        """The methods ``align.method`` allows: this run's readings, and the symmetrizations of each direction's
-        reading ``directions`` (each direction's best, chosen where the method is)."""
-        return allowed(candidates(self.forward.names, *directions), setting)
+        """The methods ``align.method`` allows: this run's readings, and the symmetrizations and agreement (where
+        their probabilities were read) of each direction's reading ``directions`` (``directions``' choice)."""
+        return allowed(candidates(self.forward.names, *directions, agreeing=self.agreeing(directions)), setting)
 
     def choose(
-        self, gold: list[tuple[set, set]], scope: str, setting: str = "auto"
+        self,
+        gold: list[tuple[set, set]],
+        scope: str,
+        setting: str = "auto",
+        read_two: Optional[Callable[[tuple[str, str]], Optional[LinkCandidates]]] = None,
     ) -> tuple[Method, tuple[str, Optional[str]], AlignmentScore]:
-        """The method of the lowest AER against ``gold`` that ``setting`` (align.method) allows, the best reading
-        of each direction (what the symmetrizations join), and the scores of every method (each kind's best:
-        ``best(among=...)``), scored once."""
-        directions = self.directions_best(gold, scope)
+        """The method of the lowest AER against ``gold`` that ``setting`` (align.method) allows, the reading of
+        each direction (what the symmetrizations join), and the scores of every method (each kind's best:
+        ``best(among=...)``), scored once. Agreement is among them where ``read_two`` reads the probabilities of
+        the two readings over the same pairs (a pass more of each model) or they were read already."""
+        directions = self.directions(gold, scope)
+        if read_two is not None and directions[1] is not None and agreement_asked(directions, setting):
+            self.add_probabilities(read_two((directions[0], directions[1])))
         methods = self.methods(directions)
         names = [m.name for m in allowed(methods, setting)]
         if not names:

@@ -25,8 +25,9 @@ from app.config.schema import Config
 from app.data.corpus import load_split
 from app.data.links import pharaoh_line, read_pharaoh, reference_links
 from app.data.sources import SPLITS
+from app.data.symmetrization import AGREEMENT
 from app.decode.trained import TrainedModel, load_trained
-from app.evaluation.alignment import AlignmentScore, align_scope, link_candidates
+from app.evaluation.alignment import AlignmentScore, LinkCandidates, align_scope, link_candidates
 from app.evaluation.extraction import Method, default_method
 from app.models import has_attention
 from app.run.checkpoint import run_folder
@@ -152,13 +153,18 @@ def choose_method(cfg: Config, forward: TrainedModel, reverse: Optional[TrainedM
     dev = load_split(data_dir, "dev", forward.tokenizer)
     pairs, texts = (dev.src, dev.tgt), (dev.src_texts, dev.tgt_texts)
     batch, trained = cfg.decode.batch_tokens, forward
-    found, _ = link_candidates(
-        trained.model, trained.tokenizer, pairs, texts, trained.device, trained.dtype, batch, reverse, progress="on dev"
-    )
+    passes = (trained.device, trained.dtype, batch, reverse)
+    found, _ = link_candidates(trained.model, trained.tokenizer, pairs, texts, *passes, progress="on dev")
     if found is None:
         raise UserError(f"{cfg.run_dir}: this model has no attention to read word links from")
+
+    def read_two(directions: tuple[str, str]) -> Optional[LinkCandidates]:
+        """The two readings agreement joins, with their probabilities, over dev."""
+        two = ([directions[0]], [directions[1]])
+        return link_candidates(trained.model, trained.tokenizer, pairs, texts, *passes, two, soft=two)[0]
+
     gold, scope = read_pharaoh(dev_links), align_scope(cfg.eval.align_scope, gold_file=False)
-    method, _, on_dev = found.choose(gold, scope, cfg.align.method)
+    method, _, on_dev = found.choose(gold, scope, cfg.align.method, read_two)
     aer = on_dev.result(method.name)["aer"]
     return method, f"chosen on dev: AER {aer:.4f} against {dev_links}"
 
@@ -201,11 +207,9 @@ def align_chunk(
     pairs = [ids[0][n] for n in kept], [ids[1][n] for n in kept]
     texts = [src[n] for n in kept], [tgt[n] for n in kept]
     readings = [method.forward], None if method.reverse is None else [method.reverse]
-    model = (forward.model, forward.tokenizer)
-    batch = cfg.decode.batch_tokens
-    found, _ = link_candidates(
-        *model, pairs, texts, forward.device, forward.dtype, batch, reverse if method.reverse else None, readings
-    )
+    soft = (readings[0], readings[1] or []) if method.symmetrization == AGREEMENT else ((), ())
+    passes = (forward.device, forward.dtype, cfg.decode.batch_tokens, reverse if method.reverse else None, readings)
+    found, _ = link_candidates(forward.model, forward.tokenizer, pairs, texts, *passes, soft=soft)
     for k, n in enumerate(kept):
         lines[n] = found.links(k, method) if found is not None else set()
     return lines

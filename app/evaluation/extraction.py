@@ -10,6 +10,8 @@ the literature, each a ``Method``.
   about the word it is about to write.
 - **Both directions symmetrized**: a reading of this run's attention and one of a run of the other direction
   (``align.reverse``), joined by intersection, union or grow-diag-final-and (app/data/symmetrization.py).
+- **Both directions' agreement**: the same two readings as probabilities over words, multiplied, the links at or
+  above a threshold (Liang et al. 2006; app/data/symmetrization.py), the threshold chosen on dev too.
 
 A *reading* is a view, read as it is (``layer 1 mean``) or shifted (``layer 1 mean, shift-att``). Pieces are summed
 into whitespace words, and every target word links to its most attended source word (app.data.links).
@@ -23,14 +25,14 @@ from typing import Optional
 
 import numpy as np
 
-from app.data.links import most_attended, word_links
-from app.data.symmetrization import SYMMETRIZATIONS
+from app.data.links import most_attended, word_links, word_probabilities
+from app.data.symmetrization import AGREEMENT, AGREEMENT_DEFAULT, AGREEMENT_THRESHOLDS, SYMMETRIZATIONS
 from app.evaluation.views import attention_views, plotted_view
 
 SHIFT_ATT = "shift-att"
 SHIFTED = f", {SHIFT_ATT}"  # a shifted reading's name: "<view>, shift-att"
 # what align.method chooses among: the best on dev of every method (auto), or of one
-METHODS = ("auto", "attention", SHIFT_ATT, *SYMMETRIZATIONS)
+METHODS = ("auto", "attention", SHIFT_ATT, *SYMMETRIZATIONS, AGREEMENT)
 
 
 def shift_att(maps: np.ndarray) -> np.ndarray:
@@ -50,20 +52,31 @@ def reading_view(reading: str) -> tuple[str, bool]:
     return (reading[: -len(SHIFTED)], True) if reading.endswith(SHIFTED) else (reading, False)
 
 
+def reading_maps(attention, readings: Optional[Sequence[str]] = None) -> tuple[list[str], np.ndarray]:
+    """(names, (readings, tgt pieces, src pieces) maps) of one pair's attention: every reading of every view, or
+    only ``readings``."""
+    views, maps = attention_views(attention)
+    if readings is None:
+        return reading_names(views), np.concatenate([maps, shift_att(maps)])
+    names = list(readings)
+    picked = [(views.index(view), shifted) for view, shifted in map(reading_view, names)]
+    shifted_maps = shift_att(maps) if any(shifted for _, shifted in picked) else maps
+    return names, np.stack([(shifted_maps if shifted else maps)[n] for n, shifted in picked])
+
+
 def read_words(
     attention, src_pieces: list[str], tgt_pieces: list[str], readings: Optional[Sequence[str]] = None
 ) -> tuple[list[str], np.ndarray]:
     """(names, (readings, target words) most attended source word of each target word) of one pair's attention:
     every reading of every view, or only ``readings``."""
-    views, maps = attention_views(attention)
-    if readings is None:
-        names, read = reading_names(views), np.concatenate([maps, shift_att(maps)])
-    else:
-        names = list(readings)
-        picked = [(views.index(view), shifted) for view, shifted in map(reading_view, names)]
-        shifted_maps = shift_att(maps) if any(shifted for _, shifted in picked) else maps
-        read = np.stack([(shifted_maps if shifted else maps)[n] for n, shifted in picked])
+    names, read = reading_maps(attention, readings)
     return names, most_attended(read, src_pieces, tgt_pieces)
+
+
+def read_probabilities(attention, src_pieces: list[str], tgt_pieces: list[str], readings: Sequence[str]) -> np.ndarray:
+    """(readings, target words, source words): each target word's attention over the source words, as a
+    distribution, by each of ``readings`` of one pair's attention (what agreement multiplies)."""
+    return word_probabilities(reading_maps(attention, readings)[1], src_pieces, tgt_pieces)
 
 
 def read_links(attention, src_pieces: list[str], tgt_pieces: list[str], reading: str) -> set[tuple[int, int]]:
@@ -78,20 +91,24 @@ def has_reading(attention, reading: str) -> bool:
 
 @dataclass(frozen=True)
 class Method:
-    """How a pair's links are read: a reading of this run's attention (``forward``), alone or symmetrized
-    (``symmetrization``, a SYMMETRIZATIONS name) with a reading of the reverse run's attention (``reverse``)."""
+    """How a pair's links are read: a reading of this run's attention (``forward``), alone or joined
+    (``symmetrization``, a SYMMETRIZATIONS name or AGREEMENT at ``threshold``) with a reading of the reverse run's
+    attention (``reverse``)."""
 
     forward: str
     symmetrization: Optional[str] = None
     reverse: Optional[str] = None
+    threshold: Optional[float] = None  # agreement's
 
     @property
     def name(self) -> str:
         """What the outputs call it: "layer 1 mean, shift-att", "grow-diag-final-and of layer 1 mean, shift-att
-        and the reverse run's layer 2 mean, shift-att"."""
+        and the reverse run's layer 2 mean, shift-att", "agreement ≥ 0.15 of layer 1 head 0 and the reverse run's
+        layer 1 head 0"."""
         if self.symmetrization is None:
             return self.forward
-        return f"{self.symmetrization} of {self.forward} and the reverse run's {self.reverse}"
+        joined = self.symmetrization + (f" ≥ {self.threshold:g}" if self.symmetrization == AGREEMENT else "")
+        return f"{joined} of {self.forward} and the reverse run's {self.reverse}"
 
     @property
     def view(self) -> str:
@@ -100,17 +117,28 @@ class Method:
 
     @property
     def kind(self) -> str:
-        """Its align.method: attention, shift-att, or the symmetrization."""
+        """Its align.method: attention, shift-att, a symmetrization, or agreement."""
         return self.symmetrization or (SHIFT_ATT if reading_view(self.forward)[1] else "attention")
 
 
-def candidates(readings: Sequence[str], forward: Optional[str] = None, reverse: Optional[str] = None) -> list[Method]:
+def candidates(
+    readings: Sequence[str], forward: Optional[str] = None, reverse: Optional[str] = None, agreeing: bool = False
+) -> list[Method]:
     """The methods to choose among: every reading of this run's attention and, given each direction's reading
-    (``forward``, ``reverse``), every symmetrization of the two."""
+    (``forward``, ``reverse``), every symmetrization of the two, and (``agreeing``: their probabilities were read)
+    their agreement at every threshold."""
     methods = [Method(reading) for reading in readings]
     if forward is not None and reverse is not None:
         methods += [Method(forward, symmetrization, reverse) for symmetrization in SYMMETRIZATIONS]
+        if agreeing:
+            methods += [Method(forward, AGREEMENT, reverse, threshold) for threshold in AGREEMENT_THRESHOLDS]
     return methods
+
+
+def agreement_asked(directions: tuple[str, Optional[str]], setting: str) -> bool:
+    """Whether a choice among ``align.method``'s methods takes agreement in, which reads the probabilities of each
+    direction's reading (a pass more of each model)."""
+    return directions[1] is not None and setting in ("auto", AGREEMENT)
 
 
 def allowed(methods: list[Method], setting: str) -> list[Method]:
@@ -125,4 +153,5 @@ def default_method(attention, layer: int, setting: str, reverse_attention=None) 
     if reverse_attention is None or setting in ("attention", SHIFT_ATT):
         return Method(forward)
     symmetrization = "grow-diag-final-and" if setting == "auto" else setting
-    return Method(forward, symmetrization, plotted_view(reverse_attention, layer)[0])
+    threshold = AGREEMENT_DEFAULT if symmetrization == AGREEMENT else None
+    return Method(forward, symmetrization, plotted_view(reverse_attention, layer)[0], threshold)

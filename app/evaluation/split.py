@@ -13,19 +13,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import torch
 
 from app.data.batching import sorted_batches
 from app.data.corpus import ParallelData
-from app.data.symmetrization import symmetrize
+from app.data.symmetrization import AGREEMENT, agreement, symmetrize
 from app.data.tokenizer import PAD, Tokenizer
 from app.decode.ensemble import Ensemble
 from app.decode.search import Hypotheses
 from app.decode.trained import TrainedModel
 from app.evaluation.alignment import LinkCandidates, link_candidates, links_view, read_direction
-from app.evaluation.extraction import Method, has_reading, read_links
+from app.evaluation.extraction import Method, has_reading, read_links, read_probabilities
 from app.evaluation.head_roles import HeadRoles
 from app.evaluation.metrics import score, split_scores, ter_of_statistics, ter_statistics
 from app.evaluation.records import SentenceRecord, add_self_attention, sentence_records
@@ -192,10 +192,17 @@ def read_hypothesis_links(
         rsrc = reverse.tokenizer.encode_src([result.texts[r.index] for r in records])
         rtgt = reverse.tokenizer.encode_tgt([data.src_texts[r.index] for r in records])
         passes = (reverse.model, reverse.tokenizer, rsrc, rtgt, reverse.device, reverse.dtype, batch_tokens)
-        turned, _ = read_direction(*passes, [str(method.reverse)])
+        agreeing = [str(method.reverse)] if method.symmetrization == AGREEMENT else []
+        turned, _ = read_direction(*passes, [str(method.reverse)], soft=agreeing)
     for n, r in enumerate(records):
         r.hyp_links = read_links(r.attention, r.src_pieces, r.hyp_pieces, method.forward)
-        if turned is not None and method.symmetrization is not None:
+        if turned is None or method.symmetrization is None:
+            continue
+        if method.symmetrization == AGREEMENT and method.threshold is not None:
+            p_fwd = read_probabilities(r.attention, r.src_pieces, r.hyp_pieces, [method.forward])[0]
+            p_rev = turned.probabilities.get((n, str(method.reverse)))
+            r.hyp_links = set() if p_rev is None else agreement(p_fwd, p_rev, method.threshold)
+        else:
             r.hyp_links = symmetrize(method.symmetrization, r.hyp_links, turned.links(n, str(method.reverse), True))
 
 
@@ -253,26 +260,34 @@ def align(
     progress: bool = False,
 ) -> None:
     """AER of every method of reading links from the teacher-forced attention (each head of each layer, each layer's
-    mean, an RNN's one map; each as it is and shift-att; with a run of the other direction, its best reading and
-    this run's symmetrized) against ``asked.links``, the method reported chosen on ``asked.dev`` where given (an
-    optimistic choice on the split itself otherwise, said so). None for a model without attention."""
+    mean, an RNN's one map; each as it is and shift-att; with a run of the other direction, its reading that joins
+    this run's best, symmetrized and agreeing) against ``asked.links``, the method reported chosen on ``asked.dev``
+    where given (an optimistic choice on the split itself otherwise, said so). None for a model without attention."""
 
-    def read(split: ParallelData, keep: int = 0, title: str = "") -> tuple[Optional[LinkCandidates], dict]:
+    def read(split: ParallelData, keep: int = 0, title: str = "", only=None, soft=None):
+        """Every reading of each direction over ``split`` (or ``only`` those two), and the word probabilities of
+        the readings ``soft`` (each direction's: what agreement multiplies)."""
         pairs, texts = (split.src, split.tgt), (split.src_texts, split.tgt_texts)
-        title = title if progress else ""
-        return link_candidates(
-            model, tokenizer, pairs, texts, device, dtype, batch_tokens, asked.reverse, keep=keep, progress=title
-        )
+        readings = (None, None) if only is None else ([only[0]], [only[1]])
+        probabilities = ((), ()) if soft is None else ([soft[0]], [soft[1]])
+        passes = (device, dtype, batch_tokens, asked.reverse, readings, keep, title if progress else "", probabilities)
+        return link_candidates(model, tokenizer, pairs, texts, *passes)
 
-    on_split, result.forced = read(data, asked.keep, f"AER on {asked.split}")
-    if on_split is None:
+    if asked.dev is not None:  # chosen on dev; the split is read after the choice, once
+        chooser, _ = read(asked.dev[0], title="AER on dev")
+        gold, chosen_on, choice = asked.dev[1], asked.dev_name, asked.dev[0]
+    else:  # chosen on the split itself (an optimistic choice, said so)
+        chooser, result.forced = read(data, asked.keep, f"AER on {asked.split}")
+        gold, chosen_on, choice = asked.links, asked.split, data
+    if chooser is None:  # a model without attention
         return
-    chooser, gold, chosen_on = on_split, asked.links, asked.split
+    two = lambda directions: read(choice, only=directions, soft=directions)[0]  # noqa: E731
+    method, directions, chosen_by = chooser.choose(gold, asked.scope, asked.method, two)
+    on_split = chooser
     if asked.dev is not None:
-        on_dev, _ = read(asked.dev[0], title="AER on dev")
-        if on_dev is not None:
-            chooser, gold, chosen_on = on_dev, asked.dev[1], asked.dev_name
-    method, directions, chosen_by = chooser.choose(gold, asked.scope, asked.method)
+        soft = directions if chooser.agreeing(directions) else None
+        found, result.forced = read(data, asked.keep, f"AER on {asked.split}", soft=soft)
+        on_split = cast(LinkCandidates, found)
     methods = on_split.methods(directions)
     score = on_split.score(asked.links, asked.scope, methods)
     result.method = method
