@@ -165,6 +165,9 @@ def test_without_dev_links_the_method_is_the_plotted_view():
     assert default_method(attention, -1, "auto", attention).name == (
         "grow-diag-final-and of layer 2 mean and the reverse run's layer 2 mean"
     )
+    assert default_method(attention, -1, "agreement", attention).name == (
+        "agreement ≥ 0.15 of layer 2 mean and the reverse run's layer 2 mean"
+    )
 
 
 def test_a_missing_eflomal_is_a_one_line_error_naming_the_install_command(monkeypatch):
