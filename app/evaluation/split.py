@@ -195,14 +195,13 @@ def read_hypothesis_links(
         agreeing = [str(method.reverse)] if method.symmetrization == AGREEMENT else []
         turned, _ = read_direction(*passes, [str(method.reverse)], soft=agreeing)
     for n, r in enumerate(records):
-        r.hyp_links = read_links(r.attention, r.src_pieces, r.hyp_pieces, method.forward)
-        if turned is None or method.symmetrization is None:
-            continue
-        if method.symmetrization == AGREEMENT and method.threshold is not None:
+        if turned is not None and method.symmetrization == AGREEMENT and method.threshold is not None:
             p_fwd = read_probabilities(r.attention, r.src_pieces, r.hyp_pieces, [method.forward])[0]
             p_rev = turned.probabilities.get((n, str(method.reverse)))
             r.hyp_links = set() if p_rev is None else agreement(p_fwd, p_rev, method.threshold)
-        else:
+            continue
+        r.hyp_links = read_links(r.attention, r.src_pieces, r.hyp_pieces, method.forward)
+        if turned is not None and method.symmetrization is not None:
             r.hyp_links = symmetrize(method.symmetrization, r.hyp_links, turned.links(n, str(method.reverse), True))
 
 
