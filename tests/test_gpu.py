@@ -11,6 +11,8 @@ default on CUDA) on a small real corpus, and takes seconds on an H100 apart from
   host worker, the tokenizer) instead of paying two each;
 - a run killed with SIGKILL after its first checkpoint resumes at the saved step, and its per-step losses
   match an uninterrupted run's within ``LOSS_ATOL``;
+- train.capture (the default): the update recorded per batch shape and replayed gives the eager losses step by
+  step, and a shape whose capture fails trains eagerly;
 - train.compile=true (and compile_mode=reduce-overhead, CUDA graphs) builds one graph over every batch shape;
 - train.oom_retry=true turns a real CUDA out-of-memory into a halved batch budget and training goes on;
 - a 1-GPU torchrun (DDP over NCCL) trains.
@@ -273,6 +275,63 @@ def test_sigkill_then_resume_continues_at_the_saved_step_with_the_same_losses(wo
         f"step {worst}: loss {resumed[worst]:.5f} resumed, {full[worst]:.5f} uninterrupted "
         f"(|diff| {diff[worst]:.5f} > {LOSS_ATOL}); per step: { {s: round(d, 5) for s, d in diff.items()} }"
     )
+
+
+def test_captured_update_matches_the_eager_one_step_by_step(workdir, record_property):
+    """train.capture=true (the default on CUDA) records the update once per batch shape and replays it: on the same
+    batches (train.batch_shapes=4 in both runs) every per-step loss matches an eager run's within LOSS_ATOL, dropout
+    included (a replay draws the Philox offsets the eager update would); each shape's first update runs eagerly, the
+    rest replay, and train_summary.json says so."""
+    steps = 40
+    run = settings(*BASE, *TRANSFORMER, f"train.max_steps={steps}", "train.log_every=1", "train.batch_shapes=4")
+    losses, summaries = {}, {}
+    for capture in ("false", "true"):
+        name = f"capture_{capture}"
+        result = run_app(workdir, "command=train", *run, f"name={name}", f"train.capture={capture}")
+        assert result.returncode == 0, tail(result)
+        summaries[capture] = assert_trained_on_cuda(workdir, name, steps)
+        losses[capture] = step_losses(workdir / "checkpoints" / name / "tb")
+    assert "capture" not in summaries["false"], summaries["false"]
+    c = summaries["true"]["capture"]
+    record_property("capture", c)
+    assert 1 <= c["graphs"] <= 4 and c["eager_shapes"] == 0, c
+    assert c["eager_updates"] == c["graphs"] and c["replays"] == steps - c["eager_updates"], c
+    assert sorted(losses["true"]) == sorted(losses["false"]) == list(range(1, steps + 1))
+    diff = {step: abs(losses["true"][step] - losses["false"][step]) for step in losses["true"]}
+    worst = max(diff, key=diff.get)
+    record_property("max_abs_loss_diff", round(diff[worst], 6))
+    captured, eager = losses["true"][worst], losses["false"][worst]
+    assert diff[worst] <= LOSS_ATOL, f"step {worst}: {captured:.5f} captured, {eager:.5f} eager"
+
+
+def test_an_update_that_cannot_be_recorded_runs_eagerly(workdir, monkeypatch, caplog, record_property):
+    """A model whose forward pass asks the host for a value (a hook that reads its output back: a sync, which a
+    CUDA graph cannot record) still trains under train.capture=true: each shape's capture fails, says so in one
+    line, and the shape runs eagerly from then on, with the losses of a run that never tried to capture."""
+    from app.models.transformer import Transformer
+
+    def read_back(module, inputs, output):
+        if isinstance(module, Transformer) and isinstance(output, torch.Tensor):
+            float(output.float().sum())  # a host sync: cannot be recorded in a CUDA graph
+
+    handle = torch.nn.modules.module.register_module_forward_hook(read_back)
+    steps, losses = 12, {}
+    try:
+        for capture in ("false", "true"):
+            name = f"uncapturable_{capture}"
+            args = [*BASE, *TRANSFORMER, f"name={name}", f"train.max_steps={steps}", "train.log_every=1"]
+            with caplog.at_level("WARNING"):
+                run_here(workdir, monkeypatch, "train", *args, "train.batch_shapes=2", f"train.capture={capture}")
+            losses[capture] = step_losses(workdir / "checkpoints" / name / "tb")
+    finally:
+        handle.remove()
+    said = [r.getMessage() for r in caplog.records if "could not be recorded" in r.getMessage()]
+    c = summary(workdir, "uncapturable_true")["capture"]
+    record_property("capture", c)
+    assert said and len(said) == c["eager_shapes"] >= 1 and c["graphs"] == 0 and c["replays"] == 0, (said, c)
+    assert c["eager_updates"] == steps, c
+    diff = max(abs(losses["true"][step] - losses["false"][step]) for step in range(1, steps + 1))
+    assert diff <= LOSS_ATOL, diff
 
 
 @pytest.mark.parametrize(

@@ -113,6 +113,20 @@ def host_step(trainer: Trainer, tokens: int, steps: int = 20) -> dict:
     return {"host_step_ms": round((time.perf_counter() - start) / steps * 1e3, 2), "host_step_tokens": padded}
 
 
+def record_every_shape(trainer: Trainer, one_update: Callable[[], None]) -> dict:
+    """Updates until every batch shape of the schedule has its CUDA graph (train.capture, app/train/capture.py),
+    so that the timed updates replay and none records; at most three epochs of them."""
+    captured, stats = trainer.captured, trainer.schedule.epoch_stats()
+    assert captured is not None
+    shapes, most = stats["epoch_batch_shapes"], 3 * stats["epoch_batches"]
+    updates, start = 0, time.perf_counter()
+    while len(captured.graphs) < shapes and updates < most:
+        one_update()
+        updates += 1
+    _sync(trainer.device)
+    return {"recording_updates": updates, "recording_seconds": round(time.perf_counter() - start, 2)}
+
+
 def time_trainer(cfg: Config, steps: int, warmup: int, rounds: int = 2) -> tuple[dict, Callable[[], None]]:
     """The ``step`` and ``loop`` measurements of ``steps`` timed updates each, the two taking turns in ``rounds``
     rounds (a load change on a shared machine hits both alike), each turn after ``warmup`` untimed updates;
@@ -129,6 +143,8 @@ def time_trainer(cfg: Config, steps: int, warmup: int, rounds: int = 2) -> tuple
 
     def one_update() -> None:
         trainer.train_update(trainer.prepare(next(updates)))
+
+    recording = record_every_shape(trainer, one_update) if trainer.captured is not None else {}
 
     share = [steps // rounds + (r < steps % rounds) for r in range(rounds)]
     for n in share:
@@ -159,5 +175,8 @@ def time_trainer(cfg: Config, steps: int, warmup: int, rounds: int = 2) -> tuple
     if device.type == "cuda":
         measured["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     measured.update(host_step(trainer, cfg.bench.host_tokens))
+    measured["captured"] = trainer.captured is not None  # train.capture in force (CUDA, the Transformer)
+    if trainer.captured is not None:
+        measured["capture"] = {**trainer.captured.describe(), **recording}
     updates = iter(schedule)  # the profiler's updates follow the loop's
     return measured, one_update

@@ -216,8 +216,12 @@ class TrainConfig(Checked, section="train"):
     align_weight: float = 0.0  # guided alignment (app/train/guided_alignment.py): weight of the loss on reference links
     fused_optimizer: bool = True  # AdamW in one kernel that skips non-finite updates on the device
     master_weights: bool = True  # bf16: steps on bf16 weights kept from fp32 masters (false: autocast casts each use)
+    # on CUDA, the Transformer's whole update recorded as a CUDA graph per batch shape and replayed (app/train/
+    # capture.py): one launch instead of a thousand; ignored on a CPU, under torchrun, with train.compile=true
+    capture: bool = True
     # pad every batch to one of N (sentences, source, target) shapes chosen from the training lengths (app/data/
     # shapes.py), so CUDA graphs replay N graphs; 0 = each batch padded to its longest pair (a new shape per batch)
+    # on CUDA without train.capture=false: the fewest of at most 32 shapes whose pairs pad at most 8 % of their tokens
     batch_shapes: int = 0
     # with batch_shapes=K: the fewest shapes (K at most) whose pairs pad at most this share of their tokens; 0 = K
     shape_padding: float = 0.0

@@ -19,7 +19,7 @@ import numpy as np
 
 from app.config.schema import CUDA_GRAPH_MODES, TrainConfig
 from app.data.batching import batch_shape, make_batches, padded_tokens, split_batch
-from app.data.shapes import SUGGESTED_SHAPES, BatchShapes, Lengths
+from app.data.shapes import CAPTURE_PADDING, CAPTURE_SHAPES, SUGGESTED_SHAPES, BatchShapes, Lengths
 from app.run.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -171,7 +171,8 @@ class BatchSchedule:
             raise UserError(
                 f"train.batch_shapes gives {self.shape_count or 'no fixed'} shapes but the checkpoint's run was cut "
                 f"into {state.get('batch_shapes', 0) or 'no fixed'} shapes: a resumed run replays its batches; "
-                "keep train.batch_shapes and train.shape_padding"
+                "keep train.batch_shapes and train.shape_padding (on CUDA a captured Transformer pads to fixed shapes "
+                "unless train.capture=false)"
             )
         if state.get("subword_sampling") != self.subword_sampling:
             was = " ".join(f"train.subword_{k}={v}" for k, v in (state.get("subword_sampling") or {"alpha": 0}).items())
@@ -215,10 +216,16 @@ def training_schedule(
     accum: int,
     cuda: bool,
     epoch_lengths: Optional[Callable[[int], tuple[np.ndarray, np.ndarray]]] = None,
+    captured: bool = False,
 ) -> BatchSchedule:
     """The schedule of ``train.*``: length-bucketed batches, or with train.batch_shapes padded to fixed shapes;
-    with train.subword_alpha cut by each epoch's segmentations (``epoch_lengths``)."""
-    shapes = BatchShapes(src_lens, tgt_lens, t.batch_shapes, t.shape_padding) if t.batch_shapes else None
+    with train.subword_alpha cut by each epoch's segmentations (``epoch_lengths``). A ``captured`` update
+    (app/train/capture.py) replays a graph per shape: without train.batch_shapes, the fewest of CAPTURE_SHAPES
+    shapes whose pairs pad at most CAPTURE_PADDING of their tokens."""
+    k, max_padding = t.batch_shapes, t.shape_padding
+    if captured and not k:
+        k, max_padding = CAPTURE_SHAPES, CAPTURE_PADDING
+    shapes = BatchShapes(src_lens, tgt_lens, k, max_padding) if k else None
     schedule = BatchSchedule(src_lens, tgt_lens, t.batch_tokens, t.seed, world, rank, accum, shapes, epoch_lengths)
     if t.subword_alpha > 0:
         schedule.subword_sampling = {"alpha": t.subword_alpha, "nbest": t.subword_nbest, "variants": t.subword_variants}
@@ -233,21 +240,23 @@ def training_schedule(
     if shapes is not None:
         padding = schedule.epoch_stats()["epoch_padding_ratio"]
         log.info(
-            "train.batch_shapes=%d%s: every batch padded to one of %d (source, target) lengths %s; the pairs pad "
+            "%s%s: every batch padded to one of %d (source, target) lengths %s; the pairs pad "
             "%.1f %% of their tokens, an epoch with its batches' empty rows %.1f %%",
-            t.batch_shapes,
-            f" train.shape_padding={t.shape_padding:g}" if t.shape_padding else "",
+            f"train.batch_shapes={k}" if t.batch_shapes else f"train.capture: at most {k} batch shapes",
+            (f" train.shape_padding={max_padding:g}" if t.batch_shapes else f" padding at most {max_padding:g}")
+            if max_padding
+            else "",
             len(shapes.shapes),
             " ".join(f"{src}x{tgt}" for src, tgt in shapes.shapes),
             100 * shapes.pair_padding,
             100 * padding,
         )
-        if t.shape_padding and shapes.pair_padding > t.shape_padding:
+        if max_padding and shapes.pair_padding > max_padding:
             log.warning(
-                "train.batch_shapes=%d shapes pad %.1f %% of the pairs' tokens, more than train.shape_padding=%g: "
+                "%d shapes pad %.1f %% of the pairs' tokens, more than train.shape_padding=%g: "
                 "allow more shapes (a larger train.batch_shapes) to pad less",
-                t.batch_shapes,
+                k,
                 100 * shapes.pair_padding,
-                t.shape_padding,
+                max_padding,
             )
     return schedule

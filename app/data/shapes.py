@@ -30,6 +30,10 @@ import numpy as np
 
 Lengths = Union[Sequence[int], np.ndarray]  # a length per pair: a list, or an array of ints
 SUGGESTED_SHAPES = 16  # what make bench suggests (docs/benchmarking.md)
+# a captured update (train.capture, app/train/capture.py) without train.batch_shapes: the fewest of at most
+# CAPTURE_SHAPES shapes whose pairs pad at most CAPTURE_PADDING of their tokens (the default corpus: 23 shapes)
+CAPTURE_SHAPES = 32
+CAPTURE_PADDING = 0.08
 MAX_CANDIDATES = 2048  # shapes considered per greedy choice; more distinct length pairs are coarsened
 
 

@@ -20,7 +20,7 @@ class MetricsWindow:
     def __init__(self, device: torch.device, peak_flops: Optional[float] = None, guided: bool = False):
         self.device, self.peak_flops, self.guided = device, peak_flops, guided
         self.bad_run = self._zero(torch.long)  # consecutive skipped updates: a run may span windows
-        self.grad_norm = torch.zeros(())
+        self.grad_norm = self._zero(torch.float32)  # the last update's, copied: a replayed graph rewrites its own
         self.reset()
 
     def _zero(self, dtype: torch.dtype) -> torch.Tensor:
@@ -45,7 +45,7 @@ class MetricsWindow:
         self.bad_run = (self.bad_run + 1) * ~finite
         self.worst_bad_run = torch.maximum(self.worst_bad_run, self.bad_run)
         self.skipped += ~finite
-        self.grad_norm = step.grad_norm
+        self.grad_norm.copy_(step.grad_norm)
 
     def read_skips(self) -> tuple[int, int]:
         """Updates skipped since the last read, and the longest run of skips in this window."""

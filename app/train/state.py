@@ -25,6 +25,7 @@ from app.data.schedule import BatchSchedule
 from app.run.checkpoint import UnloadableCheckpoint, load_checkpoint, snapshot_name, snapshot_steps
 from app.run.device import rng_state, set_rng_state
 from app.run.errors import UserError
+from app.train.capture import learning_rate_on_host
 from app.train.ema import ExponentialAverage
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,7 @@ class TrainingState:
             self.ema.model.load_state_dict(state["model"])
         if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
+            learning_rate_on_host(self.optimizer)  # a captured run's device scalar (app/train/capture.py)
         self.scheduler.load_state_dict(state["scheduler"])
         known = {f.name for f in fields(Progress)}
         self.progress = p = Progress(**{k: v for k, v in state["progress"].items() if k in known})

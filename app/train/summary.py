@@ -61,6 +61,8 @@ def run_summary(trainer, stop_reason: str) -> dict:
         summary.update(average=trainer.average, best_dev_bleu=max(p.best_bleu, trainer.average["dev_bleu"]))
     if trainer.compiles.enabled:
         summary.update(compile_graphs=trainer.compiles.graphs, compile_seconds=round(trainer.compiles.seconds, 1))
+    if trainer.captured is not None:
+        summary["capture"] = trainer.captured.describe()
     t = trainer.cfg.train
     if stop_reason.startswith("time budget") and p.step < t.warmup_steps:
         summary["warning"] = (

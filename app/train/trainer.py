@@ -35,6 +35,7 @@ from app.run.checkpoint import CheckpointWriter, host_copy, save_checkpoint, wri
 from app.run.device import amp_dtype, resolve_device, rng_state, seed_everything
 from app.run.errors import TrainingInterrupted, UserError
 from app.run.files import atomic_write_text
+from app.train.capture import CapturedUpdates, capture_refusal
 from app.train.closing_average import average_at_end, kept_snapshots, reserve_seconds
 from app.train.ema import ExponentialAverage
 from app.train.init_from import starting_point
@@ -102,6 +103,12 @@ class Trainer:
         # what trains: under bf16 a copy on bf16 weights (train.master_weights), under DDP wrapped; self.model: fp32
         self.master = MasterWeights(model, self.dtype if cfg.train.master_weights else None)
         self.trained = compiled_for_training(distributed.wrap(self.master.compute, device), cfg)
+        refusal = capture_refusal(cfg, device, distributed.launched(), model)
+        if refusal is not None and device.type == "cuda" and cfg.train.capture:
+            log.info("train.capture: the update runs eagerly: %s", refusal)
+        # train_step, or its replay from a CUDA graph per batch shape (app/train/capture.py)
+        self.captured = CapturedUpdates(optimizer, device) if refusal is None else None
+        self.step = self.captured or train_step
         self.compiles = CompileWatch(cfg.train.compile)
         self.batcher = Batcher(data.train.src, data.train.tgt)
         self.src_lens, self.tgt_lens = data.train.lengths(0)  # what make bench cuts its fixed batches by
@@ -188,6 +195,8 @@ class Trainer:
             # out of memory: the failed step's tensors are gone once its exception frame is
             self.master.compute.zero_grad(set_to_none=True)
             self.optimizer.zero_grad(set_to_none=True)
+            if self.captured is not None:  # the graphs' memory: the halved budget makes new shapes
+                self.captured.reset()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             if not self.cfg.train.oom_retry or all(len(part) == 1 for part in ready.parts):
@@ -208,7 +217,7 @@ class Trainer:
         try:  # a signal cuts the step short where nothing is unsaved (it would lose nothing), until it counts
             with self.compiles.watch(step + 1), abortable(step == self.saved_step):
                 parts = (self.optimizer, self.scheduler, self.cfg, self.dtype, self.world, self.master)
-                result = train_step(self.trained, ready.on_device, n_tokens, *parts)
+                result = self.step(self.trained, ready.on_device, n_tokens, *parts)
         except torch.OutOfMemoryError:
             big = max(ready.batches, key=lambda b: b.src.numel() + b.targets[0].numel())
             return f"{big.src.size(0)} sentences, source {tuple(big.src.shape)}, target {tuple(big.targets[0].shape)}"
@@ -348,6 +357,16 @@ class Trainer:
         summary = run_summary(self, stop_reason)
         if self.compiles.enabled:
             log.info("torch.compile: %s", self.compiles.describe())
+        if self.captured is not None:
+            c = self.captured.describe()
+            log.info(
+                "train.capture: %d graph(s) recorded in %.1f s, %d updates replayed, %d eager (each shape's first%s)",
+                c["graphs"],
+                c["capture_seconds"],
+                c["replays"],
+                c["eager_updates"],
+                f"; {c['eager_shapes']} shape(s) not recorded" if c["eager_shapes"] else "",
+            )
         if self.main:
             write_hparams(self.writer, self.cfg, training_results(summary), summary["steps"])
             atomic_write_text(os.path.join(self.run_dir, "train_summary.json"), json.dumps(summary, indent=2))
@@ -375,7 +394,8 @@ def build_trainer(cfg: Config, model: Optional[Family] = None, quiet: bool = Fal
     started = start.load_weights(model, data.tokenizer.fingerprint(), cfg) if start and not resume else None
     optimizer, scheduler = make_optimizer(model, cfg)
     train, cuda = data.train, device.type == "cuda"
-    schedule = training_schedule(cfg.train, *train.lengths(0), world, rank, accum, cuda, train.lengths)
+    captured = capture_refusal(cfg, device, distributed.launched(), model) is None
+    schedule = training_schedule(cfg.train, *train.lengths(0), world, rank, accum, cuda, train.lengths, captured)
     trainer = Trainer(cfg, device, data, model, optimizer, scheduler, schedule, resume, quiet)
     trainer.progress.init_from = trainer.progress.init_from or started
     return trainer

@@ -8,7 +8,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Optional, Protocol, cast
+from typing import Any, NamedTuple, Optional, Protocol, Union, cast
 
 import torch
 
@@ -159,6 +159,23 @@ def train_step(
     micro-batches. No host sync. A non-finite update is skipped inside the fused optimizer kernel (with
     ``train.fused_optimizer=false``, by a host-side check). ``model`` runs the step; with ``master``, it is
     (a wrapper of) ``master.compute``, whose gradients go to the fp32 master weights the optimizer holds."""
+    result = device_update(model, batches, n_tokens, optimizer, cfg, dtype, ranks, master)
+    scheduler.step()
+    return result
+
+
+def device_update(
+    model,
+    batches: list,
+    n_tokens: Union[int, torch.Tensor],
+    optimizer,
+    cfg: Config,
+    dtype,
+    ranks: int = 1,
+    master: Optional[MasterWeights] = None,
+) -> StepResult:
+    """``train_step`` without the learning rate's schedule: what runs on the device alone, and what a CUDA graph
+    records (app/train/capture.py; there ``n_tokens`` is a device tensor, so that a replay reads each update's)."""
     device = batches[0].src.device
     graphs = cfg.train.compile and cfg.train.compile_mode in CUDA_GRAPH_MODES
     loss_sum, align_sum = torch.zeros((), device=device), torch.zeros((), device=device)
@@ -199,5 +216,4 @@ def train_step(
         master.zero_grad(optimizer)
     else:
         optimizer.zero_grad(set_to_none=True)
-    scheduler.step()
     return StepResult(loss_sum, grad_norm, finite, align_sum)
