@@ -92,6 +92,7 @@ def test_the_schedule_fills_the_learning_rate_a_replay_reads_in_place(transforme
     assert isinstance(fresh.param_groups[0]["lr"], torch.Tensor)
     learning_rate_on_host(fresh)
     assert fresh.param_groups[0]["lr"] == pytest.approx(expected[-1], rel=1e-6)
+    assert fresh.param_groups[0]["capturable"] is False  # an eager run's AdamW, as the optimizer makes it
 
 
 def test_the_window_keeps_the_last_updates_grad_norm_when_its_graph_output_is_rewritten():

@@ -80,10 +80,12 @@ def learning_rate_on_device(optimizer: torch.optim.Optimizer, device: torch.devi
 
 
 def learning_rate_on_host(optimizer: torch.optim.Optimizer) -> None:
-    """The reverse of ``learning_rate_on_device``, for a state restored from a captured run's checkpoint."""
+    """The reverse of ``learning_rate_on_device``, for a state restored from a captured run's checkpoint (a
+    captured run turns it back on device)."""
     for group in optimizer.param_groups:
         if isinstance(group["lr"], torch.Tensor):
             group["lr"] = float(group["lr"])
+            group["capturable"] = False
 
 
 @dataclass
@@ -172,11 +174,17 @@ class CapturedUpdates:
         static = [static_copy(batch) for batch in batches]
         count = torch.full((), float(n_tokens), dtype=torch.float32, device=self.device)
         graph = torch.cuda.CUDAGraph()
+        generator = torch.cuda.default_generators[self.device.index or torch.cuda.current_device()]
+        rng = generator.clone_state()
         try:
             with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 result = device_update(model, static, count, optimizer, cfg, dtype, ranks, master)
         except (RuntimeError, torch.OutOfMemoryError) as err:
-            # nothing recorded ran: the weights, the optimizer's state and the masters' gradients are as they were
+            # A failed capture ends before PyTorch takes the dropout RNG out of capture mode (seen on an H100 with
+            # PyTorch 2.11: the next eager dropout raised "Offset increment outside graph capture"): its state
+            # from before the capture goes back. Nothing recorded ran: the weights, the optimizer's state and the
+            # masters' gradients are as they were.
+            generator.graphsafe_set_state(rng)
             model.zero_grad(set_to_none=True)
             self.eager_only.add(key)
             del graph, static
