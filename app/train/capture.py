@@ -37,6 +37,7 @@ import torch
 from app.config.schema import Config
 from app.data.batching import Batch
 from app.models.transformer import Transformer
+from app.run import distributed
 from app.train.master_weights import MasterWeights
 from app.train.update import StepResult, device_update
 
@@ -65,6 +66,17 @@ def capture_refusal(cfg: Config, device: torch.device, launched: bool, model: to
     if not isinstance(model, Transformer):
         return "the RNN families' update is not captured (their decoders loop in Python over cuDNN calls)"
     return None
+
+
+def captured_updates(
+    cfg: Config, device: torch.device, optimizer: torch.optim.Optimizer, model: torch.nn.Module
+) -> Optional[CapturedUpdates]:
+    """The run's captured updates, or None where capture does not apply (said in the log where it was asked for on
+    CUDA)."""
+    refusal = capture_refusal(cfg, device, distributed.launched(), model)
+    if refusal is not None and device.type == "cuda" and cfg.train.capture:
+        log.info("train.capture: the update runs eagerly: %s", refusal)
+    return CapturedUpdates(optimizer, device) if refusal is None else None
 
 
 def shape_key(batches: list[Batch]) -> ShapeKey:
@@ -138,7 +150,11 @@ class CapturedUpdates:
         if recorded is None and self.seen[key] >= EAGER_FIRST and key not in self.eager_only:
             recorded = self.record(key, model, batches, n_tokens, optimizer, cfg, dtype, ranks, master)
         if recorded is None:
-            result = self.eager(model, batches, n_tokens, optimizer, cfg, dtype, ranks, master, key)
+            try:
+                result = self.eager(model, batches, n_tokens, optimizer, cfg, dtype, ranks, master, key)
+            except torch.OutOfMemoryError:  # the Trainer halves the budget (train.oom_retry): new shapes come
+                self.reset()
+                raise
         else:
             recorded.load(batches, n_tokens)
             recorded.graph.replay()
@@ -190,10 +206,11 @@ class CapturedUpdates:
             del graph, static
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
+            first = err.__context__ or err  # the capture's own error, before the one ending the capture says
             log.warning(
                 "train.capture: the update of a batch of %s could not be recorded (%s); it runs eagerly",
                 key,
-                str(err).splitlines()[0][:200],
+                (str(first).splitlines() or [type(first).__name__])[0][:200],
             )
             return None
         self.graphs[key] = recorded = Recorded(graph, static, count, result)
@@ -207,6 +224,17 @@ class CapturedUpdates:
         self.seen.clear()
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
+
+    def log_summary(self) -> None:
+        c = self.describe()
+        log.info(
+            "train.capture: %d graph(s) recorded in %.1f s, %d updates replayed, %d eager (each shape's first%s)",
+            c["graphs"],
+            c["capture_seconds"],
+            c["replays"],
+            c["eager_updates"],
+            f"; {c['eager_shapes']} shape(s) not recorded" if c["eager_shapes"] else "",
+        )
 
     def describe(self) -> dict:
         return {

@@ -63,6 +63,7 @@ def run_summary(trainer, stop_reason: str) -> dict:
         summary.update(compile_graphs=trainer.compiles.graphs, compile_seconds=round(trainer.compiles.seconds, 1))
     if trainer.captured is not None:
         summary["capture"] = trainer.captured.describe()
+        trainer.captured.log_summary()
     t = trainer.cfg.train
     if stop_reason.startswith("time budget") and p.step < t.warmup_steps:
         summary["warning"] = (

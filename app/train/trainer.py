@@ -3,10 +3,11 @@ and a ``Trainer`` runs them: set-up or exact resume, ``for update in schedule: t
 checkpoints (last, best, rotated snapshots), early stopping and a wall-clock budget that includes the closing
 validation, a stop on SIGINT/SIGTERM, out-of-memory handling, DDP under torchrun, and a progress bar.
 
-The math of one update is in app/train/update.py, the batch order in app/data/schedule.py, what a checkpoint
-holds in app/train/state.py, validation in app/train/validation.py. The loop's own host work is kept off the
-device's way: the next update's batches are padded and copied in a background thread (app/data/prefetch.py),
-its counts come from the host's lengths, and the numbers stay on the device between log lines."""
+The math of one update is in app/train/update.py (on CUDA replayed from a graph: app/train/capture.py), the batch
+order in app/data/schedule.py, what a checkpoint holds in app/train/state.py, validation in app/train/validation.py.
+The loop's own host work is kept off the device's way: the next update's batches are padded and copied in a
+background thread (app/data/prefetch.py), its counts come from the host's lengths, and the numbers stay on the
+device between log lines."""
 
 from __future__ import annotations
 
@@ -16,14 +17,13 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from tqdm import tqdm
 
 from app.config.schema import Config
-from app.data.batching import Batch, Batcher
+from app.data.batching import Batcher
 from app.data.prefetch import Prefetcher
 from app.data.schedule import BatchSchedule, Update, accumulation_steps, training_schedule
 from app.models import Family, build_model, count_parameters
@@ -35,7 +35,7 @@ from app.run.checkpoint import CheckpointWriter, host_copy, save_checkpoint, wri
 from app.run.device import amp_dtype, resolve_device, rng_state, seed_everything
 from app.run.errors import TrainingInterrupted, UserError
 from app.run.files import atomic_write_text
-from app.train.capture import CapturedUpdates, capture_refusal
+from app.train.capture import capture_refusal, captured_updates
 from app.train.closing_average import average_at_end, kept_snapshots, reserve_seconds
 from app.train.ema import ExponentialAverage
 from app.train.init_from import starting_point
@@ -53,23 +53,11 @@ from app.train.summary import (
     record_start,
     run_summary,
 )
-from app.train.training_data import TrainingData, load_data
+from app.train.training_data import Prepared, TrainingData, load_data
 from app.train.update import compiled_for_training, make_optimizer, train_step
 from app.train.validation import validate, validation_worker
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Prepared:
-    """An update's batches, padded on the host and copied to the device, and its host-side counts."""
-
-    update: Update
-    parts: list[list[int]]  # this rank's micro-batches (sentence indices)
-    batches: list[Batch]  # on the host
-    on_device: list[Batch]
-    local_tokens: int  # this rank's target tokens
-    flops: float  # useful FLOPs of this rank's share (0 where no MFU is logged)
 
 
 class Trainer:
@@ -103,12 +91,8 @@ class Trainer:
         # what trains: under bf16 a copy on bf16 weights (train.master_weights), under DDP wrapped; self.model: fp32
         self.master = MasterWeights(model, self.dtype if cfg.train.master_weights else None)
         self.trained = compiled_for_training(distributed.wrap(self.master.compute, device), cfg)
-        refusal = capture_refusal(cfg, device, distributed.launched(), model)
-        if refusal is not None and device.type == "cuda" and cfg.train.capture:
-            log.info("train.capture: the update runs eagerly: %s", refusal)
-        # train_step, or its replay from a CUDA graph per batch shape (app/train/capture.py)
-        self.captured = CapturedUpdates(optimizer, device) if refusal is None else None
-        self.step = self.captured or train_step
+        self.captured = captured_updates(cfg, device, optimizer, model)  # app/train/capture.py: None where it can't
+        self.train_step = self.captured or train_step  # or the update replayed from a CUDA graph per batch shape
         self.compiles = CompileWatch(cfg.train.compile)
         self.batcher = Batcher(data.train.src, data.train.tgt)
         self.src_lens, self.tgt_lens = data.train.lengths(0)  # what make bench cuts its fixed batches by
@@ -195,8 +179,6 @@ class Trainer:
             # out of memory: the failed step's tensors are gone once its exception frame is
             self.master.compute.zero_grad(set_to_none=True)
             self.optimizer.zero_grad(set_to_none=True)
-            if self.captured is not None:  # the graphs' memory: the halved budget makes new shapes
-                self.captured.reset()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             if not self.cfg.train.oom_retry or all(len(part) == 1 for part in ready.parts):
@@ -217,7 +199,7 @@ class Trainer:
         try:  # a signal cuts the step short where nothing is unsaved (it would lose nothing), until it counts
             with self.compiles.watch(step + 1), abortable(step == self.saved_step):
                 parts = (self.optimizer, self.scheduler, self.cfg, self.dtype, self.world, self.master)
-                result = self.step(self.trained, ready.on_device, n_tokens, *parts)
+                result = self.train_step(self.trained, ready.on_device, n_tokens, *parts)
         except torch.OutOfMemoryError:
             big = max(ready.batches, key=lambda b: b.src.numel() + b.targets[0].numel())
             return f"{big.src.size(0)} sentences, source {tuple(big.src.shape)}, target {tuple(big.targets[0].shape)}"
@@ -357,16 +339,6 @@ class Trainer:
         summary = run_summary(self, stop_reason)
         if self.compiles.enabled:
             log.info("torch.compile: %s", self.compiles.describe())
-        if self.captured is not None:
-            c = self.captured.describe()
-            log.info(
-                "train.capture: %d graph(s) recorded in %.1f s, %d updates replayed, %d eager (each shape's first%s)",
-                c["graphs"],
-                c["capture_seconds"],
-                c["replays"],
-                c["eager_updates"],
-                f"; {c['eager_shapes']} shape(s) not recorded" if c["eager_shapes"] else "",
-            )
         if self.main:
             write_hparams(self.writer, self.cfg, training_results(summary), summary["steps"])
             atomic_write_text(os.path.join(self.run_dir, "train_summary.json"), json.dumps(summary, indent=2))

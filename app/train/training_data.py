@@ -1,5 +1,5 @@
 """What a training run trains and validates on: the train split's segmentations, the dev sentences and their
-reference links, guided alignment's targets."""
+reference links, guided alignment's targets; and an update's batches as the loop receives them (``Prepared``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from app.config.schema import Config
+from app.data.batching import Batch
 from app.data.corpus import ParallelData, load_split, load_tokenized, load_tokenizer, prepare_data
 from app.data.links import read_pharaoh
+from app.data.schedule import Update
 from app.data.subword_sampling import TrainSegmentations, train_segmentations
 from app.data.tokenizer import Tokenizer
 from app.run import distributed
@@ -40,3 +42,15 @@ def load_data(cfg: Config, main: bool) -> TrainingData:
     dev_links = read_pharaoh(links_path)[: len(dev)] if os.path.exists(links_path) else None
     train = train_segmentations(cfg.data.dir, tokenizer, load_tokenized(cfg.data.dir, "train", tokenizer), cfg.train)
     return TrainingData(tokenizer, train, dev, dev_links, alignment_targets(cfg, tokenizer, len(train)))
+
+
+@dataclass
+class Prepared:
+    """An update's batches, padded on the host and copied to the device, and its host-side counts."""
+
+    update: Update
+    parts: list[list[int]]  # this rank's micro-batches (sentence indices)
+    batches: list[Batch]  # on the host
+    on_device: list[Batch]
+    local_tokens: int  # this rank's target tokens
+    flops: float  # useful FLOPs of this rank's share (0 where no MFU is logged)
