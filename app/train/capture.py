@@ -68,15 +68,13 @@ def capture_refusal(cfg: Config, device: torch.device, launched: bool, model: to
     return None
 
 
-def captured_updates(
-    cfg: Config, device: torch.device, optimizer: torch.optim.Optimizer, model: torch.nn.Module
-) -> Optional[CapturedUpdates]:
-    """The run's captured updates, or None where capture does not apply (said in the log where it was asked for on
-    CUDA)."""
+def capture_in_force(cfg: Config, device: torch.device, model: torch.nn.Module) -> bool:
+    """Whether this run's update is captured (where it was asked for on CUDA but cannot be, the log says why): the
+    one decision that the batch shapes and the Trainer's update follow."""
     refusal = capture_refusal(cfg, device, distributed.launched(), model)
     if refusal is not None and device.type == "cuda" and cfg.train.capture:
         log.info("train.capture: the update runs eagerly: %s", refusal)
-    return CapturedUpdates(optimizer, device) if refusal is None else None
+    return refusal is None
 
 
 def shape_key(batches: list[Batch]) -> ShapeKey:

@@ -35,7 +35,7 @@ from app.run.checkpoint import CheckpointWriter, host_copy, save_checkpoint, wri
 from app.run.device import amp_dtype, resolve_device, rng_state, seed_everything
 from app.run.errors import TrainingInterrupted, UserError
 from app.run.files import atomic_write_text
-from app.train.capture import capture_refusal, captured_updates
+from app.train.capture import CapturedUpdates, capture_in_force
 from app.train.closing_average import average_at_end, kept_snapshots, reserve_seconds
 from app.train.ema import ExponentialAverage
 from app.train.init_from import starting_point
@@ -75,6 +75,7 @@ class Trainer:
         schedule: BatchSchedule,
         resume: bool = False,
         quiet: bool = False,
+        capture: bool = False,
     ):
         self.cfg, self.run_dir, self.device, self.data = cfg, cfg.run_dir, device, data
         self.model, self.optimizer, self.scheduler, self.schedule = model, optimizer, scheduler, schedule
@@ -91,7 +92,7 @@ class Trainer:
         # what trains: under bf16 a copy on bf16 weights (train.master_weights), under DDP wrapped; self.model: fp32
         self.master = MasterWeights(model, self.dtype if cfg.train.master_weights else None)
         self.trained = compiled_for_training(distributed.wrap(self.master.compute, device), cfg)
-        self.captured = captured_updates(cfg, device, optimizer, model)  # app/train/capture.py: None where it can't
+        self.captured = CapturedUpdates(optimizer, device) if capture else None  # after restore: its lr on the device
         self.train_step = self.captured or train_step  # or the update replayed from a CUDA graph per batch shape
         self.compiles = CompileWatch(cfg.train.compile)
         self.batcher = Batcher(data.train.src, data.train.tgt)
@@ -366,9 +367,9 @@ def build_trainer(cfg: Config, model: Optional[Family] = None, quiet: bool = Fal
     started = start.load_weights(model, data.tokenizer.fingerprint(), cfg) if start and not resume else None
     optimizer, scheduler = make_optimizer(model, cfg)
     train, cuda = data.train, device.type == "cuda"
-    captured = capture_refusal(cfg, device, distributed.launched(), model) is None
-    schedule = training_schedule(cfg.train, *train.lengths(0), world, rank, accum, cuda, train.lengths, captured)
-    trainer = Trainer(cfg, device, data, model, optimizer, scheduler, schedule, resume, quiet)
+    capture = capture_in_force(cfg, device, model)  # app/train/capture.py: fixed batch shapes, replayed graphs
+    schedule = training_schedule(cfg.train, *train.lengths(0), world, rank, accum, cuda, train.lengths, capture)
+    trainer = Trainer(cfg, device, data, model, optimizer, scheduler, schedule, resume, quiet, capture)
     trainer.progress.init_from = trainer.progress.init_from or started
     return trainer
 
