@@ -39,6 +39,7 @@ OWNING_COMMANDS = {
 
 
 def prepare_command(cfg: Config) -> None:
+    """make data: the corpus cleaned, split and tokenized (SentencePiece, Arrow cache)."""
     from app.data.corpus import prepare_data
     from app.train.init_from import StartingPoint
 
@@ -48,6 +49,7 @@ def prepare_command(cfg: Config) -> None:
 
 
 def train_command(cfg: Config) -> None:
+    """make train: trains a model (resumes, budgets, validation with BLEU and attention)."""
     from app.evaluation.eval_run import evaluated
     from app.run import distributed
     from app.run.checkpoint import intact_checkpoints, intact_note
@@ -70,6 +72,7 @@ def train_command(cfg: Config) -> None:
 
 
 def eval_command(cfg: Config) -> None:
+    """make eval: translates a split, scores it (BLEU, chrF, TER, AER) and draws its attention."""
     from app.evaluation.eval_run import evaluate_run
     from app.report.evaluation_files import write_evaluation
 
@@ -77,36 +80,42 @@ def eval_command(cfg: Config) -> None:
 
 
 def translate_command(cfg: Config) -> None:
+    """make translate: translates lines from a file or stdin."""
     from app.decode.translate import translate_lines
 
     translate_lines(cfg)
 
 
 def score_command(cfg: Config) -> None:
+    """make score: how probable each given translation is under the model."""
     from app.decode.likelihood import score_pairs
 
     score_pairs(cfg)
 
 
 def serve_command(cfg: Config) -> None:
+    """make serve: a page and an API that translate and show the attention live."""
     from app.serve.server import serve
 
     serve(cfg)
 
 
 def align_command(cfg: Config) -> None:
+    """make align: word links (Pharaoh) for every pair of a parallel corpus."""
     from app.evaluation.corpus_links import align_corpus
 
     align_corpus(cfg)
 
 
 def export_command(cfg: Config) -> None:
+    """make export: the run as a CTranslate2 model."""
     from app.decode.export import export_run
 
     export_run(cfg)
 
 
 def average_command(cfg: Config) -> None:
+    """make average: the newest snapshots averaged into one checkpoint."""
     from app.run.checkpoint import average_snapshots, save_checkpoint
 
     state, paths = average_snapshots(cfg.run_dir, cfg.average.last)
@@ -119,6 +128,7 @@ def average_command(cfg: Config) -> None:
 
 
 def bench_command(cfg: Config) -> None:
+    """make bench: training and decoding speed, MFU and memory."""
     if cfg.bench.serve:  # make serve's API under concurrent clients, instead of the training and decoding rows
         from app.bench.serving import bench_serve
 
@@ -131,6 +141,7 @@ def bench_command(cfg: Config) -> None:
 
 
 def compare_command(cfg: Config) -> None:
+    """make compare: one report over the runs of a sweep."""
     from app.report.compare import compare_report
 
     if not cfg.compare.dir:
@@ -155,10 +166,16 @@ ENSEMBLE_COMMANDS = ("eval", "translate", "score", "serve")  # the commands that
 USAGE = f"python -m app command={{{','.join(COMMANDS)}}} [key=value ...]"
 
 
+def command_list() -> str:
+    """Every command with the first line of its function's docstring: what ``--help`` lists."""
+    width = max(map(len, COMMANDS))
+    return "\n".join(f"  {name:<{width}}  {(run.__doc__ or '').strip()}" for name, run in COMMANDS.items())
+
+
 def checked(cfg: DictConfig) -> Config:
     """The schema's objects for a composed configuration with a known command (else a UserError)."""
     if OmegaConf.is_missing(cfg, "command") or cfg.command is None:  # not given, or command=null
-        raise UserError(f"command is not set: {USAGE}")
+        raise UserError(f"command is not set: {USAGE}; python -m app --help says what each does")
     config = load_config(cfg)
     if config.command not in COMMANDS:
         close = difflib.get_close_matches(str(config.command), list(COMMANDS), n=1)
@@ -246,6 +263,7 @@ OmegaConf.register_new_resolver(
     "app_record_dir", lambda command: None if command in NO_RUN_DIRS or _rank() > 0 else f".hydra/{command}"
 )
 OmegaConf.register_new_resolver("app_job_dir", job_dir)
+OmegaConf.register_new_resolver("app_commands", lambda: command_list())
 OmegaConf.register_new_resolver(
     "app_log_file", lambda folder, job: os.devnull if _rank() > 0 else os.path.join(folder, f"{job}.log")
 )

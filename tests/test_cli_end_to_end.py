@@ -17,6 +17,8 @@ import sacrebleu
 import torch
 from conftest import REPO, TINY, run_cli, trained_tiny_run
 
+from app.cli import COMMANDS
+
 pytestmark = pytest.mark.slow  # every test here runs the real CLI in a subprocess, or compiles
 
 
@@ -312,6 +314,17 @@ def test_missing_run_is_a_one_line_error(workdir):
 def test_a_missing_or_unknown_command_prints_the_usage_line(workdir, args, message):
     result = run_cli(workdir, *args)
     assert result.returncode == 2 and result.stderr.startswith(message) and len(result.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-h"], ["command=eval", "--help"]])
+def test_help_lists_every_command_the_presets_and_the_settings(tmp_path, args):
+    result = run_cli(tmp_path, *args)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    for name, run in COMMANDS.items():  # each command with what it does
+        assert re.search(rf"^  {name} +{re.escape(run.__doc__.strip())}$", result.stdout, re.M), name
+    assert "model: rnn_bahdanau, rnn_luong, rnn_plain, transformer, transformer_small" in result.stdout
+    assert "  batch_tokens: 32000" in result.stdout  # the settings, as the defaults
+    assert os.listdir(tmp_path) == []  # asking for help makes no run folder and no log
 
 
 PREPARE = ["command=prepare", "data=files", "data.name=p", "data.train=corpus.tsv", "tokenizer.vocab_size=400"]

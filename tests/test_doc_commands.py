@@ -44,6 +44,9 @@ def documented_commands() -> list:
             if match.group("app") is not None:
                 if "[key=value" in match.group("app"):  # the usage line, not an example
                     continue
+                if set(re.findall(r"(?<!\S)-\S*", match.group("app"))) - {"-m", "--multirun"}:
+                    continue  # Hydra's own flags (--help, --cfg): the CLI leaves them to Hydra, as here
+
                 found.append(pytest.param(placeholders(match.group("app")), id=where))
                 continue
             if match.group("target") not in MAKE_COMMANDS:
