@@ -46,7 +46,6 @@ def documented_commands() -> list:
                     continue
                 if set(re.findall(r"(?<!\S)-\S*", match.group("app"))) - {"-m", "--multirun"}:
                     continue  # Hydra's own flags (--help, --cfg): the CLI leaves them to Hydra, as here
-
                 found.append(pytest.param(placeholders(match.group("app")), id=where))
                 continue
             if match.group("target") not in MAKE_COMMANDS:
