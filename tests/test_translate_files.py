@@ -3,6 +3,7 @@ time, written as it goes, equal to one window of the whole file; an interrupted 
 killed) continued by translate.resume=true to the same bytes; the refusals. Through the CLI on the tiny run."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -168,6 +169,30 @@ def test_refusals(workdir, settings, message):
     result = run_cli(workdir, *BASE, *settings, stdin="Hola\n")
     assert result.returncode == 2 and result.stderr.strip().startswith(message), result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "settings,where",
+    [
+        (("translate.input=over.txt",), "translate.input='over.txt': line 6"),
+        ((), "standard input: line 6"),
+        (("translate.input=in.txt", "translate.prefix=over.txt"), "translate.prefix='over.txt': line 6"),
+    ],
+    ids=["input", "stdin", "prefix"],
+)
+def test_a_line_too_long_for_the_model_is_named_by_its_line_before_anything_is_translated(workdir, settings, where):
+    """Its number in the file, not in its window of translate.window lines; nothing is written."""
+    over = LINES[:5] + [" ".join(["principio"] * 1100)] + LINES[5:]
+    (workdir / "over.txt").write_text("".join(line + "\n" for line in over[: len(LINES)]), encoding="utf-8")
+    output = workdir / "over_out.txt"
+    result = run_cli(
+        workdir, *BASE, *settings, "translate.window=2", f"translate.output={output}", stdin="\n".join(over) + "\n"
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    limit = r"this model takes at most 1023 \(model\.max_len=1024\): split it"
+    message = rf"error: {re.escape(where)} has \d{{4}} subword tokens; {limit}"
+    assert re.fullmatch(message, result.stderr.strip()), result.stderr  # the one line, nothing translated
+    assert not output.exists()
 
 
 @pytest.mark.parametrize("environment,expected", [({}, "128 128"), ({"LRU_CACHE_CAPACITY": "7"}, "7 128")])

@@ -220,3 +220,9 @@ def encode_phrases(
 def forced_pieces(phrases: list[list[int]]) -> int:
     """The pieces a sentence's phrases take: what raises its length limit."""
     return sum(map(len, unique_phrases(phrases)))
+
+
+def forced_lengths(constraints: list[list[list[int]]], prefix: Optional[list[list[int]]]) -> list[range]:
+    """Per sentence, the target pieces its phrases and its prefix force, as a sequence of that length (what
+    ``check_lengths`` holds to the model's positions)."""
+    return [range(forced_pieces(c) + (len(prefix[i]) if prefix else 0)) for i, c in enumerate(constraints)]

@@ -102,7 +102,7 @@ def load_scorer(cfg: Config) -> tuple:
     if s.alignments and not has_attention(engine.config.model):
         raise UserError("score.alignments=true: this model has no attention to read word links from")
     used = ensemble_of(engine.members) or f"{checkpoint_path(cfg.run_dir, s.checkpoint)} (step {engine.step})"
-    return engine, engine.tokenizer, getattr(engine.model, "max_positions", None), used
+    return engine, engine.tokenizer, engine.max_positions, used
 
 
 def score_line(logp: list[float], pieces: Optional[list[str]], links: Optional[str] = None) -> str:

@@ -14,9 +14,9 @@ from tqdm import tqdm
 from app.config.commands import DecodeConfig
 from app.data.batching import Batch, Batcher, make_batches, sorted_batches
 from app.decode.beam import BeamSearch
-from app.decode.constraints import forced_pieces, phrase_constraints
+from app.decode.constraints import forced_lengths, phrase_constraints
 from app.decode.sampling import Sampler, make_sampler
-from app.decode.search import GreedySearch, Hypotheses, Search, check_lengths, check_source_lengths, prefix_tensor
+from app.decode.search import GreedySearch, Hypotheses, Search, check_lengths, prefix_tensor
 from app.models.api import AnySeq2Seq, SelfAttending
 from app.run.device import autocast
 
@@ -124,12 +124,12 @@ def decode_corpus(
     (``cuda_batch_tokens`` on CUDA) tokens after the beam: sentences × beam × padded source length. ``prefix``:
     per sentence, the target pieces its hypotheses begin with (empty: none); ``constraints``: per sentence, the
     target phrases (their pieces) each of its hypotheses contains (empty: none)."""
-    check_source_lengths(model, src)
+    positions = getattr(model, "max_positions", None)
+    check_lengths(positions, src)
     if prefix is not None:
-        check_lengths(getattr(model, "max_positions", None), prefix, "translation prefix")
+        check_lengths(positions, prefix, "translation prefix")
     if constraints is not None:  # the pieces forced, prefix and phrases, within the model's positions
-        forced = [forced_pieces(c) + (len(prefix[i]) if prefix else 0) for i, c in enumerate(constraints)]
-        check_lengths(getattr(model, "max_positions", None), [range(n) for n in forced], "constrained translation")
+        check_lengths(positions, forced_lengths(constraints, prefix), "constrained translation")
     was_training = model.training
     model.eval()
     tokens: list = [None] * len(src)

@@ -111,19 +111,17 @@ def prefix_tensor(prefixes: list[list[int]], device: torch.device) -> Optional[t
     return torch.tensor([p + [PAD] * (longest - len(p)) for p in prefixes], dtype=torch.long, device=device)
 
 
-def check_source_lengths(model: AnySeq2Seq, src: list[list[int]]) -> None:
-    check_lengths(getattr(model, "max_positions", None), src)
-
-
-def check_lengths(max_positions: Optional[int], sequences: Sequence[Sized], what: str = "input sentence") -> None:
+def check_lengths(
+    max_positions: Optional[int], sequences: Sequence[Sized], what: str = "input sentence", start: int = 0
+) -> None:
     """Every sequence with its EOS within the model's positions; the first that is not is a UserError naming it
-    (``what`` and its number)."""
+    (``what`` and its number, counted from ``start`` + 1)."""
     if max_positions is None:
         return
-    for i, sequence in enumerate(sequences):
+    for i, sequence in enumerate(sequences, start=start + 1):
         if len(sequence) + 1 > max_positions:  # + EOS
             raise UserError(
-                f"{what} {i + 1} has {len(sequence)} subword tokens; this model takes at most "
+                f"{what} {i} has {len(sequence)} subword tokens; this model takes at most "
                 f"{max_positions - 1} (model.max_len={max_positions}): split it"
             )
 

@@ -45,6 +45,11 @@ class TrainedModel:
     step: int = 0  # the training step of the checkpoint (of the newest averaged snapshot)
     members: list[str] = field(default_factory=list)  # an ensemble's checkpoints, "best.pt (step 721)" (else empty)
 
+    @property
+    def max_positions(self) -> Optional[int]:
+        """The positions the model has, an input's EOS included (None: any length), as CT2Translator's."""
+        return getattr(self.model, "max_positions", None)
+
     def translate(
         self,
         src: list[list[int]],

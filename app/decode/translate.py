@@ -18,11 +18,11 @@ from tqdm import tqdm
 from app.config.schema import Config
 from app.data.links import hard_alignment, pharaoh_line
 from app.data.tokenizer import EOS
-from app.decode.constraints import encode_phrases
+from app.decode.constraints import encode_phrases, forced_lengths
 from app.decode.ct2_engine import CT2Translator
 from app.decode.ensemble import ensemble_of
 from app.decode.line_files import LineFile, open_line_file, open_output, resume_point, windows
-from app.decode.search import describe
+from app.decode.search import check_lengths, describe
 from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.models import has_attention
 from app.run.checkpoint import checkpoint_path
@@ -60,12 +60,10 @@ def translate_lines(cfg: Config) -> None:
                 constraints, source, "one line of tab-separated phrases per line to translate (an empty line: none)"
             )
         engine, tokenizer, used = load_engine(cfg)
-        if constraints is not None:  # every phrase is checked before anything is translated
-            for k, rows in enumerate(windows(constraints, t.window)):
-                phrase_pieces(tokenizer, rows, k * t.window, t.constraints)
         first, byte = (0, None)
         if t.resume and t.output:
             first, byte = resume_point(t.output, source.lines, t.window, cfg.decode.n_best > 1)
+        check_inputs(engine.max_positions, tokenizer, t.window, first, source, prefixes, constraints)
         # on stderr: stdout holds the translations alone
         count = f"{source.lines} line{'s' * (source.lines != 1)}"
         forced = "" if prefixes is None else f", {prefixes.filled} with a translate.prefix line"
@@ -84,7 +82,7 @@ def translate_lines(cfg: Config) -> None:
         try:
             for k, (lines, begin, phrases) in enumerate(zip(*streams), start=first // t.window):
                 at = k * t.window
-                pieces = phrase_pieces(tokenizer, phrases, at, t.constraints)
+                pieces = phrase_pieces(tokenizer, phrases, at, constraints)
                 out.write(translate_window(cfg, engine, tokenizer, lines, begin, pieces, k).encode("utf-8"))
                 out.flush()
                 bar.update(len(lines))
@@ -105,6 +103,30 @@ def check_lines(given: LineFile, source: LineFile, rule: str) -> None:
     if given.lines != source.lines:
         has = f"{given.lines} line{'s' * (given.lines != 1)}"
         raise UserError(f"{given.where} has {has} and {source.where} {source.lines}: {rule}")
+
+
+def check_inputs(
+    max_positions: Optional[int],
+    tokenizer,
+    window: int,
+    first: int,
+    source: LineFile,
+    prefixes: Optional[LineFile],
+    constraints: Optional[LineFile],
+) -> None:
+    """Before anything is translated, from line ``first`` on: every line within the model's positions (its prefix,
+    and its phrases with its prefix, too) and every phrase tokenized, else a UserError naming the file and line."""
+    streams = [windows(f, window, first) if f else itertools.repeat(None) for f in (source, prefixes, constraints)]
+    for k, (lines, begin, phrases) in enumerate(zip(*streams), start=first // window):
+        at = k * window
+        check_lengths(max_positions, tokenizer.encode_src(lines), f"{source.where}: line", at)
+        prefix = None
+        if prefixes is not None:
+            prefix = tokenizer.encode_tgt(begin)
+            check_lengths(max_positions, prefix, f"{prefixes.where}: line", at)
+        if constraints is not None and (pieces := phrase_pieces(tokenizer, phrases, at, constraints)) is not None:
+            forced, what = forced_lengths(pieces, prefix), " with translate.prefix" if prefix else ""
+            check_lengths(max_positions, forced, f"{constraints.where}{what}: line", at)
 
 
 def load_engine(cfg: Config) -> tuple[CT2Translator | TrainedModel, Any, str]:
@@ -130,12 +152,13 @@ def load_engine(cfg: Config) -> tuple[CT2Translator | TrainedModel, Any, str]:
 
 
 def phrase_pieces(
-    tokenizer, rows: Optional[list[str]], at: int, path: Optional[str]
+    tokenizer, rows: Optional[list[str]], at: int, file: Optional[LineFile]
 ) -> Optional[list[list[list[int]]]]:
-    """The constraints of lines ``at`` ... (rows of tab-separated phrases) as target pieces; None without any."""
-    if rows is None:
+    """The constraints of lines ``at`` ... (rows of tab-separated phrases of ``file``) as target pieces; None
+    without any."""
+    if rows is None or file is None:
         return None
-    phrase_at = lambda i, j: f"translate.constraints={path!r} line {at + i + 1}, phrase {j + 1}"  # noqa: E731
+    phrase_at = lambda i, j: f"{file.where} line {at + i + 1}, phrase {j + 1}"  # noqa: E731
     return encode_phrases(tokenizer.encode_tgt, [row.split("\t") if row else [] for row in rows], phrase_at)
 
 
