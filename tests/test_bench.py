@@ -57,23 +57,42 @@ def test_a_failing_ablation_row_does_not_lose_the_others(monkeypatch):
 
     calls = []
 
-    def fake_training(model, cfg, data, device, dtype, steps, warmup, naive=frozenset()):
+    def fake_training(cfg, steps, warmup, rounds=2, naive=frozenset(), extras=True):
         calls.append(cfg)
         if not cfg.train.fused_optimizer:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
         tokens = 1000 if len(calls) == 1 else 900  # the first call times the defaults
         return {"steps_per_s": 1.0, "train_tgt_tokens_per_s": tokens, "padding_ratio": 0.05, "mfu": None}, None
 
-    monkeypatch.setattr(app.bench.suite, "time_training", fake_training)
+    monkeypatch.setattr(app.bench.suite, "time_trainer", fake_training)
     cfg = compose_config("model=transformer_small")
     errors = {}
-    rows = app.bench.suite.ablation(cfg, lambda: None, None, torch.device("cpu"), None, 1, 0, errors)
+    rows = app.bench.suite.ablation(cfg, False, 1, 0, errors)
     failed = [r for r in rows if "error" in r]
     assert [r["setting"] for r in failed] == ["without fused AdamW (its non-finite check then syncs)"]
     assert failed[0]["error"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     assert errors == {"ablation: without fused AdamW (its non-finite check then syncs)": failed[0]["error"]}
     assert rows[0]["train_tgt_tokens_per_s"] == 1000 and rows[0]["vs_defaults"] == 1.0
     assert len(rows) == 7 and all(r["vs_defaults"] == 0.9 for r in rows[1:] if "error" not in r)
+
+
+@pytest.mark.parametrize("captured", [True, False])
+def test_the_ablation_on_cuda_starts_from_the_update_the_trainer_runs(captured):
+    """The defaults on CUDA capture the Transformer's update (train.capture), padded to fixed shapes: the first row
+    turns capture off, and the rows that cut batches another way (random order, train.batch_shapes) only apply to
+    an update that is not captured."""
+    from app.bench.suite import speed_features
+
+    cfg = compose_config("model=transformer_small")
+    rows = {label: (variant, naive) for label, variant, _, naive in speed_features(cfg, {"captured": captured}, True)}
+    eager = "without train.capture (an eager update: a launch per operator)"
+    assert (eager in rows) == captured and ("without length bucketing (random batches)" in rows) != captured
+    assert ("with train.batch_shapes=16 (fixed padded shapes)" in rows) != captured
+    if captured:
+        assert list(rows)[0] == eager and rows[eager][0].train.capture is False and cfg.train.capture is True
+    assert rows["without pinned memory (pageable copies)"][1] == {"pageable"}
+    assert rows["without bf16 autocast (fp32)"][0].train.amp == "fp32"
+    assert not any(label.startswith("without train.capture") for label, *_ in speed_features(cfg, {}, False))
 
 
 def test_profile_kinds_of_work():

@@ -11,8 +11,9 @@ and int8; app/bench/decoding.py), BLEU beside each; prints one table and writes 
 (``checkpoints/bench/<name>.json``).
 Decoding uses the weights of ``bench.checkpoint_path`` when given (an untrained model runs every sentence to
 the length limit, so its timings are an upper bound). ``bench.profile_steps=N`` profiles N more steps
-(app/bench/profiling.py); ``bench.ablate=true`` times training again with each speed feature off in turn, from
-the same starting weights: the before/after table of every speed change (``<name>_ablation.md``).
+(app/bench/profiling.py); ``bench.ablate=true`` times training again with each speed feature off in turn, each
+row through the Trainer as the first (from the weights train.seed gives): the before/after table of every speed
+change (``<name>_ablation.md``).
 
 MFU is computed with the one FLOP count of app/models/flops.py.
 """
@@ -22,117 +23,32 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
-import itertools
 import json
 import os
-import time
-from collections.abc import Callable
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from app.bench.decoding import sync, time_decoding
+from app.bench.decoding import time_decoding
 from app.bench.profiling import count_ops, profile_steps
 from app.bench.rows import attempt
 from app.bench.training import time_trainer
 from app.config.load import check_compatible
 from app.config.schema import Config
-from app.data.batching import Batcher, make_batches
-from app.data.corpus import load_split, load_tokenized, prepare_data
-from app.data.schedule import training_schedule
+from app.data.corpus import load_split, prepare_data
 from app.data.shapes import SUGGESTED_SHAPES
-from app.data.tokenizer import PAD
-from app.models import Family, build_model, count_parameters
-from app.models.flops import peak_flops, training_flops
+from app.models import build_model, count_parameters
 from app.run.checkpoint import load_checkpoint
 from app.run.device import amp_dtype, resolve_device, seed_everything
-from app.run.errors import required
 from app.run.files import atomic_write_text
-from app.train.master_weights import MasterWeights
-from app.train.update import compiled_for_training, make_optimizer, train_step
 
 
-def time_training(
-    model: Family,
-    cfg: Config,
-    data,
-    device: torch.device,
-    dtype,
-    steps: int,
-    warmup: int,
-    naive: frozenset = frozenset(),
-) -> tuple[dict, Callable[[], None]]:
-    """Trains ``model`` for ``warmup`` untimed and ``steps`` timed steps on length-bucketed batches of
-    ``data``; returns the throughput measurements and a function that runs one more step (for the profiler).
-    ``naive`` turns loop-level speed features off, for comparison: "sync" reads the loss back after
-    every step, "unbucketed" cuts batches from a random order, "pageable" copies without pinned memory."""
-    optimizer, scheduler = make_optimizer(model, cfg)
-    master = MasterWeights(model, dtype if cfg.train.master_weights else None)
-    trained = compiled_for_training(master.compute, cfg)
-    batcher = Batcher(data.src, data.tgt)
-    if "unbucketed" in naive:
-        epoch = make_batches(
-            data.src_lens, data.tgt_lens, cfg.train.batch_tokens, True, cfg.train.seed, by_length=False
-        )
-    else:  # the first epoch of the training schedule: length-bucketed, or in train.batch_shapes fixed shapes
-        epoch = training_schedule(cfg.train, data.src_lens, data.tgt_lens, 1, 0, 1, cuda=False).epoch_batches()
-    batches = itertools.cycle(epoch)
-
-    shapes_seen: set[tuple[int, int, int]] = set()
-
-    def step(indices) -> tuple[int, int]:
-        batch = batcher(indices)
-        tgt_in, tgt_out = batch.targets
-        n_tokens = int((tgt_out != PAD).sum())  # counted on the host copy: no device sync
-        on_device = batch.to(device, pin="pageable" not in naive)
-        result = train_step(trained, [on_device], n_tokens, optimizer, scheduler, cfg, dtype, master=master)
-        if "sync" in naive:
-            result.loss_sum.item()
-        shapes_seen.add((*batch.src.shape, tgt_in.shape[1]))
-        return n_tokens, batch.src.numel() + tgt_in.numel()
-
-    for _ in range(warmup):
-        step(next(batches))
-    sync(device)
-    shapes_seen.clear()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    timed, tgt_tokens, padded_tokens = [], 0, 0
-    start = time.time()
-    for _ in range(steps):
-        timed.append(next(batches))
-        n_tokens, padded = step(timed[-1])
-        tgt_tokens += n_tokens
-        padded_tokens += padded
-    sync(device)
-    seconds = time.time() - start
-    # counted after the clock stops: host work in the loop would slow a launch-bound model down
-    src_lens = [[data.src_lens[j] + 1 for j in indices] for indices in timed]  # + EOS
-    tgt_lens = [[data.tgt_lens[j] + 1 for j in indices] for indices in timed]  # + BOS / EOS
-    src_tokens = sum(map(sum, src_lens))
-    flops = training_flops(model, [n for lens in src_lens for n in lens], [n for lens in tgt_lens for n in lens])
-    peak = peak_flops(device)
-    measured = {
-        "steps_per_s": round(steps / seconds, 2),
-        "train_tgt_tokens_per_s": round(tgt_tokens / seconds),
-        "train_src_tgt_tokens_per_s": round((src_tokens + tgt_tokens) / seconds),
-        "padding_ratio": round(1 - (src_tokens + tgt_tokens) / padded_tokens, 3),
-        "batch_shapes_seen": len(shapes_seen),
-        "model_tflops_per_s": float(f"{flops / seconds / 1e12:.3g}"),  # 3 significant digits: tiny CPU runs too
-        "mfu": round(flops / seconds / peak, 4) if peak else None,
-    }
-    if device.type == "cuda":
-        measured["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
-
-    def one_more_step() -> None:
-        step(next(batches))
-
-    return measured, one_more_step
-
-
-def speed_features(cfg: Config, dtype) -> list[tuple[str, Config, contextlib.AbstractContextManager, frozenset]]:
-    """(label, settings, context, naive loop features) for each speed feature switched off in turn,
-    then train.compile switched on; features that cannot apply (bf16 on a CPU) are left out."""
+def speed_features(
+    cfg: Config, baseline: dict, cuda: bool
+) -> list[tuple[str, Config, contextlib.AbstractContextManager, frozenset[str]]]:
+    """(label, settings, context, naive loop features) for each speed feature of the Trainer switched off in turn,
+    then train.compile switched on; features that cannot apply (bf16 on a CPU) are left out. ``baseline``: the
+    defaults' measurement (was the update captured?)."""
 
     def changed(**train) -> Config:
         variant = copy.deepcopy(cfg)
@@ -141,9 +57,14 @@ def speed_features(cfg: Config, dtype) -> list[tuple[str, Config, contextlib.Abs
         return variant
 
     plain, loop = contextlib.nullcontext, frozenset
-    cuda = dtype is not None
-    rows: list[tuple[str, Config, contextlib.AbstractContextManager, frozenset]] = []
-    if cuda:
+    bf16 = amp_dtype(cfg.train.amp, torch.device("cuda" if cuda else "cpu")) is not None
+    shaped = bool(cfg.train.batch_shapes) or baseline.get("captured", False)  # every batch padded to a fixed shape
+    rows: list[tuple[str, Config, contextlib.AbstractContextManager, frozenset[str]]] = []
+    if baseline.get("captured"):
+        rows.append(
+            ("without train.capture (an eager update: a launch per operator)", changed(capture=False), plain(), loop())
+        )
+    if bf16:
         rows.append(("without bf16 autocast (fp32)", changed(amp="fp32"), plain(), loop()))
         rows.append(
             (
@@ -159,13 +80,14 @@ def speed_features(cfg: Config, dtype) -> list[tuple[str, Config, contextlib.Abs
     if cfg.model.arch == "transformer":
         rows.append(("without fused SDPA kernels (math attention)", cfg, sdpa_kernel(SDPBackend.MATH), loop()))
     rows.append(("reading the loss every step (host sync)", cfg, plain(), loop({"sync"})))
-    rows.append(("without length bucketing (random batches)", cfg, plain(), loop({"unbucketed"})))
+    if not shaped:  # fixed shapes are their own bucketing
+        rows.append(("without length bucketing (random batches)", cfg, plain(), loop({"unbucketed"})))
     if cuda:
         rows.append(("without pinned memory (pageable copies)", cfg, plain(), loop({"pageable"})))
     shapes = cfg.train.batch_shapes or SUGGESTED_SHAPES
     if cfg.train.batch_shapes:
         rows.append(("without fixed batch shapes (batch_shapes=0)", changed(batch_shapes=0), plain(), loop()))
-    else:
+    elif not shaped:
         rows.append(
             (f"with train.batch_shapes={shapes} (fixed padded shapes)", changed(batch_shapes=shapes), plain(), loop())
         )
@@ -183,21 +105,18 @@ def speed_features(cfg: Config, dtype) -> list[tuple[str, Config, contextlib.Abs
     return rows
 
 
-def ablation(
-    cfg: Config, build: Callable[[], Family], data, device, dtype, steps: int, warmup: int, failed: dict[str, str]
-) -> list[dict]:
-    """Training speed with each speed feature off in turn, every row from the same starting weights and timed
-    the same way (``time_training``: the update and its batches, without the Trainer's bookkeeping). A row
-    that raises (out of memory without a fused kernel, a compile) says why in the table and in ``failed``."""
-    baseline, _ = time_training(build(), cfg, data, device, dtype, steps, warmup)
+def ablation(cfg: Config, cuda: bool, steps: int, warmup: int, failed: dict[str, str]) -> list[dict]:
+    """Training speed with each speed feature off in turn, every row timed as the defaults are: through the Trainer
+    (``time_trainer``: its loop, from the weights train.seed gives). A row that raises (out of memory without a
+    fused kernel, a compile) says why in the table and in ``failed``."""
+    baseline, _ = time_trainer(cfg, steps, warmup, rounds=1, extras=False)
     rows = [{"setting": "all speed features on (the defaults)", **baseline, "vs_defaults": 1.0}]
-    for label, variant, context, naive in speed_features(cfg, dtype):
+    for label, variant, context, naive in speed_features(cfg, baseline, cuda):
         torch._dynamo.reset()
 
         def timed(variant=variant, context=context, naive=naive) -> dict:
             with context:
-                dtype = amp_dtype(variant.train.amp, device)
-                return time_training(build(), variant, data, device, dtype, steps, warmup, naive)[0]
+                return time_trainer(variant, steps, warmup, rounds=1, naive=naive, extras=False)[0]
 
         measured = attempt(failed, f"ablation: {label}", timed)
         if measured is None:
@@ -277,22 +196,12 @@ def bench(cfg: Config) -> dict:
     dtype = amp_dtype(cfg.train.amp, device)
     seed_everything(cfg.train.seed)
     tokenizer = prepare_data(cfg)
-    data = load_tokenized(cfg.data.dir, "train", tokenizer)
     test = load_split(cfg.data.dir, "test", tokenizer).head(cfg.bench.decode_sentences)
     model = build_model(cfg.model, tokenizer).to(device)
     if cfg.bench.checkpoint_path:  # an untrained model decodes to the length limit: time real translations
         state = load_checkpoint(cfg.bench.checkpoint_path, device)
         check_compatible(state, cfg.bench.checkpoint_path, tokenizer.fingerprint(), cfg.model)
         model.load_state_dict(state["model"])
-    # the starting weights of every ablation row, kept on the host: a device copy would count in the
-    # peak memory measured
-    initial = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()} if cfg.bench.ablate else None
-
-    def build() -> Family:
-        fresh = build_model(cfg.model, tokenizer).to(device)
-        fresh.load_state_dict(required(initial, "the ablation's starting weights"))
-        return fresh
-
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "model": cfg.model.arch if cfg.model.arch == "transformer" else f"rnn/{cfg.model.attention}",
@@ -345,7 +254,7 @@ def bench(cfg: Config) -> dict:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        rows = attempt(failed, "ablation", lambda: ablation(cfg, build, data, device, dtype, steps, warmup, failed))
+        rows = attempt(failed, "ablation", lambda: ablation(cfg, device.type == "cuda", steps, warmup, failed))
         result["ablation"] = rows if rows is not None else {"error": failed["ablation"]}
         if rows is not None:
             header = (

@@ -127,13 +127,37 @@ def record_every_shape(trainer: Trainer, one_update: Callable[[], None]) -> dict
     return {"recording_updates": updates, "recording_seconds": round(time.perf_counter() - start, 2)}
 
 
-def time_trainer(cfg: Config, steps: int, warmup: int, rounds: int = 2) -> tuple[dict, Callable[[], None]]:
+def without_loop_features(trainer: Trainer, naive: frozenset[str]) -> None:
+    """The loop-level speed features ``naive`` names turned off, for the ablation (app/bench/suite.py): "sync" reads
+    the loss back after every update (a host sync), "unbucketed" cuts batches from a random order, "pageable" copies
+    batches without pinned memory."""
+    if "sync" in naive:
+        update = trainer.train_step
+
+        def synced(*args):
+            result = update(*args)
+            result.loss_sum.item()
+            return result
+
+        trainer.train_step = synced
+    if "unbucketed" in naive:
+        trainer.schedule.by_length = False
+    if "pageable" in naive:
+        trainer.pin_memory = False
+
+
+def time_trainer(
+    cfg: Config, steps: int, warmup: int, rounds: int = 2, naive: frozenset[str] = frozenset(), extras: bool = True
+) -> tuple[dict, Callable[[], None]]:
     """The ``step`` and ``loop`` measurements of ``steps`` timed updates each, the two taking turns in ``rounds``
     rounds (a load change on a shared machine hits both alike), each turn after ``warmup`` untimed updates;
-    and a function that runs one more of the Trainer's updates (what the profiler records)."""
+    and a function that runs one more of the Trainer's updates (what the profiler records). ``naive``: loop
+    features turned off (``without_loop_features``); ``extras=False`` leaves out the moving average's and the host
+    step's timings (the ablation's rows)."""
     run_cfg = bench_run_config(cfg)
     shutil.rmtree(run_cfg.run_dir, ignore_errors=True)
     trainer = build_trainer(run_cfg, quiet=True)
+    without_loop_features(trainer, naive)
     device, schedule = trainer.device, trainer.schedule
     updates = iter(schedule)
     timed: dict[str, list[Update]] = {"step": [], "loop": []}
@@ -170,11 +194,12 @@ def time_trainer(cfg: Config, steps: int, warmup: int, rounds: int = 2) -> tuple
     step, loop = (throughput(trainer, timed[kind], seconds[kind]) for kind in ("step", "loop"))
     measured = {**loop, "step_steps_per_s": step["steps_per_s"], "loop_rounds": rounds}
     measured["loop_vs_step"] = round(loop["steps_per_s"] / step["steps_per_s"], 3)
-    measured.update(time_ema(trainer, 1 / step["steps_per_s"]))
     measured.update(trainer.schedule.epoch_stats())
     if device.type == "cuda":
         measured["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
-    measured.update(host_step(trainer, cfg.bench.host_tokens))
+    if extras:
+        measured.update(time_ema(trainer, 1 / step["steps_per_s"]))
+        measured.update(host_step(trainer, cfg.bench.host_tokens))
     measured["captured"] = trainer.captured is not None  # train.capture in force (CUDA, the Transformer)
     if trainer.captured is not None:
         measured["capture"] = {**trainer.captured.describe(), **recording}

@@ -63,7 +63,8 @@ class BatchSchedule:
         self.position = 0  # batches of the current epoch already trained on
         self.batch_tokens = batch_tokens  # the budget in force
         self.epoch_batch_tokens = batch_tokens  # the budget the current epoch's batches were cut with
-        self._epoch_cache: tuple[tuple[int, int], list[list[int]]] | None = None
+        self.by_length = True  # false: batches cut from a random order (make bench's ablation; not with shapes)
+        self._epoch_cache: tuple[tuple[int, int, bool], list[list[int]]] | None = None
 
     @property
     def group(self) -> int:
@@ -77,14 +78,17 @@ class BatchSchedule:
     def epoch_batches(self, epoch: int | None = None, budget: int | None = None) -> list[list[int]]:
         """An epoch's batches (every rank's), cut with ``budget`` (default: the current epoch's and the budget
         in force when it started)."""
-        key = (self.epoch if epoch is None else epoch, self.epoch_batch_tokens if budget is None else budget)
+        epoch, budget = self.epoch if epoch is None else epoch, self.epoch_batch_tokens if budget is None else budget
+        key = (epoch, budget, self.by_length)
         if self._epoch_cache is None or self._epoch_cache[0] != key:
             batches: list[list[int]]
             if self.shapes is not None:
                 batches = list(self.shapes.batches(key[1], shuffle=True, seed=self.seed, epoch=key[0]))
             else:
                 src_lens, tgt_lens = (np.asarray(lens).tolist() for lens in self.lengths(key[0]))  # quick to index
-                batches = make_batches(src_lens, tgt_lens, key[1], shuffle=True, seed=self.seed, epoch=key[0])
+                batches = make_batches(
+                    src_lens, tgt_lens, key[1], shuffle=True, seed=self.seed, epoch=key[0], by_length=self.by_length
+                )
             if len(batches) < self.group:
                 raise UserError(
                     f"the train split makes {len(batches)} batches of train.batch_tokens={key[1]}, fewer than one "

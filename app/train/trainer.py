@@ -96,6 +96,7 @@ class Trainer:
         self.train_step = self.captured or train_step  # or the update replayed from a CUDA graph per batch shape
         self.compiles = CompileWatch(cfg.train.compile)
         self.batcher = Batcher(data.train.src, data.train.tgt)
+        self.pin_memory = True  # batches go to a GPU through pinned memory (false: make bench's ablation)
         self.src_lens, self.tgt_lens = data.train.lengths(0)  # what make bench cuts its fixed batches by
         peak = peak_flops(device)
         self.flop_counter = FlopCounter(model) if peak else None  # MFU in the log where the peak is known
@@ -166,7 +167,8 @@ class Trainer:
         src_lens, tgt_lens = self.data.train.lengths(update.epoch)
         local_tokens = int(sum(tgt_lens[indices].sum() + len(indices) for indices in parts))  # + EOS each
         flops = self.flop_counter.of_batches(parts, src_lens, tgt_lens) if self.flop_counter else 0.0
-        return Prepared(update, parts, batches, [b.to(self.device) for b in batches], local_tokens, flops)
+        on_device = [b.to(self.device, pin=self.pin_memory) for b in batches]
+        return Prepared(update, parts, batches, on_device, local_tokens, flops)
 
     def train_update(self, ready: Prepared) -> None:
         """One update on this rank's share of ``ready.update``, accumulated over its micro-batches. Out of
