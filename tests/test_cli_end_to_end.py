@@ -306,6 +306,21 @@ def test_missing_run_is_a_one_line_error(workdir):
 @pytest.mark.parametrize(
     "args, message",
     [
+        (["command=eval", "eval.checkpoint=newest"], "error: eval.checkpoint='newest': choose best, last, averaged or a"),
+        (["command=score", "score.checkpoint=step_0000099"], "checkpoint not found; intact checkpoints of "),
+        (["command=average", "name=never_trained"], "checkpoint not found (train first, or check name=)"),
+    ],
+)
+def test_a_checkpoint_that_is_not_there_is_named_with_its_setting_and_those_that_are(workdir, args, message):
+    result = run_cli(workdir, *[a for a in TINY if not a.startswith("name=")], "name=tiny", *args)
+    assert result.returncode == 2 and message in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
+    if "score.checkpoint=step_0000099" in args:  # the snapshots there are, and the setting that picks one
+        assert "step_0000020 (step 20)" in result.stderr and result.stderr.strip().endswith("with score.checkpoint=")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
         (["command=fly"], "error: command='fly' is unknown: python -m app command={prepare,train,eval,"),
         ([], "error: command is not set: python -m app command={prepare,train,eval,"),
         (["train", "name=x"], "error: the command is a setting: python -m app command=train name=x"),
@@ -773,7 +788,9 @@ def test_eval_of_the_first_sentences_says_it_is_a_subset(workdir):
     # a gold file that is not the split's length is refused, though its first lines would do
     (workdir / "short.align").write_text("".join(line + "\n" for line in right))
     short = run_cli(workdir, *args, f"eval.max_sentences={n}", f"eval.gold_align={workdir / 'short.align'}")
-    assert short.returncode == 2 and f"{len(refs)} sentences to align but the reference links have {n}" in short.stderr
+    gold = f"eval.gold_align={workdir / 'short.align'}"
+    named = f"error: {gold}: {n} lines of reference links for the {len(refs)} sentences"
+    assert short.returncode == 2 and short.stderr.startswith(named), short.stderr
     negative = run_cli(workdir, *args, "eval.max_sentences=-1")
     assert negative.returncode == 2 and "eval.max_sentences=-1" in negative.stderr
 

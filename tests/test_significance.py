@@ -93,3 +93,6 @@ def test_make_eval_tests_the_run_against_a_baseline_file_and_refuses_one_of_anot
     assert refused.stderr.strip() == (
         f"error: eval.baseline=cut.txt: cut.txt has {len(hyp) - 1} lines for the {len(hyp)} sentences evaluated"
     )
+    (root / "latin1.txt").write_bytes("ok\naño\n".encode("latin-1"))  # read before its length is checked
+    refused = run_cli(root, "command=eval", *TINY, "eval.baseline=latin1.txt")
+    assert refused.returncode == 2 and refused.stderr.strip() == "error: latin1.txt:2: not valid UTF-8", refused.stderr

@@ -29,6 +29,7 @@ from app.run.checkpoint import (
     intact_checkpoints,
     intact_note,
     load_checkpoint,
+    missing_checkpoint,
     named_checkpoint,
 )
 from app.run.device import amp_dtype, resolve_device
@@ -88,7 +89,9 @@ def load_trained(
     """The checkpoint ``which`` (best, last, averaged, step_NNNNNNN: the value of ``setting``) of ``run_dir``
     on ``device``, in eval mode. One that does not load names those that do. With ``ensemble`` (the setting
     ``ensemble=``), those checkpoints decode with it as one model (app/decode/ensemble.py)."""
-    path = checkpoint_path(run_dir, which)
+    path = checkpoint_path(run_dir, which, setting)
+    if not os.path.exists(path):
+        raise missing_checkpoint(run_dir, path, setting)
     try:
         state = load_checkpoint(path)
     except UnloadableCheckpoint as err:

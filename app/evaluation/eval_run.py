@@ -17,6 +17,7 @@ from app.data.links import read_pharaoh, reference_links
 from app.data.sources import SPLITS
 from app.decode.ct2_engine import CT2Translator
 from app.decode.ensemble import ensemble_of
+from app.decode.line_files import read_lines
 from app.decode.search import describe
 from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.evaluation.alignment import align_scope
@@ -153,8 +154,7 @@ def baseline_hypotheses(cfg: Config, sentences: int) -> Optional[tuple[str, list
     path = given if os.path.isfile(given) else os.path.join(run_folder(given), "eval", cfg.eval.split, "hyp.txt")
     if not os.path.isfile(path):
         raise UserError(f"eval.baseline={given}: {path} does not exist (give a hypothesis file or an evaluated run)")
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
+    lines = read_lines(path, "eval.baseline", "compare against")
     if len(lines) != sentences:
         raise UserError(f"eval.baseline={given}: {path} has {len(lines)} lines for the {sentences} sentences evaluated")
     return path, lines
@@ -193,7 +193,7 @@ def alignment_asked(cfg: Config, trained: TrainedModel, data: ParallelData, spli
         return None
     tok, split = trained.tokenizer, cfg.eval.split
     asked = Alignment(
-        links=first_lines(read_pharaoh(gold_path), split_size, len(data)),
+        links=first_lines(read_pharaoh(gold_path), split_size, len(data), gold_setting(cfg, gold_path)),
         scope=align_scope(cfg.eval.align_scope, gold_file=bool(cfg.eval.gold_align)),
         split=split,
         gold=gold_path,
@@ -207,15 +207,21 @@ def alignment_asked(cfg: Config, trained: TrainedModel, data: ParallelData, spli
     if split != "dev" and dev_path and not cfg.eval.gold_align:
         dev = load_split(trained.config.data.dir, "dev", tok)
         dev_size, dev = len(dev), dev.head(len(data) if len(data) < split_size else 0)
-        asked.dev = dev, first_lines(read_pharaoh(dev_path), dev_size, len(dev))
+        asked.dev = dev, first_lines(read_pharaoh(dev_path), dev_size, len(dev), dev_path)
         asked.dev_name = "dev" if len(dev) == dev_size else f"dev (first {len(dev)} of {dev_size} sentences)"
     return asked
 
 
-def first_lines(gold: list, split_size: int, n: int) -> list:
-    """The links of the first ``n`` sentences, once the gold is known to cover the whole split."""
+def gold_setting(cfg: Config, path: str) -> str:
+    """How errors name the gold links: the setting that gave them, or the corpus's file."""
+    return f"eval.gold_align={path}" if cfg.eval.gold_align else path
+
+
+def first_lines(gold: list, split_size: int, n: int, where: str) -> list:
+    """The links of the first ``n`` sentences, once the gold (``where``: how errors name it) is known to cover the
+    whole split."""
     if len(gold) != split_size:
-        raise UserError(f"{split_size} sentences to align but the reference links have {len(gold)} lines")
+        raise UserError(f"{where}: {len(gold)} lines of reference links for the {split_size} sentences of the split")
     return gold[:n]
 
 

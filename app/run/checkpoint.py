@@ -149,11 +149,21 @@ def intact_note(run_dir: str, found: list[tuple[str, int]]) -> str:
     return f"intact checkpoints of {run_dir}: {listed}" if found else f"{run_dir} has no other intact checkpoint"
 
 
-def checkpoint_path(run_dir: str, which: str) -> str:
-    """``best`` | ``last`` | ``averaged`` | ``step_NNNNNNN`` (a snapshot) -> its file in ``run_dir``."""
+def checkpoint_path(run_dir: str, which: str, setting: str = "checkpoint") -> str:
+    """``best`` | ``last`` | ``averaged`` | ``step_NNNNNNN`` (a snapshot) -> its file in ``run_dir``; another
+    value of ``setting`` is a UserError naming it."""
     if which not in ("best", "last", "averaged") and not SNAPSHOT.match(f"{which}.pt"):
-        raise UserError(f"checkpoint={which!r}: choose best, last, averaged or a snapshot such as step_0001000")
+        raise UserError(f"{setting}={which!r}: choose best, last, averaged or a snapshot such as step_0001000")
     return os.path.join(run_dir, f"{which}.pt")
+
+
+def missing_checkpoint(run_dir: str, path: str, setting: str) -> UserError:
+    """The error for a checkpoint ``path`` that is not there: a run with none is not trained yet; one with others
+    names them (a snapshot rotated away, or a typo in ``setting``)."""
+    found = intact_checkpoints(run_dir)
+    if not found:
+        return UserError(f"{path}: checkpoint not found (train first, or check name=)")
+    return UserError(f"{path}: checkpoint not found; {intact_note(run_dir, found)}: choose one with {setting}=")
 
 
 def named_checkpoint(given: str) -> str:
@@ -218,6 +228,8 @@ def average_snapshots(run_dir: str, last: int) -> tuple[dict, list[str]]:
     steps = snapshot_steps(run_dir)
     if last < 1:
         raise UserError(f"average.last={last}: give at least 1")
+    if not steps and not intact_checkpoints(run_dir):
+        raise UserError(f"{run_dir}: checkpoint not found (train first, or check name=)")
     if len(steps) < last:
         raise UserError(
             f"{run_dir}: {len(steps)} snapshot(s) step_*.pt, fewer than average.last={last} "
