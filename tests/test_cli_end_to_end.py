@@ -306,7 +306,7 @@ def test_missing_run_is_a_one_line_error(workdir):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["command=eval", "eval.checkpoint=newest"], "error: eval.checkpoint='newest': choose best, last, averaged or a"),
+        (["command=eval", "eval.checkpoint=newest"], "error: eval.checkpoint='newest': choose best, last, averaged"),
         (["command=score", "score.checkpoint=step_0000099"], "checkpoint not found; intact checkpoints of "),
         (["command=average", "name=never_trained"], "checkpoint not found (train first, or check name=)"),
     ],
