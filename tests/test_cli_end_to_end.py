@@ -929,6 +929,47 @@ def test_guided_alignment_without_links_is_a_one_line_error(workdir):
     assert "train.align_weight=0.5 needs reference links of the train split, data/tiny/train.align" in result.stderr
 
 
+def test_an_export_of_another_checkpoint_or_a_damaged_one_is_refused_in_one_line(workdir, tmp_path):
+    """make export says how to read what it wrote; translate and score read it only for the checkpoint it holds;
+    a damaged export names the file and what mends it (tracebacks before)."""
+    folder = tmp_path / "first"
+    exported = run_cli(workdir, "command=export", "name=tiny", "export.checkpoint=step_0000020", f"export.dir={folder}")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    reads = f"translate.checkpoint=step_0000020 export.dir={folder}"
+    assert f'  make translate ARGS="name=tiny translate.engine=ct2 {reads}"' in exported.stdout.splitlines()
+    ct2 = ("name=tiny", "translate.engine=ct2", f"export.dir={folder}")
+    result = run_cli(workdir, "command=translate", *ct2, stdin="Hola\n")
+    assert result.returncode == 2 and result.stderr.strip() == (
+        f"error: translate.engine=ct2: {folder} holds step_0000020 (step 20), not translate.checkpoint=best: export "
+        f'that one (make export ARGS="name=tiny export.dir={folder}") or give translate.checkpoint=step_0000020'
+    )
+    held = run_cli(workdir, "command=translate", *ct2, "translate.checkpoint=step_0000020", stdin="Hola\n")
+    assert held.returncode == 0, held.stderr[-3000:]
+    (tmp_path / "s.es").write_text("Hola\n", encoding="utf-8")
+    (tmp_path / "s.en").write_text("Hello\n", encoding="utf-8")
+    pairs = (f"score.source={tmp_path / 's.es'}", f"score.target={tmp_path / 's.en'}")
+    scored = run_cli(workdir, "command=score", "name=tiny", "score.engine=ct2", f"export.dir={folder}", *pairs)
+    assert scored.returncode == 2 and "not score.checkpoint=best" in scored.stderr
+    damaged = {
+        "model.bin": lambda path: path.write_bytes(path.read_bytes()[:1000]),
+        "export.json": lambda path: path.write_text("{"),
+        "spm.model": lambda path: path.unlink(),
+    }
+    for name, damage in damaged.items():
+        broken = tmp_path / name
+        shutil.copytree(folder, broken)
+        damage(broken / name)
+        of_step_20 = ("translate.checkpoint=step_0000020", f"export.dir={broken}")
+        result = run_cli(workdir, "command=translate", *ct2[:2], *of_step_20, stdin="Hola\n")
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert result.stderr.startswith(f"error: {broken}") and result.stderr.strip().endswith(
+            ": a damaged export; make export writes it again"
+        ), result.stderr
+    into_a_file = run_cli(workdir, "command=export", "name=tiny", "export.dir=corpus.tsv")
+    assert into_a_file.returncode == 2
+    assert into_a_file.stderr.strip() == "error: export.dir=corpus.tsv: a file, not a folder"
+
+
 def test_export_to_ctranslate2_then_translate_and_eval_with_it(workdir):
     run = workdir / "checkpoints" / "tiny"
     result = run_cli(workdir, "command=export", "name=tiny", "export.quantization=none")

@@ -30,6 +30,16 @@ def export_dir(cfg: Config) -> str:
     return cfg.export.dir or os.path.join(cfg.run_dir, "ct2")
 
 
+def export_command(cfg: Config, checkpoint: str = "best") -> str:
+    """The ``make export`` that writes the export ``*.engine=ct2`` reads, of ``checkpoint``."""
+    settings = [f"name={cfg.name}"]
+    if checkpoint != "best":
+        settings.append(f"export.checkpoint={checkpoint}")
+    if cfg.export.dir:
+        settings.append(f"export.dir={cfg.export.dir}")
+    return f'make export ARGS="{" ".join(settings)}"'
+
+
 class CT2Translator:
     """A CTranslate2 export behind the project's decoding settings; results as app.decode.search.Hypotheses.
 
@@ -54,13 +64,17 @@ class CT2Translator:
         info_path = os.path.join(model_dir, EXPORT_INFO)
         if not os.path.exists(info_path):
             raise UserError(f"{model_dir}: no {EXPORT_INFO}; not a directory written by app.decode.export.convert")
-        with open(info_path, encoding="utf-8") as f:
-            self.info = json.load(f)
+        self.info = _read_json(info_path)
+        if not isinstance(self.info, dict) or not isinstance(self.info.get("max_positions"), int):
+            raise DamagedExport(f"{info_path}: no max_positions in it")
         self.model_dir, self.max_positions = model_dir, self.info["max_positions"]
         torch_threads = torch.get_num_threads()
-        self.translator = ctranslate2.Translator(
-            model_dir, device=device, device_index=device_index, compute_type=compute_type, intra_threads=threads
-        )
+        try:
+            self.translator = ctranslate2.Translator(
+                model_dir, device=device, device_index=device_index, compute_type=compute_type, intra_threads=threads
+            )
+        except (RuntimeError, ValueError) as err:  # a model.bin cut short, a config.json that does not parse
+            raise DamagedExport(f"{model_dir}: CTranslate2 cannot load it ({str(err).splitlines()[0]})") from None
         # CTranslate2 sets the process's OpenMP thread count, which torch's CPU kernels share: give torch its own
         # back (measured: 2 threads became 1, and our beam search on the CPU ran at half speed)
         torch.set_num_threads(torch_threads)
@@ -70,10 +84,11 @@ class CT2Translator:
 
     def tokenizer(self) -> Tokenizer:
         """The exported SentencePiece model(s) as the project's Tokenizer (text <-> ids)."""
-        spm_files = self.info["spm"]
-        return Tokenizer(
-            os.path.join(self.model_dir, spm_files["source"]), os.path.join(self.model_dir, spm_files["target"])
-        )
+        paths = [os.path.join(self.model_dir, self.info.get("spm", {}).get(side, "")) for side in ("source", "target")]
+        for path in paths:
+            if not os.path.isfile(path):
+                raise DamagedExport(f"{path}: the export's SentencePiece model is missing")
+        return Tokenizer(*paths)
 
     def translate(
         self,
@@ -272,10 +287,24 @@ def _rank(
     return sorted(ranked, key=lambda r: -r[1])  # stable: CTranslate2's order among equal scores
 
 
+class DamagedExport(UserError):
+    """An export folder whose files do not load: the message ends with what mends it."""
+
+    def __init__(self, what: str):
+        super().__init__(f"{what}: a damaged export; make export writes it again")
+
+
+def _read_json(path: str):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (ValueError, UnicodeDecodeError) as err:  # json.JSONDecodeError is a ValueError
+        raise DamagedExport(f"{path}: not JSON ({err})") from None
+
+
 def _read_vocab(model_dir: str, side: str) -> list[str]:
     for name in (f"{side}_vocabulary.json", "shared_vocabulary.json"):
         path = os.path.join(model_dir, name)
         if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                return json.load(f)
-    raise UserError(f"{model_dir}: no {side}_vocabulary.json or shared_vocabulary.json")
+            return _read_json(path)
+    raise DamagedExport(f"{model_dir}: no {side}_vocabulary.json or shared_vocabulary.json")

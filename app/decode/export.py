@@ -55,9 +55,11 @@ def export_run(cfg) -> str:
     ``<run>/ct2``), weights quantized as ``export.quantization``; the attention it returns is the mean of
     the heads of decoder layer ``viz.layer``. Returns the directory."""
     clock = Stopwatch()
+    out_dir = export_dir(cfg)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UserError(f"export.dir={out_dir}: a file, not a folder")
     with clock("load"):
         trained = load_trained(cfg.run_dir, cfg.export.checkpoint, torch.device("cpu"), "export.checkpoint")
-    out_dir = export_dir(cfg)
     run_info = {"run_dir": cfg.run_dir, "checkpoint": cfg.export.checkpoint, "step": trained.step}
     tok = trained.tokenizer
     model_cfg = trained.config.model
@@ -77,10 +79,20 @@ def export_run(cfg) -> str:
     print(
         f"exported {cfg.run_dir} {cfg.export.checkpoint} (step {trained.step}) to {out_dir} "
         f"({cfg.export.quantization}, {size:.1f} MiB) in {clock.line()}. Translate or evaluate with it:\n"
-        f'  make translate ARGS="name={cfg.name} translate.engine=ct2"\n'
-        f'  make eval ARGS="name={cfg.name} eval.engine=ct2"'
+        f'  make translate ARGS="{with_export(cfg, "translate")}"\n'
+        f'  make eval ARGS="{with_export(cfg, "eval")}"'
     )
     return out_dir
+
+
+def with_export(cfg, command: str) -> str:
+    """The settings of ``make translate`` / ``make eval`` that read this export: its folder and checkpoint."""
+    settings = [f"name={cfg.name}", f"{command}.engine=ct2"]
+    if cfg.export.checkpoint != "best":
+        settings.append(f"{command}.checkpoint={cfg.export.checkpoint}")
+    if cfg.export.dir:
+        settings.append(f"export.dir={cfg.export.dir}")
+    return " ".join(settings)
 
 
 def _field(cfg, name: str, default=None):

@@ -94,7 +94,7 @@ def load_scorer(cfg: Config) -> tuple:
     its model has (None: any length), and what it is in words."""
     s = cfg.score
     if s.engine == "ct2":  # the export alone: no checkpoint, no training code
-        ct2 = load_ct2(cfg, None, "score.engine")
+        ct2 = load_ct2(cfg, None, "score.engine", ("score.checkpoint", s.checkpoint))
         run = ct2.info.get("run", {})
         used = f"{ct2.model_dir}, the CTranslate2 export of {run.get('checkpoint')}.pt (step {run.get('step')})"
         return ct2, ct2.tokenizer(), ct2.max_positions, used

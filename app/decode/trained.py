@@ -16,7 +16,7 @@ from app.config.load import config_from_dict
 from app.config.schema import Config
 from app.data.corpus import load_tokenizer
 from app.data.tokenizer import Tokenizer
-from app.decode.ct2_engine import EXPORT_INFO, CT2Translator, export_dir
+from app.decode.ct2_engine import EXPORT_INFO, CT2Translator, export_command, export_dir
 from app.decode.ensemble import Ensemble
 from app.decode.passes import decode_corpus, forced_pass
 from app.decode.search import Hypotheses
@@ -144,21 +144,30 @@ def load_member(path: str, tokenizer: Tokenizer, first: str, device: torch.devic
     return model.to(device).eval(), f"{name} (step {checkpoint_step(state)})"
 
 
-def load_ct2(cfg: Config, trained: Optional[TrainedModel], setting: str) -> CT2Translator:
-    """The run's CTranslate2 export (``make export``) on ``cfg.device``; with ``trained``, it must be an
-    export of that same checkpoint (an export left from an earlier checkpoint would be scored as this one)."""
+def load_ct2(
+    cfg: Config, trained: Optional[TrainedModel], setting: str, asked: tuple[str, str] = ("", "")
+) -> CT2Translator:
+    """The run's CTranslate2 export (``make export``) on ``cfg.device``. It must be an export of the checkpoint
+    asked for: with ``trained``, of its step (an export left from an earlier checkpoint would be scored as this
+    one); else of the checkpoint ``asked`` names, (setting, value) such as ("translate.checkpoint", "best")."""
     if cfg.ensemble:
         raise UserError(f"{setting}=ct2: an export is one model; an ensemble= decodes with the torch engine")
     path = export_dir(cfg)
     if not os.path.exists(os.path.join(path, EXPORT_INFO)):
-        raise UserError(f'{setting}=ct2: no CTranslate2 export in {path}; make export ARGS="name={cfg.name}" writes it')
+        raise UserError(f"{setting}=ct2: no CTranslate2 export in {path}; {export_command(cfg)} writes it")
     device = trained.device if trained else resolve_device(cfg.device)
     engine = CT2Translator(path, device=device.type, device_index=device.index or 0)
     exported = engine.info.get("run", {})
+    held = f"{path} holds {exported.get('checkpoint')} (step {exported.get('step')})"
     if trained and exported.get("step") != trained.step:
         raise UserError(
-            f"{setting}=ct2: {path} holds step {exported.get('step')} ({exported.get('checkpoint')}), "
-            f"eval.checkpoint={cfg.eval.checkpoint} is step {trained.step}: make export again "
-            f'(make export ARGS="name={cfg.name} export.checkpoint={cfg.eval.checkpoint}")'
+            f"{setting}=ct2: {held}, eval.checkpoint={cfg.eval.checkpoint} is step {trained.step}: make export again "
+            f"({export_command(cfg, cfg.eval.checkpoint)})"
+        )
+    name, value = asked
+    if name and exported.get("checkpoint") != value:
+        raise UserError(
+            f"{setting}=ct2: {held}, not {name}={value}: export that one ({export_command(cfg, value)}) or give "
+            f"{name}={exported.get('checkpoint')}"
         )
     return engine

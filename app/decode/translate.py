@@ -132,7 +132,7 @@ def check_inputs(
 def load_engine(cfg: Config) -> tuple[CT2Translator | TrainedModel, Any, str]:
     """The engine translate.engine names, its tokenizer, and what it is in words."""
     if cfg.translate.engine == "ct2":  # the export alone: no checkpoint, no training code
-        ct2 = load_ct2(cfg, None, "translate.engine")
+        ct2 = load_ct2(cfg, None, "translate.engine", ("translate.checkpoint", cfg.translate.checkpoint))
         run = ct2.info.get("run", {})
         used = (
             f"{ct2.model_dir}, the CTranslate2 export ({ct2.info.get('quantization')}) of "
