@@ -48,6 +48,36 @@ ERRORS = [
         ["data.train=j.jsonl"],
         ["j.jsonl:1: expected", "got keys ['source', 'target']"],
     ),
+    (
+        "JSONL field that is not a string",
+        files(**{"j.jsonl": '{"src": "hola", "tgt": "hello"}\n{"src": 5, "tgt": ["a"]}\n'}),
+        ["data.train=j.jsonl"],
+        ['j.jsonl:2: "src" holds a number (5), not a string'],
+    ),
+    (
+        "JSONL syntax error",
+        files(**{"j.jsonl": '{"src": "hola", "tgt": "hello"}\n{"src": "hola", }\n'}),
+        ["data.train=j.jsonl"],
+        ["j.jsonl:2: not valid JSON: Expecting property name enclosed in double quotes (column 17)"],
+    ),
+    (
+        "a bad line after a lone CR",  # the CR ends no line: the bad line is still line 3
+        files(**{"c.tsv": GOOD.encode() + b"x\tuno\rdos\tone two\njust one column\n"}),
+        ["data.train=c.tsv"],
+        ["c.tsv:3: expected 2 (src, tgt) or 3 (id, src, tgt) tab-separated columns, got 1"],
+    ),
+    (
+        "invalid UTF-8 in data.train_align",
+        files(**{"t.tsv": GOOD + GOOD.replace("Gen.1.1", "Gen.1.2"), "t.align": b"0-0\n0-1 caf\xe9\n"}),
+        ["data.train=t.tsv", "data.train_align=t.align"],
+        ["t.align:2: not valid UTF-8"],
+    ),
+    (
+        "a folder as data.train_align",
+        files(**{"t.tsv": GOOD}),
+        ["data.train=t.tsv", "data.train_align=."],
+        ["data.train_align='.': a folder, not a file"],
+    ),
     ("unknown setting", files(), ["train.max_stepz=3"], ["max_stepz"]),
     ("wrong type", files(), ["train.max_steps=many"], ["max_steps", "many"]),
     (
@@ -133,6 +163,27 @@ def test_empty_overlong_and_duplicate_pairs_are_dropped_counted_and_reported(tmp
     assert report["dropped"]["train"] == {"empty": 2, "max_chars": 1, "duplicate": 1}
     assert report["pairs"]["train"] == 40
     assert "dropped {'empty': 2, 'max_chars': 1, 'duplicate': 1}" in result.stdout + result.stderr
+
+
+def test_a_lone_cr_and_a_byte_order_mark_lose_and_move_no_pair(tmp_path):
+    rows = [f"v{i}\tfrase número {i}\tsentence number {i}\n" for i in range(30)]
+    rows[5] = "v5\tfrase\rnúmero 5\tsentence number 5\n"  # a lone CR in a field: whitespace, as a tab in JSON
+    (tmp_path / "t.tsv").write_bytes("".join(rows).encode("utf-8-sig"))
+    result = run_cli(
+        tmp_path,
+        "command=prepare",
+        "data=files",
+        "data.name=d",
+        "data.train=t.tsv",
+        "data.dev_fraction=0",
+        "data.test_fraction=0",
+        "data.dev=t.tsv",
+        "data.test=t.tsv",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    with open(tmp_path / "data" / "d" / "train.tsv", "rb") as f:
+        lines = f.read().decode("utf-8").split("\n")
+    assert lines[:-1] == [row.replace("\r", " ").rstrip("\n") for row in rows]
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import pytest
 
 from app.config.schema import DataConfig
 from app.data import sources
+from app.data.links import read_pharaoh
 from app.data.sources import Pair
 from app.run.errors import UserError
 
@@ -70,6 +71,55 @@ def test_tsv_crlf_line_endings(tmp_path):
     path = tmp_path / "a.tsv"
     path.write_bytes(b"hola\thello\r\nadios\tbye\r\n")
     assert read_parallel_file(str(path)) == [Pair("a.tsv:1", "hola", "hello"), Pair("a.tsv:2", "adios", "bye")]
+
+
+def test_a_lone_cr_stays_in_its_line_and_line_numbers_are_the_files(tmp_path):
+    path = tmp_path / "a.tsv"  # universal newlines would split line 2 in two pairs, and number line 3 as 4
+    path.write_bytes(b"a\tuno\tone\nb\tdos\rtres\ttwo three\nmal\n")
+    with pytest.raises(UserError, match=re.escape(f"{path}:3: expected 2")):
+        read_parallel_file(str(path))
+    path.write_bytes(b"a\tuno\tone\nb\tdos\rtres\ttwo three\n")
+    assert read_parallel_file(str(path)) == [Pair("a", "uno", "one"), Pair("b", "dos\rtres", "two three")]
+
+
+def test_a_lone_cr_in_an_id_is_refused(tmp_path):
+    path = tmp_path / "a.tsv"
+    path.write_bytes(b"a\tuno\tone\nb\rc\tdos\ttwo\n")
+    with pytest.raises(UserError, match=re.escape(f"{path}:2: the id 'b\\rc' holds a tab or a line break")):
+        read_parallel_file(str(path))
+
+
+def test_a_file_of_lone_crs_says_so(tmp_path):
+    path = tmp_path / "mac.tsv"
+    path.write_bytes(b"uno\tone\rdos\ttwo\rtres\tthree\r")
+    with pytest.raises(UserError, match=re.escape(f"{path}:1: expected 2") + ".*got 4 .*lone"):
+        read_parallel_file(str(path))
+
+
+@pytest.mark.parametrize(
+    "name, content, first",
+    [
+        ("three.tsv", "Gen.1.1\tuno\tone\nGen.1.2\tdos\ttwo\n", Pair("Gen.1.1", "uno", "one")),
+        ("two.tsv", "uno\tone\ndos\ttwo\n", Pair("two.tsv:1", "uno", "one")),
+        ("a.jsonl", '{"src": "uno", "tgt": "one"}\n', Pair("a.jsonl:1", "uno", "one")),
+    ],
+)
+def test_a_byte_order_mark_is_dropped(tmp_path, name, content, first):
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8-sig")
+    assert read_parallel_file(str(path))[0] == first
+
+
+def test_a_byte_order_mark_is_dropped_from_both_plain_files(tmp_path):
+    (tmp_path / "a.es").write_text("uno\ndos\n", encoding="utf-8-sig")
+    (tmp_path / "a.en").write_text("one\ntwo\n", encoding="utf-8-sig")
+    assert read_parallel_file(f"{tmp_path / 'a.es'},{tmp_path / 'a.en'}")[0] == Pair("a.es:1", "uno", "one")
+
+
+def test_a_json_array_file(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text('[{"src": "uno", "tgt": "one"},\n {"src": "dos", "tgt": "two", "id": "k2"}]\n', encoding="utf-8")
+    assert read_parallel_file(str(path)) == [Pair("a.json:1", "uno", "one"), Pair("k2", "dos", "two")]
 
 
 def test_tsv_three_columns_keeps_id(write_tsv):
@@ -229,11 +279,82 @@ def test_jsonl_translation_missing_language(tmp_path):
         read_parallel_file(str(path), "es", "en")
 
 
-def test_jsonl_syntax_error(tmp_path):
+def test_jsonl_syntax_error_names_the_files_line(tmp_path):
     path = tmp_path / "s.jsonl"
-    path.write_text('{"src": "a", "tgt": "b"}\n{"src": "broken",\n', encoding="utf-8")
-    with pytest.raises(UserError, match=re.escape(str(path))):
+    path.write_text('{"src": "a", "tgt": "b"}\n\n{"src": "c", }\n{"src": "d", "tgt": "e"}\n', encoding="utf-8")
+    with pytest.raises(UserError, match=re.escape(f"{path}:3: not valid JSON: Expecting property name")):
         read_parallel_file(str(path))
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"src": 5, "tgt": ["a"]}, '"src" holds a number (5), not a string'),
+        ({"src": "siete", "tgt": 7}, '"tgt" holds a number (7), not a string'),
+        ({"src": "nada", "tgt": None}, '"tgt" holds null (null), not a string'),
+        ({"translation": {"es": ["a", "b"], "en": "x"}}, '"translation.es" holds an array (["a", "b"]), not a string'),
+    ],
+)
+def test_jsonl_field_that_is_not_a_string(tmp_path, row, message):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"src": "uno", "tgt": "one"}) + "\n" + json.dumps(row) + "\n", encoding="utf-8")
+    with pytest.raises(UserError, match=re.escape(f"{path}:2: {message}")):
+        read_parallel_file(str(path), "es", "en")
+
+
+def test_jsonl_row_that_is_not_an_object(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"src": "uno", "tgt": "one"}\n"dos"\n', encoding="utf-8")
+    with pytest.raises(UserError, match=re.escape(f"{path}:2: expected") + ".*got a string"):
+        read_parallel_file(str(path))
+
+
+# --- link files: data.train_align, eval.gold_align, align.gold ------------------------------------------
+
+
+def test_train_align_invalid_utf8_names_file_and_line(write_tsv, tmp_path):
+    train = write_tsv("t.tsv", [("uno dos", "one two"), ("tres", "three")])
+    (tmp_path / "t.align").write_bytes(b"0-0 1-1\n0-0 \xe9\n")
+    with pytest.raises(UserError, match=re.escape(f"{tmp_path / 't.align'}:2: not valid UTF-8")):
+        read_source(files_cfg(train=train, train_align=str(tmp_path / "t.align")))
+
+
+def test_train_align_folder(write_tsv, tmp_path):
+    train = write_tsv("t.tsv", [("uno", "one")])
+    with pytest.raises(UserError, match=re.escape(f"data.train_align={str(tmp_path)!r}: a folder, not a file")):
+        read_source(files_cfg(train=train, train_align=str(tmp_path)))
+
+
+def test_train_align_lone_cr_and_bom(write_tsv, tmp_path):
+    train = write_tsv("t.tsv", [("uno dos", "one two"), ("tres", "three")])
+    (tmp_path / "t.align").write_bytes(b"\xef\xbb\xbf0-0\r1-1\n0-0\n")
+    pairs = read_source(files_cfg(train=train, train_align=str(tmp_path / "t.align")))["train"]
+    assert [p.links for p in pairs] == ["0-0 1-1", "0-0"]
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("missing.align", "{path}: file not found"),
+        ("", "{path}: a folder, not a file"),
+        ("latin1.align", "{path}:2: not valid UTF-8"),
+    ],
+)
+def test_read_pharaoh_bad_files_are_one_line_errors(tmp_path, name, message):
+    (tmp_path / "latin1.align").write_bytes(b"0-0\n0-1 caf\xe9\n")
+    path = tmp_path / name  # "": the folder itself
+    with pytest.raises(UserError, match=re.escape(message.format(path=path))):
+        read_pharaoh(str(path))
+
+
+def test_read_pharaoh_counts_the_files_lines(tmp_path):
+    path = tmp_path / "gold.align"
+    path.write_bytes(b"\xef\xbb\xbf0-0 1?1\r\n0-0\r1-1\n\n")
+    assert read_pharaoh(str(path)) == [
+        ({(0, 0)}, {(0, 0), (1, 1)}),
+        ({(0, 0), (1, 1)}, {(0, 0), (1, 1)}),
+        (set(), set()),
+    ]
 
 
 # --- hf -------------------------------------------------------------------------------------------

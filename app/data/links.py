@@ -12,27 +12,29 @@ from typing import Optional
 
 import numpy as np
 
+from app.data.sources import text_lines
 from app.run.errors import UserError
 
 WORD_START = "▁"  # SentencePiece marks the first piece of each whitespace word
 
 
 def read_pharaoh(path: str) -> list[tuple[set, set]]:
-    """Per line: (sure links, possible links); possible includes sure, as AER requires."""
+    """Per line: (sure links, possible links); possible includes sure, as AER requires. A file that is missing,
+    a folder or not UTF-8, or a line that is not links, is a UserError (lines as app.data.sources.text_lines
+    reads them)."""
     gold = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            sure, possible = set(), set()
-            for link in line.split():
-                sep = "-" if "-" in link else "?"
-                try:
-                    i, j = (int(x) for x in link.split(sep))
-                except ValueError:
-                    raise UserError(f"{path}:{line_no}: {link!r} is not an i-j or i?j alignment link") from None
-                possible.add((i, j))
-                if sep == "-":
-                    sure.add((i, j))
-            gold.append((sure, possible))
+    for line_no, line in text_lines(path):
+        sure, possible = set(), set()
+        for link in line.split():
+            sep = "-" if "-" in link else "?"
+            try:
+                i, j = (int(x) for x in link.split(sep))
+            except ValueError:
+                raise UserError(f"{path}:{line_no}: {link!r} is not an i-j or i?j alignment link") from None
+            possible.add((i, j))
+            if sep == "-":
+                sure.add((i, j))
+        gold.append((sure, possible))
     return gold
 
 

@@ -2,7 +2,7 @@
 
 - ``bible``: two SWORD Bible modules paired by OSIS verse reference (their markup read and cleaned by
   app/data/osis.py).
-- ``files``: local TSV / JSONL / pair of plain-text files, read through ``datasets``.
+- ``files``: local TSV / JSONL / pair of plain-text files, read line by line (``text_lines``).
 - ``hf``: any dataset ``datasets.load_dataset`` can open (hub name, local folder, saved dataset).
 
 A split a source does not provide is ``None``; prepare.py carves it out of train.
@@ -10,6 +10,8 @@ A split a source does not provide is ``None``; prepare.py carves it out of train
 
 from __future__ import annotations
 
+import codecs
+import json
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -54,25 +56,24 @@ def read_source(cfg: DataConfig) -> Splits:
 def with_links(pairs: Iterable[Pair], path: str) -> Iterator[Pair]:
     """The pairs, each with the links of its line of ``path`` (Pharaoh ``i-j`` sure / ``i?j`` possible,
     over whitespace words, one line per pair); a malformed line or a count that differs is an error."""
-    if not os.path.isfile(path):
-        raise UserError(f"data.train_align={path!r}: file not found")
-    with open(path, encoding="utf-8") as f:
-        for n, (pair, line) in enumerate(zip_longest(pairs, f), start=1):
-            if pair is None or line is None:
+    check_file(path, f"data.train_align={path!r}")
+    lines = (line for _, line in text_lines(path))
+    for n, (pair, line) in enumerate(zip_longest(pairs, lines), start=1):
+        if pair is None or line is None:
+            raise UserError(
+                f"{path}: {'more' if pair is None else 'fewer'} lines than data.train has pairs "
+                f"(they differ from line {n} on)"
+            )
+        for link in line.split():
+            i, sep, j = link.partition("-") if "-" in link else link.partition("?")
+            if not (sep and i.isdigit() and j.isdigit()):
+                raise UserError(f"{path}:{n}: {link!r} is not an i-j or i?j alignment link")
+            if int(i) >= len(pair.src.split()) or int(j) >= len(pair.tgt.split()):
                 raise UserError(
-                    f"{path}: {'more' if pair is None else 'fewer'} lines than data.train has pairs "
-                    f"(they differ from line {n} on)"
+                    f"{path}:{n}: link {link} is past the end of the pair's words "
+                    f"({len(pair.src.split())} source, {len(pair.tgt.split())} target)"
                 )
-            for link in line.split():
-                i, sep, j = link.partition("-") if "-" in link else link.partition("?")
-                if not (sep and i.isdigit() and j.isdigit()):
-                    raise UserError(f"{path}:{n}: {link!r} is not an i-j or i?j alignment link")
-                if int(i) >= len(pair.src.split()) or int(j) >= len(pair.tgt.split()):
-                    raise UserError(
-                        f"{path}:{n}: link {link} is past the end of the pair's words "
-                        f"({len(pair.src.split())} source, {len(pair.tgt.split())} target)"
-                    )
-            yield Pair(pair.id, pair.src, pair.tgt, line.strip())
+        yield Pair(pair.id, pair.src, pair.tgt, " ".join(line.split()))
 
 
 # --- bible ---------------------------------------------------------------------------------------
@@ -97,76 +98,124 @@ def read_bible(cfg: DataConfig) -> Splits:
 # --- local files ---------------------------------------------------------------------------------
 
 
-def _rows(builder: str, path: str) -> Iterator[dict]:
-    """The rows of a local file through a streaming ``datasets`` builder: read lazily, in bounded memory."""
-    import datasets
+def check_file(path: str, where: str = "") -> None:
+    """A UserError unless ``path`` is a file; ``where`` is how the error names it (the path by default)."""
+    if os.path.isdir(path):
+        raise UserError(f"{where or path}: a folder, not a file")
+    if not os.path.isfile(path):
+        raise UserError(f"{where or path}: file not found")
 
-    datasets.disable_progress_bars()
-    # checked up front: the JSON reader defers decoding to row access, past any error handling here
-    bad_line = _first_non_utf8_line(path)
-    if bad_line:
-        raise UserError(f"{path}:{bad_line}: not valid UTF-8")
+
+def text_lines(path: str) -> Iterator[tuple[int, str]]:
+    """(line number from 1, line) of a UTF-8 text file, read lazily. Lines end at LF only, so the numbers are
+    the file's own (a CRLF's CR is dropped; a lone CR stays in its line, where the cleaning reads it as a
+    space, as any whitespace); a byte-order mark at the start is dropped. A line that is not UTF-8 is a
+    UserError naming file and line."""
+    check_file(path)
     try:
-        yield from datasets.load_dataset(builder, data_files=path, split="train", streaming=True)
-    except UserError:
-        raise
-    except Exception as err:  # datasets wraps parser errors in its own types
-        cause = err.__cause__ or err
-        raise UserError(f"{path}: cannot be read as {builder}: {str(cause).splitlines()[0]}") from None
-
-
-def _first_non_utf8_line(path: str) -> int:
-    with open(path, "rb") as f:
-        for line_no, line in enumerate(f, start=1):
+        f = open(path, "rb")  # binary: text mode would also end lines at a lone \r
+    except OSError as err:
+        raise UserError(f"{path}: cannot be read ({err.strerror})") from None
+    with f:
+        for line_no, raw in enumerate(f, start=1):
+            if line_no == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)
             try:
-                line.decode("utf-8")
+                yield line_no, raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError:
-                return line_no
-    return 0
+                raise UserError(f"{path}:{line_no}: not valid UTF-8") from None
+
+
+def _pair_id(value: str, where: str) -> str:
+    if any(c in value for c in "\t\r\n"):  # the prepared splits are TSV files: one line, three fields
+        raise UserError(f"{where}: the id {value!r} holds a tab or a line break (\\t, \\r or \\n)")
+    return value
 
 
 def _read_tsv(path: str) -> Iterator[Pair]:
     name = os.path.basename(path)
-    for line_no, row in enumerate(_rows("text", path), start=1):
-        row = row["text"]
+    for line_no, row in text_lines(path):
         if not row.strip():
             continue
         cols = row.split("\t")
         if len(cols) == 2:
             yield Pair(f"{name}:{line_no}", cols[0], cols[1])
         elif len(cols) == 3:
-            yield Pair(cols[0], cols[1], cols[2])
+            yield Pair(_pair_id(cols[0], f"{path}:{line_no}"), cols[1], cols[2])
         else:
+            cr = " (it holds a lone \\r: lines end at \\n only)" if "\r" in row else ""
             raise UserError(
-                f"{path}:{line_no}: expected 2 (src, tgt) or 3 (id, src, tgt) tab-separated columns, got {len(cols)}"
+                f"{path}:{line_no}: expected 2 (src, tgt) or 3 (id, src, tgt) tab-separated columns, "
+                f"got {len(cols)}{cr}"
             )
+
+
+def _json_rows(path: str) -> Iterator[tuple[int, str, Any]]:
+    """(number, where, row) of a JSON Lines file (number: the line), or of a file holding one JSON array
+    (number: the item); text that is not JSON is a UserError naming file and line."""
+    lines = text_lines(path)
+    for line_no, line in lines:
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("["):  # one array over the whole file, not JSON Lines
+            items = _json("\n".join([line, *(rest for _, rest in lines)]), path, line_no)
+            yield from ((k, f"{path}: item {k} of its array", row) for k, row in enumerate(items, start=1))
+            return
+        yield line_no, f"{path}:{line_no}", _json(line, path, line_no)
+
+
+def _json(text: str, path: str, first_line: int) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        line_no = first_line + err.lineno - 1
+        raise UserError(f"{path}:{line_no}: not valid JSON: {err.msg} (column {err.colno})") from None
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+    }
+    return kinds.get(type(value), "null")
+
+
+def _text(value: Any, field: str, where: str) -> str:
+    if not isinstance(value, str):
+        shown = json.dumps(value, ensure_ascii=False)
+        shown = shown if len(shown) <= 40 else shown[:39] + "…"
+        raise UserError(f"{where}: {field} holds {_json_kind(value)} ({shown}), not a string")
+    return value
 
 
 def _read_jsonl(path: str, src_lang: str, tgt_lang: str) -> Iterator[Pair]:
     name = os.path.basename(path)
-    for line_no, row in enumerate(_rows("json", path), start=1):
-        if "translation" in row and isinstance(row["translation"], dict):
-            src, tgt = row["translation"].get(src_lang), row["translation"].get(tgt_lang)
-        else:
-            src, tgt = row.get("src"), row.get("tgt")
-        if src is None or tgt is None:
-            keys = sorted(k for k, v in row.items() if v is not None)  # a streamed row lists every column seen
+    for number, where, row in _json_rows(path):
+        fields, prefix, keys = row, "", ("src", "tgt")
+        if isinstance(row, dict) and isinstance(row.get("translation"), dict):
+            fields, prefix, keys = row["translation"], "translation.", (src_lang, tgt_lang)
+        if not (isinstance(fields, dict) and all(key in fields for key in keys)):
+            got = f"keys {sorted(row)}" if isinstance(row, dict) else _json_kind(row)
             raise UserError(
-                f'{path}:{line_no}: expected {{"src", "tgt"}} or {{"translation": {{"{src_lang}", "{tgt_lang}"}}}}, '
-                f"got keys {keys}"
+                f'{where}: expected {{"src", "tgt"}} or {{"translation": {{"{src_lang}", "{tgt_lang}"}}}}, got {got}'
             )
-        yield Pair(str(row.get("id") or f"{name}:{line_no}"), src, tgt)
+        src, tgt = (_text(fields[key], f'"{prefix}{key}"', where) for key in keys)
+        yield Pair(_pair_id(str(row.get("id") or f"{name}:{number}"), where), src, tgt)
 
 
 def _read_text_pair(src_path: str, tgt_path: str) -> Iterator[Pair]:
     name = os.path.basename(src_path)
-    src_rows, tgt_rows = _rows("text", src_path), _rows("text", tgt_path)
+    src_rows, tgt_rows = text_lines(src_path), text_lines(tgt_path)
     for i, (s, t) in enumerate(zip_longest(src_rows, tgt_rows), start=1):  # None past a file's end
         if s is None or t is None:
             n_src = i - 1 + (s is not None) + sum(1 for _ in src_rows)
             n_tgt = i - 1 + (t is not None) + sum(1 for _ in tgt_rows)
             raise UserError(f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}: they must be parallel")
-        yield Pair(f"{name}:{i}", s["text"], t["text"])
+        yield Pair(f"{name}:{i}", s[1], t[1])
 
 
 def read_parallel_file(spec: str, src_lang: str = "src", tgt_lang: str = "tgt") -> Iterator[Pair]:
@@ -174,8 +223,7 @@ def read_parallel_file(spec: str, src_lang: str = "src", tgt_lang: str = "tgt") 
     paths are checked at once, the contents while the pairs are read."""
     paths = spec.split(",")
     for path in paths:
-        if not os.path.isfile(path):
-            raise UserError(f"{path}: file not found")
+        check_file(path)
         if os.path.getsize(path) == 0:
             raise UserError(f"{path}: file is empty")
     if len(paths) == 2:
@@ -256,7 +304,7 @@ def _hf_pairs(rows, cfg: DataConfig, split_name: str) -> Iterator[Pair]:
         if cfg.id_field and cfg.id_field not in row:
             raise UserError(f"data.id_field={cfg.id_field!r} not found in {where} (columns: {sorted(row)})")
         yield Pair(
-            str(row[cfg.id_field]) if cfg.id_field else f"{split_name}:{i}",
+            _pair_id(str(row[cfg.id_field]), f"{where} row {i}") if cfg.id_field else f"{split_name}:{i}",
             str(_field(row, cfg.src_field, f"{where} row {i}")),
             str(_field(row, cfg.tgt_field, f"{where} row {i}")),
         )
