@@ -109,6 +109,16 @@ class CountingEngine:
         hyp = lambda s, k: {"text": str(len(s) + k), "score": -float(k), "target_pieces": [s]}  # noqa: E731
         return [{"source_pieces": [s], "hypotheses": [hyp(s, k) for k in range(n_best)]} for s in src]
 
+    def encode_targets(self, texts, what="translation"):
+        return list(texts)
+
+    def score(self, src, tgt, attention, self_attention=False):
+        self.calls += 1
+        return [
+            {"source_pieces": [s], "hypotheses": [{"text": t, "score": -1.0, "target_pieces": [t]}]}
+            for s, t in zip(src, tgt)
+        ]
+
 
 class InThread:
     """An application served by uvicorn on a free port of 127.0.0.1, on a thread of this process."""
@@ -156,6 +166,7 @@ def raw(port: int, body: bytes | None, path="/translate", method="POST", content
 KNOWN = "(known: text, beam_size, n_best, attention, self_attention, no_repeat_ngram_size, translation, prefix, "
 KNOWN += "constraints)"
 SEND = 'send a JSON object with "text" (a string or a list of strings), e.g. {"text": "Hola"}'
+PAIR = "a character's surrogate escapes come in a pair, e.g. \\ud83d\\ude00)"
 
 # (body, None for none; status; the error's start): every refusal is one JSON line naming what is wrong; a body the
 # schema refuses names every unknown field, every missing one and every wrong type, none left out
@@ -237,7 +248,38 @@ BAD_INPUT = [
         'wrong type: "constraints[0][1]" should be a string (got 5)',
     ),
     (b'{"text": "Hola", "constraints": [["God"]]}', 422, "constraints: the CTranslate2 export has no constrained"),
-    (json.dumps({"text": ["x" * 40] * 3, "pad": "y" * 3_000_000}).encode(), 413, "a body of"),
+    (json.dumps({"text": ["x" * 40] * 3, "pad": "y" * 10_000_000}).encode(), 413, "a body of"),  # 10 MB
+    (
+        json.dumps({"text": "Hola", "constraints": [["x" * 30, "y" * 30]]}).encode(),
+        413,
+        "constraints[0]: 60 characters in its phrases; at most 50 a line (serve.max_chars)",
+    ),
+    # JSON's escape of half a character (a lone surrogate) parses, but is no text: named, in every field of text
+    (
+        b'{"text": ["Hola", "a\\ud800"]}',
+        422,
+        f"text[1]: not valid Unicode text (a lone surrogate \\ud800 at character 1; {PAIR}",
+    ),
+    (
+        b'{"text": "Hola", "translation": "\\udfff"}',
+        422,
+        "translation[0]: not valid Unicode text (a lone surrogate \\udfff",
+    ),
+    (b'{"text": "Hola", "prefix": "\\ud800"}', 422, "prefix[0]: not valid Unicode text (a lone surrogate \\ud800"),
+    (
+        b'{"text": "Hola", "constraints": [["God", "\\ud800"]]}',
+        422,
+        "constraints[0][1]: not valid Unicode text (a lone surrogate \\ud800",
+    ),
+    (b'{"text": "Hola", "\\ud800": 1}', 422, "a field's name: not valid Unicode text (a lone surrogate \\ud800"),
+    (
+        b'{"text": "Hola", "beam_size": "\\ud800"}',
+        422,
+        'wrong type: "beam_size" should be an integer or null (got "\\ud800")',
+    ),
+    # bytes that are not UTF-8, nesting deeper than the JSON parser goes
+    (b'{"text": "Hola \xff"}', 400, "malformed JSON: not valid UTF-8 (at byte 15)"),
+    (b'{"text": ' + b"[" * 20_000, 400, "malformed JSON: nested too deep to read"),
 ]
 
 
@@ -272,6 +314,31 @@ def test_a_json_body_sent_as_other_content_says_so(counting_server):
             422,
             {"error": "the body was not read as JSON: send it with Content-Type: application/json"},
         )
+
+
+def test_a_body_within_the_limits_is_read_however_json_escapes_its_text():
+    """The body limit lets through the largest body serve.max_lines and serve.max_chars allow (default limits):
+    lines of emoji in every field of text a request can carry together, as json.dumps writes them (each emoji a
+    12-byte surrogate pair escape, \\ud83d\\ude00), and refuses a body of 10 MB."""
+    limits = ServeConfig()
+    server = InThread(create_app(CountingEngine(), limits, DecodeConfig()))
+    try:
+        lines = ["\U0001f600" * limits.max_chars] * limits.max_lines
+        scored = json.dumps({"text": lines, "translation": lines}).encode()
+        status, text = raw(server.port, scored)
+        assert status == 200 and len(json.loads(text)["translations"]) == limits.max_lines, text[:300]
+        phrases = [["\U0001f600"] * limits.max_chars] * limits.max_lines  # a line's phrases: max_chars together
+        constrained = json.dumps({"text": lines, "prefix": lines, "constraints": phrases}).encode()
+        status, text = raw(server.port, constrained)
+        # read and checked whole: refused only for the engine (an export's, which has no constrained decoding)
+        assert (status, json.loads(text)) == (
+            422,
+            {"error": "constraints: the CTranslate2 export has no constrained decoding"},
+        )
+        status, text = raw(server.port, json.dumps({"text": "Hola", "pad": "y" * 10_000_000}).encode())
+        assert status == 413 and json.loads(text)["error"].startswith("a body of 10000"), text
+    finally:
+        server.close()
 
 
 def test_unknown_paths_and_methods_are_json_errors(counting_server):
@@ -608,6 +675,9 @@ def test_the_ctranslate2_export_is_served_as_make_translate_decodes_it(workdir, 
         assert texts == continued.stdout.splitlines() and all(t.startswith("In the end") for t in texts)
         status, _ = request(server.port, "POST", "/translate", {"text": "", "beam_size": 5})
         assert status == 422 and request(server.port, "GET", "/health")[0] == 200  # refused, still serving
+        for field, value in (("translation", "\ud800"), ("prefix", "\ud800"), ("constraints", [["\ud800"]])):
+            status, answer = request(server.port, "POST", "/translate", {"text": "Hola", field: value})
+            assert status == 422 and "not valid Unicode text (a lone surrogate \\ud800" in answer["error"], answer
     finally:
         server.close()
 
@@ -641,6 +711,30 @@ def test_a_port_in_use_and_sampling_are_one_line_errors(workdir, served):
     assert sampling.returncode == 2 and sampling.stderr.strip() == (
         "error: decode.sampling=true: make serve does not sample (make translate and make eval do); leave it out"
     )
+
+
+@pytest_slow
+@pytest.mark.parametrize(
+    "setting,message",
+    [
+        ("serve.port=-1", "serve.port=-1: not a port; give 0 to 65535 (0: any free port)"),
+        ("serve.port=70000", "serve.port=70000: not a port; give 0 to 65535 (0: any free port)"),
+        ("serve.max_lines=0", "serve.max_lines=0: lines a request may send, at least 1"),
+        ("serve.max_chars=0", "serve.max_chars=0: characters a line may have, at least 1"),
+        ("serve.max_beam=0", "serve.max_beam=0: the largest beam_size a request may ask for, at least 1"),
+        ("serve.max_batch_lines=0", "serve.max_batch_lines=0: lines of one decoding call, at least 1"),
+        ("serve.batch_wait_ms=-1", "serve.batch_wait_ms=-1.0: how long a batch waits for requests, 0 or more"),
+        (
+            "decode.beam_size=20",
+            "decode.beam_size=20 is above serve.max_beam=16: every request without a beam_size would be refused; "
+            "give decode.beam_size within serve.max_beam, or raise serve.max_beam",
+        ),
+    ],
+)
+def test_settings_a_server_cannot_work_with_stop_it_before_the_run_loads(tmp_path, setting, message):
+    """No run in the folder: the settings are refused before loading it would fail."""
+    result = run_cli(tmp_path, "command=serve", "name=nosuchrun", "device=cpu", setting)
+    assert (result.returncode, result.stderr.strip(), result.stdout) == (2, f"error: {message}", "")
 
 
 @pytest_slow

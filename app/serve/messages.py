@@ -3,6 +3,7 @@ type, is refused naming the field; the limits of ``serve.*`` are checked by ``ch
 
 from __future__ import annotations
 
+import re
 from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
@@ -71,15 +72,48 @@ class RequestError(Exception):
         self.status, self.message = status, message
 
 
+# JSON's \ud800 escape parses to a lone surrogate: a str that no tokenizer or UTF-8 encoder takes
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(text: str) -> Optional[str]:
+    """Why ``text`` is not Unicode text, in words (None: it is)."""
+    found = SURROGATE.search(text)
+    if found is None:
+        return None
+    return (
+        f"not valid Unicode text (a lone surrogate \\u{ord(found.group()):04x} at character {found.start()}; "
+        "a character's surrogate escapes come in a pair, e.g. \\ud83d\\ude00)"
+    )
+
+
+def check_chars(where: str, text: str, limits: ServeConfig, unit: str = "a line") -> None:
+    """``text`` (the request's ``where``) within serve.max_chars characters and valid Unicode, else a
+    RequestError naming ``where``."""
+    if len(text) > limits.max_chars:
+        raise RequestError(413, f"{where}: {len(text)} characters; at most {limits.max_chars} {unit} (serve.max_chars)")
+    problem = lone_surrogate(text)
+    if problem:
+        raise RequestError(422, f"{where}: {problem}")
+
+
+def max_body_bytes(limits: ServeConfig) -> int:
+    """The largest body a request within ``serve.*``'s limits can take: per line of text, the line, its
+    translation or prefix, and its phrases, each of serve.max_chars characters at up to 12 bytes of JSON each (a
+    character beyond U+FFFF escaped as a surrogate pair, \\ud83d\\ude00), a string's quotes and separators (a
+    phrase has at least a character: at most 8 more bytes per character), and 64 KiB for the rest."""
+    line = 12 * limits.max_chars + 16
+    phrases = (12 + 8) * limits.max_chars + 16
+    return limits.max_lines * (2 * line + phrases) + 65536
+
+
 def check_given(name: str, given: list[str], lines: list[str], limits: ServeConfig) -> None:
-    """A translation or prefix per line, each within serve.max_chars, else a RequestError naming ``name``."""
+    """A translation or prefix per line, each within serve.max_chars and valid Unicode, else a RequestError naming
+    ``name``."""
     if len(given) != len(lines):
         raise RequestError(422, f"{name}: {len(given)} for {len(lines)} lines of text; give one {name} a line")
     for i, line in enumerate(given):
-        if len(line) > limits.max_chars:
-            raise RequestError(
-                413, f"{name}[{i}]: {len(line)} characters; at most {limits.max_chars} a line (serve.max_chars)"
-            )
+        check_chars(f"{name}[{i}]", line, limits)
 
 
 def check_request(
@@ -97,10 +131,7 @@ def check_request(
     for i, line in enumerate(lines):
         if not line.strip():
             raise RequestError(422, f"text[{i}]: an empty line; give text to translate")
-        if len(line) > limits.max_chars:
-            raise RequestError(
-                413, f"text[{i}]: {len(line)} characters; at most {limits.max_chars} a line (serve.max_chars)"
-            )
+        check_chars(f"text[{i}]", line, limits)
     constraints = request.constraints
     if translations is not None:
         if prefixes is not None:
@@ -130,7 +161,8 @@ def check_request(
 
 
 def check_constraints(constraints: list[list[str]], lines: list[str], limits: ServeConfig) -> None:
-    """A list of phrases per line, each phrase with words and within serve.max_chars, else a RequestError."""
+    """A list of phrases per line, each phrase with words and valid Unicode, a line's phrases within serve.max_chars
+    together, else a RequestError."""
     if len(constraints) != len(lines):
         raise RequestError(
             422, f"constraints: {len(constraints)} for {len(lines)} lines of text; give one list of phrases a line"
@@ -139,9 +171,11 @@ def check_constraints(constraints: list[list[str]], lines: list[str], limits: Se
         for j, phrase in enumerate(phrases):
             if not phrase.strip():
                 raise RequestError(422, f"constraints[{i}][{j}]: an empty phrase; give its words ([]: no phrase)")
-            if len(phrase) > limits.max_chars:
-                raise RequestError(
-                    413,
-                    f"constraints[{i}][{j}]: {len(phrase)} characters; at most {limits.max_chars} a phrase "
-                    "(serve.max_chars)",
-                )
+            check_chars(f"constraints[{i}][{j}]", phrase, limits, "a phrase")
+        total = sum(map(len, phrases))
+        if total > limits.max_chars:  # what bounds the body (max_body_bytes)
+            raise RequestError(
+                413,
+                f"constraints[{i}]: {total} characters in its phrases; at most {limits.max_chars} a line "
+                "(serve.max_chars)",
+            )

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import types
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Optional, Union, get_args, get_origin
 
 from fastapi.exceptions import RequestValidationError
 
-from app.serve.messages import TranslateRequest
+from app.serve.messages import TranslateRequest, lone_surrogate
 
 # what a value of a type is called in a refusal: one, and several (in a list)
 TYPE_NAMES = {str: ("a string", "strings"), int: ("an integer", "integers"), bool: ("true or false", "true or false")}
@@ -108,6 +108,8 @@ def validation_message(err: RequestValidationError) -> tuple[int, str]:
                 other.append("the body was not read as JSON: send it with Content-Type: application/json")
             elif e["type"] == "model_attributes_type":
                 other.append(f"the body is {json_kind(value)}, not an object: {send}")
+            elif e["type"] == "string_unicode" and isinstance(value, str):  # a field's name (the key)
+                other.append(f"a field's name: {lone_surrogate(value) or e['msg']}")
             else:
                 other.append(f"the body: {e['msg']}")
         elif e["type"] == "extra_forbidden":
@@ -127,3 +129,14 @@ def validation_message(err: RequestValidationError) -> tuple[int, str]:
     for field, field_errors in fields.items():
         problems += field_problems(field, field_errors)
     return 422, "; ".join(problems + other)
+
+
+def unreadable_body(cause: Optional[BaseException]) -> Optional[tuple[int, str]]:
+    """A body FastAPI could not read as JSON for another reason than its syntax (``cause``: what its JSON parser
+    raised), as a status and one line: bytes that are not UTF-8, nesting deeper than the parser goes; None for
+    another cause."""
+    if isinstance(cause, UnicodeDecodeError):
+        return 400, f"malformed JSON: not valid {cause.encoding.upper()} (at byte {cause.start})"
+    if isinstance(cause, RecursionError):
+        return 400, "malformed JSON: nested too deep to read (a request's values nest 2 lists deep at most)"
+    return None

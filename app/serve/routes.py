@@ -23,8 +23,8 @@ from app.report.explorer import attention_map_script
 from app.run.errors import UserError
 from app.serve.batcher import RequestBatcher
 from app.serve.engine import Engine
-from app.serve.messages import RequestError, TranslateRequest, check_request
-from app.serve.refusals import validation_message
+from app.serve.messages import RequestError, TranslateRequest, check_request, max_body_bytes
+from app.serve.refusals import unreadable_body, validation_message
 
 log = logging.getLogger(__name__)
 STATIC = resources.files("app.serve").joinpath("static")
@@ -35,6 +35,8 @@ OUT_OF_MEMORY = (
 
 
 def error(status: int, message: str) -> JSONResponse:
+    # a lone surrogate the message quotes from the request would not encode as UTF-8: written as its escape
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     return JSONResponse({"error": message}, status_code=status)
 
 
@@ -69,8 +71,7 @@ def create_app(engine: Engine, limits: ServeConfig, defaults: DecodeConfig) -> F
     # no /docs: its page loads from a CDN; the schema stays at /openapi.json
     app = FastAPI(title="nmt-attention", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.batcher, app.state.engine = batcher, engine
-    # text and translations in UTF-8 with JSON escapes, with room
-    max_body = 2 * limits.max_lines * (limits.max_chars * 4 + 16) + 65536
+    max_body = max_body_bytes(limits)
 
     @app.middleware("http")
     async def body_limit(request: Request, call_next):
@@ -85,7 +86,8 @@ def create_app(engine: Engine, limits: ServeConfig, defaults: DecodeConfig) -> F
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, err: HTTPException) -> JSONResponse:
-        return error(err.status_code, str(err.detail))
+        # a body FastAPI could not read as JSON for another reason than its syntax: the cause, said in one line
+        return error(*(unreadable_body(err.__cause__) or (err.status_code, str(err.detail))))
 
     @app.exception_handler(RequestError)
     async def refused(_: Request, err: RequestError) -> JSONResponse:
