@@ -710,12 +710,13 @@ def test_eval_writes_alignment_heatmaps_and_attention_files(workdir):
     "gold_kind, expected",
     [
         ("every pair possible", {"aer": 0.0, "precision": 1.0}),  # whatever the model links is allowed
-        ("sure links it cannot make", {"aer": 1.0, "precision": 0.0, "recall": 0.0}),  # source words past the end
+        ("links past the end of the words", None),  # refused: scored, they read as misses (AER 1.0 here before)
     ],
 )
 def test_eval_reports_alignment_error_rate_against_a_gold_file(workdir, gold_kind, expected):
     """Gold files whose AER is known whatever the model learned: the whole path from the CLI setting
-    through forced decoding, hard word links and scoring."""
+    through forced decoding, hard word links and scoring; a gold file linking words a pair does not have is
+    refused in one line naming its line."""
     refs = [line.rstrip("\n").split("\t") for line in open(workdir / "data" / "tiny" / "test.tsv", encoding="utf-8")]
     gold = workdir / "gold.align"
     if gold_kind == "every pair possible":
@@ -735,6 +736,11 @@ def test_eval_reports_alignment_error_rate_against_a_gold_file(workdir, gold_kin
         "viz.eval_plots=0",
         f"eval.gold_align={gold}",
     )
+    if expected is None:
+        _, src, tgt = refs[0]
+        past = f"link {len(src.split()) + 5}-0 is past the end of the pair's words ({len(src.split())} source, "
+        assert result.returncode == 2 and result.stderr.startswith(f"error: {gold}:1: {past}"), result.stderr
+        return
     assert result.returncode == 0, result.stderr[-3000:]
     assert "AER" in result.stdout
     metrics = json.loads((workdir / "checkpoints" / "tiny" / "eval" / "test" / "metrics.json").read_text())
@@ -747,7 +753,7 @@ def test_eval_reports_alignment_error_rate_against_a_gold_file(workdir, gold_kin
     _, meta, sentences = read_explorer(workdir / "checkpoints" / "tiny" / "eval" / "test" / "alignments.html")
     assert meta["AER"].startswith(f"{alignment['aer']:.3f}") and len(sentences) == len(refs)
     drawn = [len(s["ref"]["links"]["sure"]) + len(s["ref"]["links"]["possible"]) for s in sentences]
-    assert all(drawn) if gold_kind == "every pair possible" else not any(drawn)
+    assert all(drawn)
 
 
 def test_eval_of_the_first_sentences_says_it_is_a_subset(workdir):

@@ -268,6 +268,29 @@ def test_make_align_writes_a_line_per_pair_and_counts_the_pairs_it_skips(linked_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        ({"r.gold": "0-0\n0-0 9-1\n"}, "error: r.gold:2: link 9-1 is past the end of the pair's words (3 source, 3 "),
+        ({"r.es": "Y dijo Dios.\nY vio Dios.\na\xf1o\n".encode("latin-1")}, "error: r.es:3: not valid UTF-8"),
+        ({"r.en": None}, "error: align.target='r.en': file not found"),
+    ],
+    ids=["link past the end", "not UTF-8", "missing"],
+)
+def test_make_align_refuses_files_it_cannot_read_right_in_one_line(linked_runs, files, message):
+    """A gold link to a word the pair lacks was scored as a miss; a non-UTF-8 or missing file was a traceback."""
+    root = linked_runs
+    given = {"r.es": "Y dijo Dios.\nY vio Dios.\n", "r.en": "And God said.\nAnd God saw.\n", "r.gold": "0-0\n0-0\n"}
+    for name, text in {**given, **files}.items():
+        (root / name).unlink(missing_ok=True)
+        if text is not None:
+            (root / name).write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+    args = ["align.source=r.es", "align.target=r.en", "align.gold=r.gold", "align.output=out/r.align"]
+    result = run_cli(root, "command=align", "name=tiny", "device=cpu", *args)
+    assert result.returncode == 2 and result.stderr.startswith(message), result.stderr[-3000:]
+
+
+@pytest.mark.slow
 def test_both_directions_symmetrized_through_make_align_and_make_eval(linked_runs):
     root = linked_runs
     turned = os.path.join("checkpoints", "tiny_turned")

@@ -8,11 +8,12 @@ piece of each whitespace word with ``▁``, which is how pieces map back to word
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Optional
 
 import numpy as np
 
-from app.data.sources import text_lines
+from app.data.text_files import text_lines
 from app.run.errors import UserError
 
 WORD_START = "▁"  # SentencePiece marks the first piece of each whitespace word
@@ -20,7 +21,7 @@ WORD_START = "▁"  # SentencePiece marks the first piece of each whitespace wor
 
 def read_pharaoh(path: str) -> list[tuple[set, set]]:
     """Per line: (sure links, possible links); possible includes sure, as AER requires. A file that is missing,
-    a folder or not UTF-8, or a line that is not links, is a UserError (lines as app.data.sources.text_lines
+    a folder or not UTF-8, or a line that is not links, is a UserError (lines as app.data.text_files.text_lines
     reads them)."""
     gold = []
     for line_no, line in text_lines(path):
@@ -36,6 +37,17 @@ def read_pharaoh(path: str) -> list[tuple[set, set]]:
                 sure.add((i, j))
         gold.append((sure, possible))
     return gold
+
+
+def check_within(where: str, links: Iterable[tuple[int, int]], src: str, tgt: str) -> None:
+    """Every link (source word, target word) within the pair's whitespace words, else a UserError at ``where``
+    (file:line): a link past the end would be scored as a miss, or trained towards a word that is not there."""
+    n_src, n_tgt = len(src.split()), len(tgt.split())
+    for i, j in sorted(links):
+        if i >= n_src or j >= n_tgt:
+            raise UserError(
+                f"{where}: link {i}-{j} is past the end of the pair's words ({n_src} source, {n_tgt} target)"
+            )
 
 
 def pharaoh_line(links: set[tuple[int, int]]) -> str:

@@ -10,7 +10,6 @@ A split a source does not provide is ``None``; prepare.py carves it out of train
 
 from __future__ import annotations
 
-import codecs
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -19,8 +18,10 @@ from itertools import zip_longest
 from typing import Any, Optional
 
 from app.config.schema import DataConfig
+from app.data.links import check_within
 from app.data.osis import clean_osis, raw_verses
 from app.data.strongs import pharaoh_line, strong_links, tagged_words
+from app.data.text_files import check_file, text_lines
 from app.run.errors import UserError
 
 SPLITS = ("train", "dev", "test")
@@ -64,15 +65,13 @@ def with_links(pairs: Iterable[Pair], path: str) -> Iterator[Pair]:
                 f"{path}: {'more' if pair is None else 'fewer'} lines than data.train has pairs "
                 f"(they differ from line {n} on)"
             )
+        links = []
         for link in line.split():
             i, sep, j = link.partition("-") if "-" in link else link.partition("?")
             if not (sep and i.isdigit() and j.isdigit()):
                 raise UserError(f"{path}:{n}: {link!r} is not an i-j or i?j alignment link")
-            if int(i) >= len(pair.src.split()) or int(j) >= len(pair.tgt.split()):
-                raise UserError(
-                    f"{path}:{n}: link {link} is past the end of the pair's words "
-                    f"({len(pair.src.split())} source, {len(pair.tgt.split())} target)"
-                )
+            links.append((int(i), int(j)))
+        check_within(f"{path}:{n}", links, pair.src, pair.tgt)
         yield Pair(pair.id, pair.src, pair.tgt, " ".join(line.split()))
 
 
@@ -96,34 +95,6 @@ def read_bible(cfg: DataConfig) -> Splits:
 
 
 # --- local files ---------------------------------------------------------------------------------
-
-
-def check_file(path: str, where: str = "") -> None:
-    """A UserError unless ``path`` is a file; ``where`` is how the error names it (the path by default)."""
-    if os.path.isdir(path):
-        raise UserError(f"{where or path}: a folder, not a file")
-    if not os.path.isfile(path):
-        raise UserError(f"{where or path}: file not found")
-
-
-def text_lines(path: str) -> Iterator[tuple[int, str]]:
-    """(line number from 1, line) of a UTF-8 text file, read lazily. Lines end at LF only, so the numbers are
-    the file's own (a CRLF's CR is dropped; a lone CR stays in its line, where the cleaning reads it as a
-    space, as any whitespace); a byte-order mark at the start is dropped. A line that is not UTF-8 is a
-    UserError naming file and line."""
-    check_file(path)
-    try:
-        f = open(path, "rb")  # binary: text mode would also end lines at a lone \r
-    except OSError as err:
-        raise UserError(f"{path}: cannot be read ({err.strerror})") from None
-    with f:
-        for line_no, raw in enumerate(f, start=1):
-            if line_no == 1:
-                raw = raw.removeprefix(codecs.BOM_UTF8)
-            try:
-                yield line_no, raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError:
-                raise UserError(f"{path}:{line_no}: not valid UTF-8") from None
 
 
 def _pair_id(value: str, where: str) -> str:

@@ -23,9 +23,10 @@ from tqdm import tqdm
 
 from app.config.schema import Config
 from app.data.corpus import load_split
-from app.data.links import pharaoh_line, read_pharaoh, reference_links
+from app.data.links import check_within, pharaoh_line, read_pharaoh, reference_links
 from app.data.sources import SPLITS
 from app.data.symmetrization import AGREEMENT
+from app.data.text_files import check_file, text_lines
 from app.decode.trained import TrainedModel, load_trained
 from app.evaluation.alignment import AlignmentScore, LinkCandidates, align_scope, link_candidates
 from app.evaluation.extraction import Method, default_method
@@ -64,6 +65,8 @@ def align_corpus(cfg: Config) -> dict:
     gold = read_pharaoh(corpus.gold) if corpus.gold else None
     if gold is not None and len(gold) != len(corpus.src):
         raise UserError(f"{corpus.gold} has {len(gold)} lines for {len(corpus.src)} pairs to align")
+    for n, ((_, possible), src, tgt) in enumerate(zip(gold or [], corpus.src, corpus.tgt), start=1):
+        check_within(f"{corpus.gold}:{n}", possible, src, tgt)
     scope = align_scope(cfg.eval.align_scope, corpus.gold_file)
     method, chosen_on = choose_method(cfg, forward, reverse)
     output = a.output or os.path.join(cfg.run_dir, "align", f"{corpus.name}.align")
@@ -122,11 +125,9 @@ def read_corpus(cfg: Config, forward: TrainedModel) -> Corpus:
     a = cfg.align
     if a.source and a.target:
         sides = []
-        for path in (a.source, a.target):
-            if not os.path.isfile(path):
-                raise UserError(f"align: {path}: no such file")
-            with open(path, encoding="utf-8") as f:
-                sides.append([line.rstrip("\n") for line in f])
+        for path, setting in ((a.source, "align.source"), (a.target, "align.target")):
+            check_file(path, f"{setting}={path!r}")
+            sides.append([line for _, line in text_lines(path)])  # lines end at \n, as the corpus files' do
         if len(sides[0]) != len(sides[1]):
             raise UserError(
                 f"align: {a.source} has {len(sides[0])} lines, {a.target} {len(sides[1])}: pairs, line by line"

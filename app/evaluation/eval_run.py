@@ -13,7 +13,7 @@ import torch
 
 from app.config.schema import Config
 from app.data.corpus import ParallelData, load_split
-from app.data.links import read_pharaoh, reference_links
+from app.data.links import check_within, read_pharaoh, reference_links
 from app.data.sources import SPLITS
 from app.decode.ct2_engine import CT2Translator
 from app.decode.ensemble import ensemble_of
@@ -203,6 +203,9 @@ def alignment_asked(cfg: Config, trained: TrainedModel, data: ParallelData, spli
     if cfg.align.reverse:  # a run of the other direction: both directions symmetrized are methods too
         reverse_dir = run_folder(cfg.align.reverse)
         asked.reverse = load_trained(reverse_dir, cfg.align.checkpoint, trained.device, "align.checkpoint")
+    if cfg.eval.gold_align:  # a user's file: links within each pair's words (the corpus's are checked when prepared)
+        for n, ((_, possible), src, tgt) in enumerate(zip(asked.links, data.src_texts, data.tgt_texts), start=1):
+            check_within(f"{gold_path}:{n}", possible, src, tgt)
     dev_path = reference_links(trained.config.data.dir, "dev")
     if split != "dev" and dev_path and not cfg.eval.gold_align:
         dev = load_split(trained.config.data.dir, "dev", tok)

@@ -227,7 +227,7 @@ def load_engine(cfg: Config) -> Engine:
     """The run ``cfg.name`` on ``cfg.device``: its checkpoint ``serve.checkpoint``, or its CTranslate2 export
     (``translate.engine=ct2``)."""
     if cfg.translate.engine == "ct2":
-        ct2 = load_ct2(cfg, None, "translate.engine")
+        ct2 = load_ct2(cfg, None, "translate.engine", ("serve.checkpoint", cfg.serve.checkpoint))
         run = ct2.info.get("run", {})
         info = {
             "engine": "ct2",
