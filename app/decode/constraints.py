@@ -199,10 +199,13 @@ def phrase_constraints(
 
 
 def encode_phrases(
-    encode: Callable[[list[str]], list[list[int]]], lines: list[list[str]], where: Callable[[int, int], str]
+    encode: Callable[[list[str]], list[list[int]]],
+    lines: list[list[str]],
+    where: Callable[[int, int], str],
+    no_phrase: str = "an empty line",
 ) -> list[list[list[int]]]:
     """Per line, its phrases' target pieces (``encode``: the tokenizer's); a phrase with none (empty, or spaces)
-    is a UserError naming it (``where(line, phrase)``, 0-based)."""
+    is a UserError naming it (``where(line, phrase)``, 0-based) and how a line says it has none (``no_phrase``)."""
     flat = [phrase for line in lines for phrase in line]
     pieces = iter(encode(flat) if flat else [])
     encoded = []
@@ -212,7 +215,7 @@ def encode_phrases(
             if not ids:
                 raise UserError(
                     f"{where(i, j)}: the phrase {phrase!r} is empty after tokenization; give its words (no phrase: "
-                    "an empty line)"
+                    f"{no_phrase})"
                 )
     return encoded
 

@@ -60,7 +60,7 @@ class Engine:
 
     def encode_constraints(self, phrases: list[list[str]]) -> list[list[list[int]]]:
         """Target token ids of each line's phrases; a phrase with none is a UserError naming it."""
-        return encode_phrases(self.tokenizer.encode_tgt, phrases, lambda i, j: f"constraints[{i}][{j}]")
+        return encode_phrases(self.tokenizer.encode_tgt, phrases, lambda i, j: f"constraints[{i}][{j}]", "[]")
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Source token ids of ``texts``; a line longer than the model takes is a UserError naming it."""
