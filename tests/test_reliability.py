@@ -158,6 +158,17 @@ def test_resume_with_other_model_settings_names_the_difference(workdir):
     assert "model.d_model=32 there, 64 here" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_resume_with_other_data_settings_names_them_before_touching_the_corpus(workdir):
+    """Preparing data/<name> again with them would rewrite the corpus (and tokenizer) other runs of it read."""
+    prepared = next((workdir / "data").glob("*/prepare.json"))
+    before = prepared.stat().st_mtime_ns
+    args = ["name=full", "train.max_steps=80", "train.resume=true", "data.test_fraction=0.2"]
+    result = run_cli(workdir, "command=train", *RUN, *args)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "trained on other data settings: data.test_fraction=0.08 there, 0.2 here" in result.stderr, result.stderr
+    assert prepared.stat().st_mtime_ns == before
+
+
 def test_snapshots_rotate_and_average_into_a_loadable_checkpoint(workdir):
     run = workdir / "checkpoints" / "full"
     snapshots = sorted(f for f in os.listdir(run) if f.startswith("step_"))
@@ -187,5 +198,5 @@ def test_translate_refuses_a_line_longer_than_the_model_takes(workdir):
     huge = " ".join(["palabra"] * 1500) + "\n"
     result = run_cli(workdir, "command=translate", "name=full", "device=cpu", stdin="Y dijo Dios.\n" + huge)
     assert result.returncode == 2
-    assert "input sentence 2 has" in result.stderr and "model.max_len=1024" in result.stderr
+    assert "standard input: line 2 has" in result.stderr and "model.max_len=1024" in result.stderr
     assert "Traceback" not in result.stderr

@@ -218,3 +218,33 @@ def check_settings(cfg: Config, last_path: str, world: int, resume: bool) -> Non
             f"{last_path} exists: continue that run with train.resume=true, "
             "or train under another name= (or delete the folder)"
         )
+    if resume:
+        check_same_corpus(cfg, last_path)
+
+
+# settings that change how the corpus is made, not what it is: data.num_proc (tokenizing processes), tokenizer.dir
+# (train.init_from sets it to the run a fine-tuning starts from, after this check)
+NOT_THE_CORPUS = ("data.num_proc", "tokenizer.dir")
+
+
+def check_same_corpus(cfg: Config, last_path: str) -> None:
+    """A resumed run reads the corpus and tokenizer it was trained on: data.* and tokenizer.* as its last.pt
+    records them, else a UserError naming what differs, before any data work (preparing data/<name> again with
+    other settings would rewrite the folder every run of that corpus reads, and the resume would then fail on its
+    vocabulary). A last.pt that does not load is left to the resume to say so."""
+    try:
+        recorded = load_checkpoint(last_path, mmap=True)["config"]
+    except (UserError, KeyError):
+        return
+    ours = asdict(cfg)
+    differ = [
+        f"{section}.{key}={theirs!r} there, {ours[section].get(key)!r} here"
+        for section in ("data", "tokenizer")
+        for key, theirs in sorted(recorded.get(section, {}).items())
+        if key in ours[section] and ours[section][key] != theirs and f"{section}.{key}" not in NOT_THE_CORPUS
+    ]
+    if differ:
+        raise UserError(
+            f"{last_path}: trained on other data settings: {'; '.join(differ)}; resume with that run's, or train "
+            "under another name="
+        )
