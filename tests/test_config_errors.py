@@ -113,6 +113,107 @@ def test_adam_betas_of_other_than_two_values_are_refused():
     assert refusal("train.adam_betas=[0.9]") == "train.adam_betas=[0.9]: give two values, [beta1, beta2]"
 
 
+RNN = "model=rnn_bahdanau"
+# A number outside what its setting takes, refused when the settings are composed: before, each gave a traceback
+# (SentencePiece's C++ check, torch's ValueError or ZeroDivisionError mid-training, a crash at the closing
+# validation), a message that named no setting or torch's name for it, or was taken silently (a negative count
+# read as 0, a negative time budget that stopped at step 0).
+OUT_OF_RANGE = [
+    (
+        ["tokenizer.vocab_size=0"],
+        "tokenizer.vocab_size=0 must be at least 6: the 4 special pieces (pad, unk, bos, eos), the word boundary ▁ "
+        "and a character",
+    ),
+    (
+        ["tokenizer.character_coverage=2"],
+        "tokenizer.character_coverage=2.0 must be in [0.98, 1] (SentencePiece's range; 1: every character)",
+    ),
+    (
+        ["tokenizer.max_sentence_length=9"],
+        "tokenizer.max_sentence_length=9 must be in [10, 1073741824]: bytes of the longest sentence SentencePiece "
+        "trains on (its range)",
+    ),
+    (
+        ["tokenizer.input_sentence_size=100"],
+        "tokenizer.input_sentence_size=100 must be 0 (every sentence) or more than 100 (SentencePiece's range)",
+    ),
+    (["train.batch_tokens=0"], "train.batch_tokens=0 must be >= 1: tokens of a batch, padding included"),
+    (["train.tokens_per_update=-1"], "train.tokens_per_update=-1 must be >= 0 (0: train.accum_steps decides)"),
+    (["train.log_every=0"], "train.log_every=0 must be >= 1: updates between log lines"),
+    (["train.eval_every=-1"], "train.eval_every=-1 must be >= 0 (0: no validation)"),
+    (["train.save_every=-5"], "train.save_every=-5 must be >= 0 (0: saved at the end only)"),
+    (["train.max_minutes=-1"], "train.max_minutes=-1.0 must be >= 0 (0: no time budget)"),
+    (["train.max_steps=-1"], "train.max_steps=-1 must be >= 0: updates in all"),
+    (["train.lr=0"], "train.lr=0.0 must be > 0: the peak learning rate"),
+    (["train.warmup_steps=-1"], "train.warmup_steps=-1 must be >= 0 (0: no warm-up)"),
+    (["train.label_smoothing=1"], "train.label_smoothing=1.0 must be in [0, 1) (0: none)"),
+    (["train.clip_norm=-1"], "train.clip_norm=-1.0 must be > 0: every update's gradient is clipped to this norm"),
+    (["train.weight_decay=-0.01"], "train.weight_decay=-0.01 must be >= 0 (0: none)"),
+    (["train.adam_betas=[0.9,1.0]"], "train.adam_betas=[0.9, 1.0]: each must be in [0, 1)"),
+    (["train.patience=-1"], "train.patience=-1 must be >= 0 (0: never stop early)"),
+    (["train.keep_best=-2"], "train.keep_best=-2 must be >= 0 (0: none)"),
+    (["train.max_bad_steps=-1"], "train.max_bad_steps=-1 must be >= 0 (0: never abort)"),
+    (["train.max_dev_sentences=-1"], "train.max_dev_sentences=-1 must be >= 0 (0: the whole dev split)"),
+    (["model.enc_layers=0"], "model.enc_layers=0 must be at least 1 (encoder layers)"),
+    (["model.heads=0"], "model.heads=0 must be at least 1 (attention heads)"),
+    (["model.dropout=1.5"], "model.dropout=1.5 must be in [0, 1): a probability of dropping, 0 for none"),
+    (["model.max_len=1"], "model.max_len=1 must be at least 2: a sentence takes max_len - 1 pieces"),
+    ([RNN, "model.dec_layers=0"], "model.dec_layers=0 must be at least 1 (decoder layers)"),
+    ([RNN, "model.emb_dim=0"], "model.emb_dim=0 must be at least 1 (the embeddings' width)"),
+    (
+        [RNN, "model.activation_dropout=1"],
+        "model.activation_dropout=1.0 must be in [0, 1): a probability of dropping, 0 for none",
+    ),
+    (
+        ["data.dev_fraction=-0.1"],
+        "data.dev_fraction=-0.1 must be in [0, 1): the share of the pairs carved out of train for dev (unless data.dev "
+        "is given)",
+    ),
+    (
+        ["data.dev_fraction=0.5", "data.test_fraction=0.5"],
+        "data.dev_fraction=0.5 and data.test_fraction=0.5 must add up to less than 1: the rest is the train split",
+    ),
+    (["data.max_train_pairs=-1"], "data.max_train_pairs=-1 must be >= 0 (0: all)"),
+    (
+        ["data.filters.min_chars=50", "data.filters.max_chars=10"],
+        "data.filters.max_chars=10 must be >= 1 and >= data.filters.min_chars=50: every pair would be dropped",
+    ),
+    (
+        ["data.filters.max_ratio=-1"],
+        "data.filters.max_ratio=-1.0 must be 0 (off) or at least 1: the longer side's length over the shorter's",
+    ),
+    (["decode.n_best=0"], "decode.n_best=0 must be >= 1: hypotheses per input"),
+    (["decode.max_len_extra=-1"], "decode.max_len_extra=-1 must be >= 0: pieces the output may have beyond the ratio"),
+    (["decode.batch_tokens=0"], "decode.batch_tokens=0 must be >= 1: tokens of a decoding batch"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", OUT_OF_RANGE, ids=[" ".join(o) for o, _ in OUT_OF_RANGE])
+def test_a_number_out_of_its_range_is_refused_naming_the_setting(overrides, message):
+    assert refusal(*overrides) == message
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # 0 where training reads it as off, none or all
+        ["train.eval_every=0", "train.save_every=0", "train.patience=0", "train.keep_last=0", "train.max_bad_steps=0"],
+        ["train.max_steps=0", "train.max_minutes=0", "train.warmup_steps=0", "train.tokens_per_update=0"],
+        ["train.label_smoothing=0", "train.weight_decay=0", "train.adam_betas=[0,0.999]", "train.max_dev_sentences=0"],
+        # the ends of SentencePiece's ranges
+        ["tokenizer.vocab_size=6", "tokenizer.character_coverage=0.98", "tokenizer.max_sentence_length=10"],
+        ["tokenizer.input_sentence_size=0", "tokenizer.character_coverage=1"],
+        ["model.dropout=0", "model.attention_dropout=0", "model.activation_dropout=0", "model.max_len=2"],
+        [RNN, "model.dropout=0", "model.activation_dropout=null", "model.enc_layers=1", "model.dec_layers=1"],
+        ["data.dev_fraction=0", "data.test_fraction=0.99", "data.filters.max_ratio=0", "data.max_train_pairs=0"],
+        ["data.filters.max_ratio=1", "data.filters.max_chars=1"],
+        ["decode.max_len_ratio=0", "decode.max_len_extra=0", "decode.batch_tokens=1", "decode.length_penalty=0"],
+    ],
+)
+def test_the_ends_of_each_range_compose(overrides):
+    check_arguments(["command=train", *overrides])
+
+
 def test_an_unknown_command_gets_the_closest_one():
     assert refusal("command=trian").startswith("command='trian' is unknown: did you mean command=train?")
 

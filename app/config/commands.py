@@ -12,6 +12,13 @@ from app.config.choices import Checked, choice
 from app.run.errors import UserError
 
 
+def check_rules(rules: dict[str, bool]) -> None:
+    """Each setting's rule (its message, naming the setting, its value and what it takes: whether it is broken);
+    the first one broken is the error."""
+    for rule in (rule for rule, broken in rules.items() if broken):
+        raise UserError(rule)
+
+
 @dataclass
 class DecodeConfig:
     beam_size: int = 5  # 1 = greedy; validation during training is always greedy
@@ -34,17 +41,24 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         beam, ngram, topk, topp = self.beam_size, self.no_repeat_ngram_size, self.sampling_topk, self.sampling_topp
+        ratio, extra = self.max_len_ratio, self.max_len_extra
         rules = {  # the first one broken is the error
             f"decode.beam_size={beam} must be >= 1 and >= decode.n_best={self.n_best}": beam < 1 or self.n_best > beam,
+            f"decode.n_best={self.n_best} must be >= 1: hypotheses per input": self.n_best < 1,
             f"decode.no_repeat_ngram_size={ngram} must be >= 0 (0: off)": ngram < 0,
             "decode.sampling=true draws one hypothesis per sentence, a beam search does not draw: set "
             f"decode.beam_size=1 (it is {beam})": self.sampling and beam != 1,
             f"decode.sampling_topk={topk} must be >= 0 (0: the whole vocabulary)": topk < 0,
             f"decode.sampling_topp={topp} must be in (0, 1] (1: no cut)": not 0 < topp <= 1,
             f"decode.sampling_temperature={self.sampling_temperature} must be > 0": self.sampling_temperature <= 0,
+            # an output's length limit: ratio × its source's length + extra pieces
+            f"decode.max_len_ratio={ratio} must be >= 0: the output's length limit per source piece": not ratio >= 0,
+            f"decode.max_len_extra={extra} must be >= 0: pieces the output may have beyond the ratio": extra < 0,
+            f"decode.batch_tokens={self.batch_tokens} must be >= 1: tokens of a decoding batch": self.batch_tokens < 1,
+            f"decode.cuda_batch_tokens={self.cuda_batch_tokens} must be >= 1: tokens of a decoding batch on "
+            "CUDA": self.cuda_batch_tokens < 1,
         }
-        for rule in (rule for rule, broken in rules.items() if broken):
-            raise UserError(rule)
+        check_rules(rules)
 
     @property
     def batch_source_tokens(self) -> int:

@@ -26,6 +26,7 @@ from app.config.commands import (
     ServeConfig,
     TranslateConfig,
     VizConfig,
+    check_rules,
 )
 from app.run.errors import UserError
 
@@ -44,6 +45,16 @@ class FilterConfig:
     max_chars: int = 1000  # either side longer than this is dropped (catches appended glossaries etc.)
     max_ratio: float = 3.0  # char-length ratio longer/shorter above this is dropped (0 = off)
     dedup: bool = True  # drop exact duplicate (src, tgt) pairs
+
+    def __post_init__(self) -> None:
+        least, ratio = max(self.min_chars, 1), self.max_ratio
+        rules = {  # the first one broken is the error
+            f"data.filters.max_chars={self.max_chars} must be >= 1 and >= data.filters.min_chars={self.min_chars}: "
+            "every pair would be dropped": self.max_chars < least,
+            f"data.filters.max_ratio={ratio} must be 0 (off) or at least 1: the longer side's length over the "
+            "shorter's": bool(ratio) and not ratio >= 1,
+        }
+        check_rules(rules)
 
 
 @dataclass
@@ -90,6 +101,18 @@ class DataConfig(Checked, section="data"):
 
     def __post_init__(self) -> None:
         check_choices(self)
+        dev, test = self.dev_fraction, self.test_fraction
+        rules = {  # the first one broken is the error
+            f"data.dev_fraction={dev} must be in [0, 1): the share of the pairs carved out of train for dev "
+            "(unless data.dev is given)": not 0 <= dev < 1,
+            f"data.test_fraction={test} must be in [0, 1): the share of the pairs carved out of train for test "
+            "(unless data.test is given)": not 0 <= test < 1,
+            f"data.dev_fraction={dev} and data.test_fraction={test} must add up to less than 1: the rest is the "
+            "train split": not dev + test < 1,
+            f"data.max_train_pairs={self.max_train_pairs} must be >= 0 (0: all)": self.max_train_pairs < 0,
+            f"data.num_proc={self.num_proc} must be >= 0 (0: one per CPU core for big corpora)": self.num_proc < 0,
+        }
+        check_rules(rules)
         self.src_field = self.src_field or f"translation.{self.src_lang}"
         self.tgt_field = self.tgt_field or f"translation.{self.tgt_lang}"
         self.name = self.name or corpus_name(self)
@@ -124,6 +147,28 @@ class TokenizerConfig(Checked, section="tokenizer"):
     # tokenized with instead of training its own; train.init_from sets it to the run it starts from
     dir: Optional[str] = None
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # SentencePiece's own ranges (its trainer refuses others with a RuntimeError naming its C++ check);
+        # a vocabulary smaller than the corpus's characters is only known once SentencePiece has read the corpus
+        size, coverage, length, sample = (
+            self.vocab_size,
+            self.character_coverage,
+            self.max_sentence_length,
+            self.input_sentence_size,
+        )
+        rules = {  # the first one broken is the error
+            f"tokenizer.vocab_size={size} must be at least 6: the 4 special pieces (pad, unk, bos, eos), the word "
+            "boundary ▁ and a character": size < 6,
+            f"tokenizer.character_coverage={coverage} must be in [0.98, 1] (SentencePiece's range; 1: every "
+            "character)": not 0.98 <= coverage <= 1,
+            f"tokenizer.max_sentence_length={length} must be in [10, 1073741824]: bytes of the longest sentence "
+            "SentencePiece trains on (its range)": not 10 <= length <= 1 << 30,
+            f"tokenizer.input_sentence_size={sample} must be 0 (every sentence) or more than 100 (SentencePiece's "
+            "range)": sample < 0 or 0 < sample <= 100,
+        }
+        check_rules(rules)
+
 
 @dataclass
 class TransformerConfig(Checked, section="model"):
@@ -148,6 +193,12 @@ class TransformerConfig(Checked, section="model"):
     tie_embeddings: bool = True  # decoder input/output (and encoder input with a joint vocab)
     align_layer: int = -2  # the decoder layer whose head 0 train.align_weight guides (Garg et al.: the penultimate)
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_model_ranges(self, ("d_model", "heads", "enc_layers", "dec_layers", "ff_dim"))
+        if self.max_len < 2:
+            raise UserError(f"model.max_len={self.max_len} must be at least 2: a sentence takes max_len - 1 pieces")
+
 
 @dataclass
 class RNNConfig(Checked, section="model"):
@@ -170,8 +221,33 @@ class RNNConfig(Checked, section="model"):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_model_ranges(self, ("emb_dim", "hidden", "enc_layers", "dec_layers"))
         if self.attention == "none" and self.attention_dropout:
             raise UserError(f"model.attention_dropout={self.attention_dropout}: model.attention=none has no attention")
+
+
+MODEL_SIZES = {  # the sizes check_model_ranges checks, and what each counts
+    "d_model": "the width of every layer",
+    "heads": "attention heads",
+    "enc_layers": "encoder layers",
+    "dec_layers": "decoder layers",
+    "ff_dim": "the feed-forward's width",
+    "emb_dim": "the embeddings' width",
+    "hidden": "the RNN's state width",
+}
+
+
+def check_model_ranges(model: TransformerConfig | RNNConfig, sizes: tuple[str, ...]) -> None:
+    """A model's sizes (widths, heads, layers) at least 1, and each of its dropout probabilities in [0, 1)
+    (1 would drop every unit); an RNN's unset activation_dropout is model.dropout's."""
+    for name in sizes:
+        value = getattr(model, name)
+        if value < 1:
+            raise UserError(f"model.{name}={value} must be at least 1 ({MODEL_SIZES[name]})")
+    for name in ("dropout", "attention_dropout", "activation_dropout"):
+        value = getattr(model, name)
+        if value is not None and not 0 <= value < 1:
+            raise UserError(f"model.{name}={value} must be in [0, 1): a probability of dropping, 0 for none")
 
 
 MODEL_SCHEMAS = {"transformer": TransformerConfig, "rnn": RNNConfig}
@@ -256,6 +332,40 @@ class TrainConfig(Checked, section="train"):
             raise UserError(f"train.average_snapshots={self.average_snapshots}: a number of snapshots, 0 for none")
         if len(self.adam_betas) != 2:
             raise UserError(f"train.adam_betas={list(self.adam_betas)}: give two values, [beta1, beta2]")
+        self.check_ranges()
+
+    def check_ranges(self) -> None:
+        """Each number within what it means; 0 is off (or none, or all) where training reads it so."""
+        betas, smoothing = list(self.adam_betas), self.label_smoothing
+        rules = {  # the first one broken is the error
+            f"train.max_steps={self.max_steps} must be >= 0: updates in all": self.max_steps < 0,
+            f"train.max_minutes={self.max_minutes} must be >= 0 (0: no time budget)": not self.max_minutes >= 0,
+            f"train.batch_tokens={self.batch_tokens} must be >= 1: tokens of a batch, padding included": (
+                self.batch_tokens < 1
+            ),
+            f"train.tokens_per_update={self.tokens_per_update} must be >= 0 (0: train.accum_steps decides)": (
+                self.tokens_per_update < 0
+            ),
+            f"train.lr={self.lr} must be > 0: the peak learning rate": not self.lr > 0,
+            f"train.warmup_steps={self.warmup_steps} must be >= 0 (0: no warm-up)": self.warmup_steps < 0,
+            f"train.adam_betas={betas}: each must be in [0, 1)": not all(0 <= beta < 1 for beta in betas),
+            f"train.weight_decay={self.weight_decay} must be >= 0 (0: none)": not self.weight_decay >= 0,
+            f"train.clip_norm={self.clip_norm} must be > 0: every update's gradient is clipped to this norm": not (
+                self.clip_norm > 0
+            ),
+            f"train.label_smoothing={smoothing} must be in [0, 1) (0: none)": not 0 <= smoothing < 1,
+            f"train.eval_every={self.eval_every} must be >= 0 (0: no validation)": self.eval_every < 0,
+            f"train.save_every={self.save_every} must be >= 0 (0: saved at the end only)": self.save_every < 0,
+            f"train.log_every={self.log_every} must be >= 1: updates between log lines": self.log_every < 1,
+            f"train.patience={self.patience} must be >= 0 (0: never stop early)": self.patience < 0,
+            f"train.keep_last={self.keep_last} must be >= 0 (0: no snapshots)": self.keep_last < 0,
+            f"train.keep_best={self.keep_best} must be >= 0 (0: none)": self.keep_best < 0,
+            f"train.max_bad_steps={self.max_bad_steps} must be >= 0 (0: never abort)": self.max_bad_steps < 0,
+            f"train.max_dev_sentences={self.max_dev_sentences} must be >= 0 (0: the whole dev split)": (
+                self.max_dev_sentences < 0
+            ),
+        }
+        check_rules(rules)
 
     def check_subword_sampling(self) -> None:
         if not 0.0 <= self.subword_alpha <= 1.0:
