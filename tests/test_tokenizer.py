@@ -90,6 +90,16 @@ def test_changed_corpus_retrains(data_dir):
     assert UNK not in tok.encode_src(["xylofón"])[0]
 
 
+def test_a_vocabulary_below_the_corpus_characters_is_one_line_and_above_its_pieces_a_warning(data_dir, caplog):
+    """SentencePiece checks the first only once it has read the corpus (a RuntimeError traceback before), and gives
+    fewer pieces than asked for without a word where the corpus has no more (hard_vocab_limit=False)."""
+    with pytest.raises(UserError, match=r"^tokenizer\.vocab_size=7 is too small for this corpus: its characters and "):
+        build_tokenizer(data_dir, TokenizerConfig(vocab_size=7))
+    pieces = build_tokenizer(data_dir, TokenizerConfig(vocab_size=20000)).src.get_piece_size()
+    said = [r.getMessage() for r in caplog.records]
+    assert pieces < 20000 and any(f"tokenizer.vocab_size=20000: this corpus gives {pieces} pieces only, " in m for m in said)
+
+
 def test_separate_vocabularies(data_dir):
     cfg = TokenizerConfig(vocab_size=VOCAB, joint=False)
     src_model, tgt_model = model_paths(data_dir, cfg)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Optional
@@ -122,10 +123,24 @@ def _train_one(sentences: Iterator[str], path: str, cfg: TokenizerConfig) -> Non
             num_threads=os.cpu_count() or 1,
             minloglevel=2,
         )
-    except RuntimeError:
+    except RuntimeError as err:
         if pulled.stopped is not None:
             raise pulled.stopped from None
+        # the one range SentencePiece alone can check: the corpus's characters (its message: "... 5 vs 79 ...")
+        if found := re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", str(err)):
+            raise UserError(
+                f"tokenizer.vocab_size={cfg.vocab_size} is too small for this corpus: its characters and the special "
+                f"pieces need at least {found.group(2)}"
+            ) from None
         raise
+    pieces = spm.SentencePieceProcessor(model_proto=model.getvalue()).get_piece_size()
+    if pieces < cfg.vocab_size:  # hard_vocab_limit=False: the corpus had fewer pieces to give
+        log.warning(
+            "tokenizer.vocab_size=%d: this corpus gives %d pieces only, what %s holds",
+            cfg.vocab_size,
+            pieces,
+            os.path.basename(path),
+        )
     atomic_write(path, lambda f: f.write(model.getvalue()))
 
 
