@@ -2,9 +2,11 @@
 code 2, no traceback), or in a counted, reported drop."""
 
 import json
+import re
+import shutil
 
 import pytest
-from conftest import run_cli
+from conftest import TINY, run_cli
 
 pytestmark = pytest.mark.slow  # every test here runs the real CLI in a subprocess, or compiles
 
@@ -200,3 +202,15 @@ def test_translate_input_that_is_empty_or_missing(tmp_path, args, error):
     (tmp_path / "empty.txt").write_text("")
     result = run_cli(tmp_path, "command=translate", "name=none", *args, stdin="")
     assert result.returncode == 2 and result.stderr == f"error: {error}\n"
+
+
+def test_a_model_too_short_for_the_corpus_is_refused_before_the_first_update(tmp_path, corpus_tsv):
+    """model.max_len below the longest pair: the positions table raised mid-step (a traceback, no checkpoint)."""
+    shutil.copy(corpus_tsv, tmp_path / "corpus.tsv")
+    result = run_cli(tmp_path, "command=train", *TINY, "model.max_len=16", "train.max_steps=2")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    message = (
+        r"error: model\.max_len=16: the train split has a sentence of \d+ pieces with its EOS; raise model\.max_len"
+    )
+    assert re.match(message, result.stderr.strip().splitlines()[-1]), result.stderr
+    assert not (tmp_path / "checkpoints" / "tiny").exists()
