@@ -984,6 +984,7 @@ def test_export_to_ctranslate2_then_translate_and_eval_with_it(workdir):
     assert info["quantization"] == "none" and info["run"]["checkpoint"] == "best"
     assert info["run"]["step"] == torch.load(run / "best.pt", weights_only=True)["progress"]["step"]
     assert (run / "ct2" / "model.bin").stat().st_size > 0 and (run / "ct2" / "spm.model").exists()
+    assert (run / "ct2").stat().st_mode == run.stat().st_mode  # readable as the run folder is (mkdtemp's was 0700)
     assert re.search(r"in load \d+\.\d s, convert \d+\.\d s \(total \d+\.\d s\)", result.stdout)  # where it waited
     assert result.stdout.splitlines()[-2:] == [  # the commands that use it, each as it is typed
         '  make translate ARGS="name=tiny translate.engine=ct2"',

@@ -195,7 +195,7 @@ class CompareConfig:
 class ServeConfig:
     host: str = "127.0.0.1"  # only this machine; 0.0.0.0 answers every interface (no authentication: mind it)
     port: int = 8000  # 0: any free port (the line printed at start names it)
-    checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN (translate.engine=ct2: the export instead)
+    checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN (translate.engine=ct2: the export's, this one)
     batch_wait_ms: float = 20.0  # how long a batch waits for requests to join it (from the first, or the last answers)
     max_batch_lines: int = 256  # lines of one decoding call at most (decode.batch_tokens splits it further)
     max_lines: int = 64  # lines of one request at most

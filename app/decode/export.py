@@ -306,6 +306,9 @@ def convert(
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's folder is its owner's alone (0700); an export is a folder like any
     try:
         spec.save(tmp)
         with open(os.path.join(tmp, EXPORT_INFO), "w", encoding="utf-8") as f:
