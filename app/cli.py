@@ -294,11 +294,12 @@ def run(dict_cfg: DictConfig) -> None:
         sys.exit(2)
 
 
-def check_arguments(args: list[str]) -> None:
+def check_arguments(args: list[str], multirun: bool = True) -> None:
     """Compose the configuration before Hydra runs the command, so that a mistyped key, a wrong type,
     an unknown preset or a missing setting is one line naming it (Hydra would print several, some with
     a traceback) and no run folder is made for it. Each value of a sweep is checked, the other sweeps
-    at their first value."""
+    at their first value; without ``multirun`` (--multirun, -m) a sweep is refused, naming the quoted form of one
+    value that holds a comma."""
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -306,6 +307,13 @@ def check_arguments(args: list[str]) -> None:
 
     try:
         parsed = OverridesParser.create().parse_overrides(args)
+        for override, line in zip(parsed, args):
+            if override.is_sweep_override() and not multirun:
+                key, value = line.split("=", 1)
+                raise UserError(
+                    f"{line} is a sweep, which runs with --multirun; one value holding a comma is quoted: "
+                    f"\"{key}='{value}'\""
+                )
         values = [
             [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [line]
             for o, line in zip(parsed, args)  # one override per argument
@@ -340,7 +348,7 @@ def main() -> None:
             raise UserError(f"the command is a setting: python -m app command={args[0]} {' '.join(args[1:])}".rstrip())
         flags = {a for a in args if a.startswith("-")}
         if flags <= {"-m", "--multirun"}:  # other flags (--help, --cfg, ...) are Hydra's own
-            check_arguments([a for a in args if not a.startswith("-")])
+            check_arguments([a for a in args if not a.startswith("-")], multirun=bool(flags))
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

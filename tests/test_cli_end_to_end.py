@@ -324,6 +324,7 @@ def test_a_checkpoint_that_is_not_there_is_named_with_its_setting_and_those_that
         (["command=fly"], "error: command='fly' is unknown: python -m app command={prepare,train,eval,"),
         ([], "error: command is not set: python -m app command={prepare,train,eval,"),
         (["train", "name=x"], "error: the command is a setting: python -m app command=train name=x"),
+        (["command=prepare", "data.train=a.es,a.en"], "error: data.train=a.es,a.en is a sweep, which runs with "),
     ],
 )
 def test_a_missing_or_unknown_command_prints_the_usage_line(workdir, args, message):
