@@ -204,3 +204,20 @@ class ServeConfig:
     # make bench ARGS="name=<run> bench.serve=true": concurrent clients, each sending single sentences
     bench_clients: int = 16
     bench_seconds: float = 20.0  # how long each of the two loads (1 client, bench_clients clients) runs
+
+    def __post_init__(self) -> None:
+        rules = {  # the first one broken is the error: a server that could not listen, or answer any request
+            f"serve.port={self.port}: not a port; give 0 to 65535 (0: any free port)": not 0 <= self.port <= 65535,
+            f"serve.max_lines={self.max_lines}: lines a request may send, at least 1": self.max_lines < 1,
+            f"serve.max_chars={self.max_chars}: characters a line may have, at least 1": self.max_chars < 1,
+            f"serve.max_beam={self.max_beam}: the largest beam_size a request may ask for, at least 1": (
+                self.max_beam < 1
+            ),
+            f"serve.max_batch_lines={self.max_batch_lines}: lines of one decoding call, at least 1": (
+                self.max_batch_lines < 1
+            ),
+            f"serve.batch_wait_ms={self.batch_wait_ms}: how long a batch waits for requests, 0 or more": not (
+                self.batch_wait_ms >= 0
+            ),
+        }
+        check_rules(rules)

@@ -32,26 +32,14 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def check_settings(cfg: Config) -> None:
-    """serve.* settings a server can listen and answer with, else a UserError naming the first one that cannot
-    (checked before the run loads): a port, limits of at least 1, and decode.beam_size (a request's default
-    beam) within serve.max_beam."""
-    serve, beam = cfg.serve, cfg.decode.beam_size
-    rules = {  # the first one broken is the error
-        f"serve.port={serve.port}: not a port; give 0 to 65535 (0: any free port)": not 0 <= serve.port <= 65535,
-        f"serve.max_lines={serve.max_lines}: lines a request may send, at least 1": serve.max_lines < 1,
-        f"serve.max_chars={serve.max_chars}: characters a line may have, at least 1": serve.max_chars < 1,
-        f"serve.max_beam={serve.max_beam}: the largest beam_size a request may ask for, at least 1": serve.max_beam < 1,
-        f"serve.max_batch_lines={serve.max_batch_lines}: lines of one decoding call, at least 1": (
-            serve.max_batch_lines < 1
-        ),
-        f"serve.batch_wait_ms={serve.batch_wait_ms}: how long a batch waits for requests, 0 or more": (
-            serve.batch_wait_ms < 0
-        ),
-        f"decode.beam_size={beam} is above serve.max_beam={serve.max_beam}: every request without a beam_size would "
-        "be refused; give decode.beam_size within serve.max_beam, or raise serve.max_beam": beam > serve.max_beam,
-    }
-    for rule in (rule for rule, broken in rules.items() if broken):
-        raise UserError(rule)
+    """decode.beam_size (a request's default beam) within serve.max_beam, else a UserError (checked before the run
+    loads; each serve.* setting alone is checked as it is composed, ServeConfig)."""
+    beam, most = cfg.decode.beam_size, cfg.serve.max_beam
+    if beam > most:
+        raise UserError(
+            f"decode.beam_size={beam} is above serve.max_beam={most}: every request without a beam_size would be "
+            "refused; give decode.beam_size within serve.max_beam, or raise serve.max_beam"
+        )
 
 
 def url(sock: socket.socket) -> str:
