@@ -123,6 +123,17 @@ def test_prepare_writes_splits_and_carves_dev_test(tmp_path, write_tsv):
     assert report["pairs"] == {s: len(ids[s]) for s in SPLITS}
 
 
+def test_copies_of_a_pair_without_an_id_share_a_split(tmp_path, write_tsv):
+    """A 2-column file's ids are its line numbers: drawn from them, a pair written twice landed in train and in
+    test (scored on a sentence trained on). Drawn from the text, the copies share a split; train keeps one."""
+    rows = [(src, tgt) for _, src, tgt in corpus_rows()]
+    cfg = data_cfg(tmp_path, train=write_tsv("twice.tsv", rows + rows))
+    prepare(cfg)
+    splits = {s: {(p.src, p.tgt) for p in read_tsv(os.path.join(cfg.dir, f"{s}.tsv"))} for s in SPLITS}
+    assert splits["dev"] and splits["test"] and not (splits["train"] & (splits["dev"] | splits["test"]))
+    assert len(read_tsv(os.path.join(cfg.dir, "train.tsv"))) == len(splits["train"])  # one copy each
+
+
 def test_prepare_given_dev_is_kept_and_test_carved(tmp_path, write_tsv):
     dev_rows = [("d1", "uno", "one"), ("d1b", "uno", "one"), ("d2", "dos", "two")]
     cfg = data_cfg(tmp_path, train=write_tsv("corpus.tsv", corpus_rows()), dev=write_tsv("dev.tsv", dev_rows))

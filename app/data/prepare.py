@@ -33,6 +33,13 @@ def normalize(text: str) -> str:
     return " ".join(text.replace("\u00a0", " ").split())
 
 
+def split_key(pair: Pair) -> str:
+    """What a pair's split is drawn from: its id, or where the id is only its place in a file (``numbered``), its
+    cleaned text, so that copies of a pair share a split (a copy in test and another in train would be scored
+    on a sentence trained on)."""
+    return f"{normalize(pair.src)}\t{normalize(pair.tgt)}" if pair.numbered else pair.id
+
+
 def split_of(pair_id: str, dev_fraction: float, test_fraction: float) -> str:
     """Deterministic split from the id alone, so filtering or reordering never moves a pair."""
     u = int.from_bytes(hashlib.sha1(pair_id.encode("utf-8")).digest()[:8], "big") / 2**64
@@ -109,12 +116,15 @@ def cache_key(cfg: DataConfig) -> str:
     key = {"version": PREPARE_VERSION, "settings": settings, "inputs": _fingerprint(cfg)}
     if cfg.source == "bible":  # the verse texts are what app/data/osis.py makes of the modules' markup
         key["osis"] = OSIS_CLEAN_VERSION
+    else:  # pairs without an id of their own are split by their text (split_key): corpora split by place redone
+        key["split_key"] = "text"
     return stable_hash(key)
 
 
 def read_tsv(path: str) -> list[Pair]:
     with open(path, encoding="utf-8") as f:
-        return [Pair(*line.rstrip("\n").split("\t")) for line in f]
+        rows = (line.rstrip("\n").split("\t") for line in f)
+        return [Pair(pair_id, src, tgt) for pair_id, src, tgt in rows]
 
 
 def prepare(cfg: DataConfig, verify: bool = False) -> dict:
@@ -156,7 +166,7 @@ def prepare(cfg: DataConfig, verify: bool = False) -> dict:
             kept[split] += 1
 
         for pair in tqdm(raw["train"], desc="preparing", unit=" pairs", mininterval=2, leave=False, disable=None):
-            write(split_of(pair.id, dev_fraction, test_fraction), pair)
+            write(split_of(split_key(pair), dev_fraction, test_fraction), pair)
             if cfg.streaming and full("train") and raw["dev"] is not None and raw["test"] is not None:
                 break  # a stream may be endless: stop once the sample is taken
         for split in ("dev", "test"):

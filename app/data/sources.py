@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from itertools import zip_longest
 from typing import Any, Optional
 
@@ -33,6 +33,9 @@ class Pair:
     src: str
     tgt: str
     links: Optional[str] = None  # reference word links in the Pharaoh format (app.data.links.read_pharaoh)
+    # the id is the pair's place (file:line, split:row), not its own: a split carved out of train is drawn from its
+    # text instead, so that copies of a pair land in one split (train's are deduplicated), never in train and test
+    numbered: bool = field(default=False, compare=False)
 
 
 Splits = dict[str, Optional[Iterable[Pair]]]  # each split read lazily, once
@@ -72,7 +75,7 @@ def with_links(pairs: Iterable[Pair], path: str) -> Iterator[Pair]:
                 raise UserError(f"{path}:{n}: {link!r} is not an i-j or i?j alignment link")
             links.append((int(i), int(j)))
         check_within(f"{path}:{n}", links, pair.src, pair.tgt)
-        yield Pair(pair.id, pair.src, pair.tgt, " ".join(line.split()))
+        yield replace(pair, links=" ".join(line.split()))
 
 
 # --- bible ---------------------------------------------------------------------------------------
@@ -110,7 +113,7 @@ def _read_tsv(path: str) -> Iterator[Pair]:
             continue
         cols = row.split("\t")
         if len(cols) == 2:
-            yield Pair(f"{name}:{line_no}", cols[0], cols[1])
+            yield Pair(f"{name}:{line_no}", cols[0], cols[1], numbered=True)
         elif len(cols) == 3:
             yield Pair(_pair_id(cols[0], f"{path}:{line_no}"), cols[1], cols[2])
         else:
@@ -175,7 +178,8 @@ def _read_jsonl(path: str, src_lang: str, tgt_lang: str) -> Iterator[Pair]:
                 f'{where}: expected {{"src", "tgt"}} or {{"translation": {{"{src_lang}", "{tgt_lang}"}}}}, got {got}'
             )
         src, tgt = (_text(fields[key], f'"{prefix}{key}"', where) for key in keys)
-        yield Pair(_pair_id(str(row.get("id") or f"{name}:{number}"), where), src, tgt)
+        given = row.get("id")
+        yield Pair(_pair_id(str(given or f"{name}:{number}"), where), src, tgt, numbered=not given)
 
 
 def _read_text_pair(src_path: str, tgt_path: str) -> Iterator[Pair]:
@@ -186,7 +190,7 @@ def _read_text_pair(src_path: str, tgt_path: str) -> Iterator[Pair]:
             n_src = i - 1 + (s is not None) + sum(1 for _ in src_rows)
             n_tgt = i - 1 + (t is not None) + sum(1 for _ in tgt_rows)
             raise UserError(f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}: they must be parallel")
-        yield Pair(f"{name}:{i}", s[1], t[1])
+        yield Pair(f"{name}:{i}", s[1], t[1], numbered=True)
 
 
 def read_parallel_file(spec: str, src_lang: str = "src", tgt_lang: str = "tgt") -> Iterator[Pair]:
@@ -278,4 +282,5 @@ def _hf_pairs(rows, cfg: DataConfig, split_name: str) -> Iterator[Pair]:
             _pair_id(str(row[cfg.id_field]), f"{where} row {i}") if cfg.id_field else f"{split_name}:{i}",
             str(_field(row, cfg.src_field, f"{where} row {i}")),
             str(_field(row, cfg.tgt_field, f"{where} row {i}")),
+            numbered=not cfg.id_field,
         )
