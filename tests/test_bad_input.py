@@ -140,6 +140,19 @@ def test_hub_dataset_without_the_configured_fields(tmp_path):
     assert "field 'translation.es' not found" in result.stderr and "data.src_field" in result.stderr
 
 
+# t.tsv prepared as train, dev and test alike: every rule's drops counted on each
+PREPARE_T_AS_EVERY_SPLIT = (
+    "command=prepare",
+    "data=files",
+    "data.name=d",
+    "data.train=t.tsv",
+    "data.dev_fraction=0",
+    "data.test_fraction=0",
+    "data.dev=t.tsv",
+    "data.test=t.tsv",
+)
+
+
 def test_empty_overlong_and_duplicate_pairs_are_dropped_counted_and_reported(tmp_path):
     rows = [f"v{i}\tfrase número {i}\tsentence number {i}\n" for i in range(40)]
     rows += [
@@ -149,17 +162,7 @@ def test_empty_overlong_and_duplicate_pairs_are_dropped_counted_and_reported(tmp
         rows[0].replace("v0", "dup"),
     ]
     (tmp_path / "t.tsv").write_text("".join(rows), encoding="utf-8")
-    result = run_cli(
-        tmp_path,
-        "command=prepare",
-        "data=files",
-        "data.name=d",
-        "data.train=t.tsv",
-        "data.dev_fraction=0",
-        "data.test_fraction=0",
-        "data.dev=t.tsv",
-        "data.test=t.tsv",
-    )
+    result = run_cli(tmp_path, *PREPARE_T_AS_EVERY_SPLIT)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "data" / "d" / "prepare.json").read_text())
     assert report["dropped"]["train"] == {"empty": 2, "max_chars": 1, "duplicate": 1}
@@ -171,17 +174,7 @@ def test_a_lone_cr_and_a_byte_order_mark_lose_and_move_no_pair(tmp_path):
     rows = [f"v{i}\tfrase número {i}\tsentence number {i}\n" for i in range(30)]
     rows[5] = "v5\tfrase\rnúmero 5\tsentence number 5\n"  # a lone CR in a field: whitespace, as a tab in JSON
     (tmp_path / "t.tsv").write_bytes("".join(rows).encode("utf-8-sig"))
-    result = run_cli(
-        tmp_path,
-        "command=prepare",
-        "data=files",
-        "data.name=d",
-        "data.train=t.tsv",
-        "data.dev_fraction=0",
-        "data.test_fraction=0",
-        "data.dev=t.tsv",
-        "data.test=t.tsv",
-    )
+    result = run_cli(tmp_path, *PREPARE_T_AS_EVERY_SPLIT)
     assert result.returncode == 0, result.stderr[-2000:]
     with open(tmp_path / "data" / "d" / "train.tsv", "rb") as f:
         lines = f.read().decode("utf-8").split("\n")
