@@ -9,14 +9,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from app.config.choices import Checked, choice
+from app.config.ranges import check_rules
 from app.run.errors import UserError
-
-
-def check_rules(rules: dict[str, bool]) -> None:
-    """Each setting's rule (its message, naming the setting, its value and what it takes: whether it is broken);
-    the first one broken is the error."""
-    for rule in (rule for rule, broken in rules.items() if broken):
-        raise UserError(rule)
 
 
 @dataclass

@@ -26,8 +26,8 @@ from app.config.commands import (
     ServeConfig,
     TranslateConfig,
     VizConfig,
-    check_rules,
 )
+from app.config.ranges import check_model_ranges, check_rules
 from app.run.errors import UserError
 
 # A setting left unset (None) in the composed configuration and derived from the others in __post_init__: OmegaConf
@@ -224,30 +224,6 @@ class RNNConfig(Checked, section="model"):
         check_model_ranges(self, ("emb_dim", "hidden", "enc_layers", "dec_layers"))
         if self.attention == "none" and self.attention_dropout:
             raise UserError(f"model.attention_dropout={self.attention_dropout}: model.attention=none has no attention")
-
-
-MODEL_SIZES = {  # the sizes check_model_ranges checks, and what each counts
-    "d_model": "the width of every layer",
-    "heads": "attention heads",
-    "enc_layers": "encoder layers",
-    "dec_layers": "decoder layers",
-    "ff_dim": "the feed-forward's width",
-    "emb_dim": "the embeddings' width",
-    "hidden": "the RNN's state width",
-}
-
-
-def check_model_ranges(model: TransformerConfig | RNNConfig, sizes: tuple[str, ...]) -> None:
-    """A model's sizes (widths, heads, layers) at least 1, and each of its dropout probabilities in [0, 1)
-    (1 would drop every unit); an RNN's unset activation_dropout is model.dropout's."""
-    for name in sizes:
-        value = getattr(model, name)
-        if value < 1:
-            raise UserError(f"model.{name}={value} must be at least 1 ({MODEL_SIZES[name]})")
-    for name in ("dropout", "attention_dropout", "activation_dropout"):
-        value = getattr(model, name)
-        if value is not None and not 0 <= value < 1:
-            raise UserError(f"model.{name}={value} must be in [0, 1): a probability of dropping, 0 for none")
 
 
 MODEL_SCHEMAS = {"transformer": TransformerConfig, "rnn": RNNConfig}
