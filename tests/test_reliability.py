@@ -167,6 +167,10 @@ def test_resume_with_other_data_settings_names_them_before_touching_the_corpus(w
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "trained on other data settings: data.test_fraction=0.08 there, 0.2 here" in result.stderr, result.stderr
     assert prepared.stat().st_mtime_ns == before
+    # a starting point named on a resume would be recorded in its settings, and not be where it started
+    started = run_cli(workdir, "command=train", *RUN, *args[:3], "train.init_from=full")
+    assert started.returncode == 2
+    assert "train.init_from='full' here, None there: a resumed run goes on" in started.stderr, started.stderr
 
 
 def test_snapshots_rotate_and_average_into_a_loadable_checkpoint(workdir):

@@ -231,7 +231,8 @@ def check_same_corpus(cfg: Config, last_path: str) -> None:
     """A resumed run reads the corpus and tokenizer it was trained on: data.* and tokenizer.* as its last.pt
     records them, else a UserError naming what differs, before any data work (preparing data/<name> again with
     other settings would rewrite the folder every run of that corpus reads, and the resume would then fail on its
-    vocabulary). A last.pt that does not load is left to the resume to say so."""
+    vocabulary); a train.init_from given must be the one it started from. A last.pt that does not load is left to
+    the resume to say so."""
     try:
         recorded = load_checkpoint(last_path, mmap=True)["config"]
     except (UserError, KeyError):
@@ -247,4 +248,10 @@ def check_same_corpus(cfg: Config, last_path: str) -> None:
         raise UserError(
             f"{last_path}: trained on other data settings: {'; '.join(differ)}; resume with that run's, or train "
             "under another name="
+        )
+    started = recorded.get("train", {}).get("init_from")
+    if cfg.train.init_from and cfg.train.init_from != started:  # it would be recorded, and not be what was done
+        raise UserError(
+            f"{last_path}: train.init_from={cfg.train.init_from!r} here, {started!r} there: a resumed run goes on from "
+            "its last.pt; leave train.init_from out, or fine-tune under another name="
         )
