@@ -12,7 +12,7 @@ import time
 import pytest
 from conftest import REPO, run_cli, trained_tiny_run
 
-from app.decode.line_files import resume_point
+from app.decode.line_files import open_line_file, read_lines, resume_point, windows
 from app.run.errors import UserError
 
 pytestmark = pytest.mark.slow
@@ -193,6 +193,17 @@ def test_a_line_too_long_for_the_model_is_named_by_its_line_before_anything_is_t
     message = rf"error: {re.escape(where)} has \d{{4}} subword tokens; {limit}"
     assert re.fullmatch(message, result.stderr.strip()), result.stderr  # the one line, nothing translated
     assert not output.exists()
+
+
+@pytest.mark.parametrize("window", [1, 2, 5])
+def test_a_byte_order_mark_is_not_read_as_text(tmp_path, window):
+    """A BOM before the first line (a file saved by some editors) was read as part of its first word: translated,
+    scored, or a baseline's first hypothesis. From a later window on, nothing is cut."""
+    (tmp_path / "bom.txt").write_bytes("".join(line + "\n" for line in LINES[:3]).encode("utf-8-sig"))
+    marked = open_line_file(str(tmp_path / "bom.txt"), "translate.input", "translate", str(tmp_path))
+    assert [line for lines in windows(marked, window) for line in lines] == LINES[:3]
+    assert next(windows(marked, window, start=1))[0] == LINES[1]
+    assert read_lines(str(tmp_path / "bom.txt"), "eval.baseline", "compare against") == LINES[:3]
 
 
 @pytest.mark.parametrize("environment,expected", [({}, "128 128"), ({"LRU_CACHE_CAPACITY": "7"}, "7 128")])

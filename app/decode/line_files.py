@@ -10,6 +10,7 @@ finished file is the same, byte for byte (the windows are fixed by line number: 
 
 from __future__ import annotations
 
+import codecs
 import os
 import shutil
 import sys
@@ -78,10 +79,13 @@ def read_lines(path: Optional[str], setting: str, purpose: str) -> list[str]:
 
 
 def windows(file: LineFile, size: int, start: int = 0) -> Iterator[list[str]]:
-    """The lines of ``file`` from line ``start`` (0-based), ``size`` at a time, without their line ends."""
+    """The lines of ``file`` from line ``start`` (0-based), ``size`` at a time, without their line ends; a
+    byte-order mark before the first line dropped, as the corpus files' (app/data/text_files.py)."""
     with open(file.path, "rb") as source:
         rest = islice(source, start, None)
         while window := list(islice(rest, size)):
+            if start == 0:  # the file's first line is in this window
+                window[0], start = window[0].removeprefix(codecs.BOM_UTF8), -1
             yield [raw.decode("utf-8").rstrip("\r\n") for raw in window]
 
 
