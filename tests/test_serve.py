@@ -152,11 +152,16 @@ def counting_server():
     server.close()
 
 
-def raw(port: int, body: bytes | None, path="/translate", method="POST", content_type="application/json"):
-    """``body`` None: a request with no body and no Content-Type."""
+def raw(port: int, body: bytes | None, path="/translate", method="POST", content_type="application/json", chunk=0):
+    """``body`` None: a request with no body and no Content-Type; ``chunk``: the body sent in pieces of that many
+    bytes (Transfer-Encoding: chunked, no Content-Length)."""
     connection = __import__("http.client").client.HTTPConnection("127.0.0.1", port, timeout=30)
     headers = {} if body is None or content_type is None else {"Content-Type": content_type}
-    connection.request(method, path, body=body, headers=headers)
+    if chunk:
+        pieces = (body[i : i + chunk] for i in range(0, len(body), chunk))
+        connection.request(method, path, body=pieces, headers=headers, encode_chunked=True)
+    else:
+        connection.request(method, path, body=body, headers=headers)
     response = connection.getresponse()
     text = response.read().decode()
     connection.close()
@@ -339,6 +344,27 @@ def test_a_body_within_the_limits_is_read_however_json_escapes_its_text():
         assert status == 413 and json.loads(text)["error"].startswith("a body of 10000"), text
     finally:
         server.close()
+
+
+def test_a_body_sent_in_chunks_is_held_to_the_same_limit(counting_server):
+    """A body with no Content-Length is counted as it arrives: refused once past the limit (it had been read
+    whole, 10 MB, then refused for its unknown field), and read whole, as one, when within it."""
+    port, _ = counting_server
+    limit = LIMITS.max_lines * (2 * (12 * 50 + 16) + 20 * 50 + 16) + 65536  # max_body_bytes(LIMITS)
+    big = json.dumps({"text": "Hola", "pad": "y" * 10_000_000}).encode()
+    status, text = raw(port, big, chunk=65536)
+    assert (status, json.loads(text)) == (
+        413,
+        {
+            "error": f"a body of more than {limit} bytes (sent in chunks); at most {limit} (serve.max_lines x "
+            "serve.max_chars)"
+        },
+    )
+    body = json.dumps({"text": ["Hola", "mundo"], "beam_size": 2}).encode()
+    status, text = raw(port, body, chunk=7)
+    assert status == 200 and len(json.loads(text)["translations"]) == 2, text
+    assert raw(port, b'{"text": ' + b" " * (limit - 9), chunk=4096)[0] == 400  # at the limit: read, then parsed
+    assert raw(port, b'{"text": ' + b" " * (limit - 8), chunk=4096)[0] == 413  # a byte over
 
 
 def test_unknown_paths_and_methods_are_json_errors(counting_server):

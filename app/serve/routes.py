@@ -22,6 +22,7 @@ from app.config.commands import DecodeConfig, ServeConfig
 from app.report.explorer import attention_map_script
 from app.run.errors import UserError
 from app.serve.batcher import RequestBatcher
+from app.serve.body_limit import BodyLimit
 from app.serve.engine import Engine
 from app.serve.messages import RequestError, TranslateRequest, check_request, max_body_bytes
 from app.serve.refusals import unreadable_body, validation_message
@@ -73,12 +74,12 @@ def create_app(engine: Engine, limits: ServeConfig, defaults: DecodeConfig) -> F
     app.state.batcher, app.state.engine = batcher, engine
     max_body = max_body_bytes(limits)
 
-    @app.middleware("http")
-    async def body_limit(request: Request, call_next):
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > max_body:
-            return error(413, f"a body of {length} bytes; at most {max_body} (serve.max_lines x serve.max_chars)")
-        return await call_next(request)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=max_body,
+        refuse=lambda message: error(413, message),
+        hint=f"at most {max_body} (serve.max_lines x serve.max_chars)",
+    )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
