@@ -5,6 +5,7 @@ through the ``files`` source; the model is a 1+1-layer Transformer, so the whole
 about a minute on 2 CPU cores.
 """
 
+import importlib.util
 import json
 import os
 import re
@@ -243,6 +244,73 @@ def test_score_alignments_of_a_models_own_translations_are_the_links_it_translat
     assert refused.returncode == 2 and refused.stderr.strip() == (
         "error: score.alignments=true reads the checkpoint's attention: not with score.engine=ct2"
     )
+
+
+def test_bleu_counts_the_words_of_eval_bleu_tokenize(workdir):
+    """make eval's BLEU (corpus, buckets, each sentence's in the explorer) counts the words of the tokenizer asked
+    for, said in metrics.json and in the signature it prints."""
+    args = ("name=tiny", "device=cpu", "viz.self_attention=false", "eval.max_sentences=6", "eval.bleu_tokenize=char")
+    result = run_cli(workdir, "command=eval", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = workdir / "checkpoints" / "tiny" / "eval" / "test"
+    metrics = json.loads((out / "metrics.json").read_text())
+    hyps = (out / "hyp.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    refs = [line.split("\t")[2].rstrip("\n") for line in open(workdir / "data" / "tiny" / "test.tsv", encoding="utf-8")]
+    assert metrics["bleu_tokenize"] == "char" and "|tok:char|" in metrics["bleu_signature"]
+    assert metrics["bleu"] == pytest.approx(round(sacrebleu.corpus_bleu(hyps, [refs[:6]], tokenize="char").score, 2))
+    assert metrics["bleu"] != pytest.approx(round(sacrebleu.corpus_bleu(hyps, [refs[:6]]).score, 2))
+    assert "|tok:char|" in result.stdout
+
+
+def test_eval_of_a_test_set_of_ones_own_files(workdir):
+    """eval.source/eval.target: two plain files evaluated as a split is (scores, hyp.txt, the explorer), into
+    eval/<source's file name>/; the split's first pairs written as files translate and score as the split's do."""
+    rows = [line.rstrip("\n").split("\t") for line in open(workdir / "data" / "tiny" / "test.tsv", encoding="utf-8")]
+    (workdir / "mine.es").write_text("".join(r[1] + "\n" for r in rows[:6]), encoding="utf-8")
+    (workdir / "mine.en").write_text("".join(r[2] + "\n" for r in rows[:6]), encoding="utf-8")
+    common = ("name=tiny", "device=cpu", "viz.self_attention=false")
+    split = run_cli(workdir, "command=eval", *common, "eval.max_sentences=6")
+    assert split.returncode == 0, split.stderr[-3000:]
+    run = workdir / "checkpoints" / "tiny" / "eval"
+    of_split = json.loads((run / "test" / "metrics.json").read_text())
+    result = run_cli(workdir, "command=eval", *common, "eval.source=mine.es", "eval.target=mine.en")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "decoded 6 mine.es sentences in" in result.stdout
+    metrics = json.loads((run / "mine.es" / "metrics.json").read_text())
+    hyps = (run / "mine.es" / "hyp.txt").read_text(encoding="utf-8").splitlines()
+    assert (metrics["split"], metrics["sentences"], metrics["subset"]) == ("mine.es", 6, None)
+    assert hyps == (run / "test" / "hyp.txt").read_text(encoding="utf-8").splitlines()
+    assert (
+        metrics["bleu"]
+        == of_split["bleu"]
+        == pytest.approx(round(sacrebleu.corpus_bleu(hyps, [[r[2] for r in rows[:6]]]).score, 2))
+    )
+    assert (run / "mine.es" / "alignments.html").exists() and "mine.es" in (
+        run / "mine.es" / "alignments.html"
+    ).read_text()
+    (workdir / "short.en").write_text("".join(r[2] + "\n" for r in rows[:5]), encoding="utf-8")
+    (workdir / "test").write_text("Hola\n", encoding="utf-8")
+    for args, message in [
+        (("eval.source=mine.es", "eval.target=short.en"), "eval.source='mine.es' has 6 lines but eval.target="),
+        (("eval.source=mine.es",), "eval.source and eval.target go together: give both files, or neither"),
+        (("eval.source=test", "eval.target=test"), "eval.source='test': its files would go to eval/test/, where"),
+        (("eval.source=nothing.es", "eval.target=mine.en"), "eval.source='nothing.es': file not found"),
+    ]:
+        refused = run_cli(workdir, "command=eval", *common, *args)
+        assert refused.returncode == 2 and refused.stderr.startswith(f"error: {message}"), refused.stderr[-2000:]
+        assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_a_bleu_tokenizer_that_is_not_installed_stops_training_before_its_data(workdir):
+    if importlib.util.find_spec("MeCab") is not None:
+        pytest.skip("sacrebleu's Japanese extras are installed")
+    prepared = sorted(p.name for p in (workdir / "data").iterdir())
+    result = run_cli(workdir, "command=train", *TINY, "name=ja", "data.name=tiny_ja", "data.tgt_lang=ja")
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "error: eval.bleu_tokenize=ja-mecab (sacrebleu's choice for data.tgt_lang=ja) needs sacrebleu's ja extras: "
+        ".venv/bin/pip install 'sacrebleu[ja]', or set eval.bleu_tokenize=char"
+    )
+    assert sorted(p.name for p in (workdir / "data").iterdir()) == prepared  # no corpus made for it
 
 
 def test_an_ensemble_of_checkpoints_evaluates_and_translates_as_one_model(workdir):

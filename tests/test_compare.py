@@ -143,6 +143,23 @@ def test_runs_decoded_on_other_sentences_are_refused(tmp_path):
         load_runs(str(tmp_path))
 
 
+def test_runs_whose_bleu_counted_other_words_are_refused(tmp_path):
+    """BLEU of zh's words and of 13a's are different numbers: not one table (a run from before bleu_tokenize was
+    recorded counted 13a's)."""
+    write_run(tmp_path, "one", ["model=rnn_plain"], "2026-11-24T10:00:00", 20.0)
+    two = write_run(tmp_path, "two", ["model=rnn_bahdanau"], "2026-11-24T10:01:00", 30.0)
+    metrics = two / "eval" / "test" / "metrics.json"
+    metrics.write_text(json.dumps({**json.loads(metrics.read_text()), "bleu_tokenize": "13a"}))
+    assert [r["dir"] for r in load_runs(str(tmp_path))] == ["one", "two"]
+    metrics.write_text(json.dumps({**json.loads(metrics.read_text()), "bleu_tokenize": "zh"}))
+    with pytest.raises(UserError) as refused:
+        load_runs(str(tmp_path))
+    assert str(refused.value) == (
+        "two and one counted BLEU's words apart (eval.bleu_tokenize zh vs 13a): evaluate them with one "
+        "eval.bleu_tokenize"
+    )
+
+
 def test_a_resumed_run_whose_budget_is_spent_takes_no_step():
     rules = StopRules(TrainConfig(max_steps=100, max_minutes=1.0), world=1, device=torch.device("cpu"))
     assert rules.reached(5, rules.out_of_time(59.0)) is None

@@ -21,7 +21,7 @@ REFS = [
 
 
 def test_scores_match_sacrebleu():
-    result = score(HYPS, REFS)
+    result = score(HYPS, REFS, "13a")
     assert result["sentences"] == 4
     assert result["bleu"] == round(sacrebleu.corpus_bleu(HYPS, [REFS]).score, 2)
     assert result["chrf"] == round(sacrebleu.corpus_chrf(HYPS, [REFS]).score, 2)
@@ -30,20 +30,20 @@ def test_scores_match_sacrebleu():
 
 
 def test_perfect_and_disjoint_hypotheses():
-    assert score(REFS, REFS)["bleu"] == 100.0
-    assert score(REFS, REFS)["chrf"] == 100.0
-    assert score(REFS, REFS)["ter"] == 0.0
-    assert score(["xyz qqq"] * 4, REFS)["bleu"] == 0.0
+    assert score(REFS, REFS, "13a")["bleu"] == 100.0
+    assert score(REFS, REFS, "13a")["chrf"] == 100.0
+    assert score(REFS, REFS, "13a")["ter"] == 0.0
+    assert score(["xyz qqq"] * 4, REFS, "13a")["bleu"] == 0.0
 
 
 def test_scores_are_rounded_to_two_decimals():
-    result = score(HYPS, REFS)
+    result = score(HYPS, REFS, "13a")
     for name in ("bleu", "chrf", "ter"):
         assert result[name] == round(result[name], 2)
 
 
 def test_signatures():
-    result = score(HYPS, REFS)
+    result = score(HYPS, REFS, "13a")
     version = f"version:{sacrebleu.__version__}"
     for name in ("bleu", "chrf", "ter"):
         assert version in result[f"{name}_signature"]
@@ -52,44 +52,44 @@ def test_signatures():
 
 
 def test_without_ter():
-    result = score(HYPS, REFS, ter=False)
+    result = score(HYPS, REFS, "13a", ter=False)
     assert "ter" not in result and "ter_signature" not in result
-    assert result["bleu"] == score(HYPS, REFS)["bleu"]
+    assert result["bleu"] == score(HYPS, REFS, "13a")["bleu"]
 
 
 def test_count_mismatch_is_user_error():
     with pytest.raises(UserError, match="3 hypotheses against 4 references"):
-        score(HYPS[:3], REFS)
+        score(HYPS[:3], REFS, "13a")
 
 
 def test_bleu_by_source_length_buckets():
-    from app.evaluation.metrics import bleu_by_length
+    from app.evaluation.metrics import BleuStatistics, bleu_by_length
 
     sources = ["a b", "a b c d e", "one two three four five six seven eight nine ten eleven twelve"]
     hyps = ["the cat sat", "a dog ran off fast", "something else entirely here"]
     refs = ["the cat sat", "a dog ran away quickly", "nothing alike at all"]
-    buckets = bleu_by_length(hyps, refs, sources, [3, 10])
+    buckets = bleu_by_length(BleuStatistics(hyps, refs, "13a"), sources, [3, 10])
     assert [b["bucket"] for b in buckets] == ["0-3", "3-10", "10+"]
     assert [b["sentences"] for b in buckets] == [1, 1, 1]
     assert buckets[0]["bleu"] == pytest.approx(round(sacrebleu.corpus_bleu(hyps[:1], [refs[:1]]).score, 2))
     assert buckets[1]["bleu"] == pytest.approx(round(sacrebleu.corpus_bleu(hyps[1:2], [refs[1:2]]).score, 2))
-    empty = bleu_by_length(hyps, refs, sources, [100])
+    empty = bleu_by_length(BleuStatistics(hyps, refs, "13a"), sources, [100])
     assert empty[1] == {"bucket": "100+", "sentences": 0}
 
 
 def test_bleu_of_the_longest_tenth():
-    from app.evaluation.metrics import bleu_of_longest
+    from app.evaluation.metrics import BleuStatistics, bleu_of_longest
 
     # 11 sentences: ⌈1.1⌉ = 2 longest sources, the 8-word one and the earlier of the two 5-word ones
     sources = ["w " * n for n in (1, 5, 2, 8, 3, 5, 1, 2, 3, 1, 2)]
     refs = [f"the reference sentence number {i} is here" for i in range(11)]
     hyps = ["nothing in common"] * 11
     hyps[1], hyps[3] = refs[1], refs[3]
-    assert bleu_of_longest(hyps, refs, sources, 0.1) == (100.0, 2)
+    assert bleu_of_longest(BleuStatistics(hyps, refs, "13a"), sources, 0.1) == (100.0, 2)
     hyps = ["nothing in common"] * 11
     hyps[5] = refs[5]  # the later 5-word sentence is not among them
-    assert bleu_of_longest(hyps, refs, sources, 0.1) == (0.0, 2)
-    assert bleu_of_longest([], [], [], 0.1) == (None, 0)
+    assert bleu_of_longest(BleuStatistics(hyps, refs, "13a"), sources, 0.1) == (0.0, 2)
+    assert bleu_of_longest(BleuStatistics([], [], "13a"), [], 0.1) == (None, 0)
 
 
 def test_bleu_counted_once_gives_sacrebleus_numbers():
@@ -101,10 +101,10 @@ def test_bleu_counted_once_gives_sacrebleus_numbers():
 
     hyps, refs = HYPS * 3, REFS[1:] + REFS[:1] + REFS * 2  # some sentences far from their reference
     sources = ["a " * n for n in (3, 12, 25, 7, 40, 2, 18, 9, 31, 5, 14, 22)]
-    metrics, sentence = split_scores(hyps, refs, sources, [10, 20], ter=False)
+    metrics, sentence = split_scores(hyps, refs, sources, [10, 20], "13a", ter=False)
     assert "ter" not in metrics and metrics["sentences"] == 12
     assert metrics["bleu"] == round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
-    reference = score(hyps, refs, ter=False)
+    reference = score(hyps, refs, "13a", ter=False)
     assert (metrics["bleu_signature"], metrics["chrf_signature"]) == (
         reference["bleu_signature"],
         reference["chrf_signature"],
@@ -120,7 +120,7 @@ def test_bleu_counted_once_gives_sacrebleus_numbers():
     assert metrics["bleu_longest_10pct"] == round(
         sacrebleu.corpus_bleu([hyps[4], hyps[8]], [[refs[4], refs[8]]]).score, 2
     )
-    stats = BleuStatistics(hyps, refs)
+    stats = BleuStatistics(hyps, refs, "13a")
     assert stats.corpus([1, 2]) == sacrebleu.corpus_bleu(hyps[1:3], [refs[1:3]]).score
 
 
@@ -131,7 +131,7 @@ def test_ter_counted_in_parts_in_the_host_worker_is_sacrebleus_ter():
     from app.run.host_worker import host_worker, submit
 
     hyps, refs = HYPS + [REFS[1], "", "a b c"], REFS + [HYPS[1], "the end", ""]  # an empty hypothesis, reference
-    reference = score(hyps, refs)
+    reference = score(hyps, refs, "13a")
     expected = {"ter": reference["ter"], "ter_signature": reference["ter_signature"]}
     worker = host_worker(preload=("app.evaluation.metrics",))
     assert worker is not None
@@ -142,7 +142,7 @@ def test_ter_counted_in_parts_in_the_host_worker_is_sacrebleus_ter():
         assert (seconds > 0) == (cut > 0) and (shared_signature is None) == (cut == 0)
     assert not worker.broken  # the worker counted its shares
     assert ter_of_statistics(shared[:-1], expected["ter_signature"]) != expected  # a sentence fewer is not it
-    inline, _ = split_scores(hyps, refs, ["a b"] * len(hyps), [10])
+    inline, _ = split_scores(hyps, refs, ["a b"] * len(hyps), [10], "13a")
     assert (inline["ter"], inline["ter_signature"]) == (expected["ter"], expected["ter_signature"])
 
 
@@ -165,3 +165,51 @@ def test_a_look_at_the_first_sentences_is_not_the_splits_evaluation(tmp_path):
     assert not evaluated(cfg)
     metrics.write_text(json.dumps({"bleu": 1.0, "subset": None}))
     assert evaluated(cfg)
+
+
+def test_bleu_counts_the_words_of_the_target_languages_tokenizer():
+    """Unsegmented Chinese is one 13a word a sentence: a hypothesis a character off its reference scored BLEU 0.
+    Unset, eval.bleu_tokenize is sacrebleu's choice for data.tgt_lang (zh for Chinese, zh_CN too), and every BLEU
+    (corpus, buckets, sentences, the paired tests) counts its words."""
+    from app.evaluation.metrics import BleuStatistics, bleu_tokenizer, sentence_bleu, split_scores
+    from app.evaluation.significance import paired_significance
+
+    refs = ["我们今天去公园散步", "他昨天买了一本新书", "这个城市的冬天很冷"]
+    hyps = ["我们今天去公园走路", "他昨天买了一本新书", "这个城市的冬天非常冷"]
+    assert [bleu_tokenizer(None, lang) for lang in ("en", "es", "zh", "zh_CN", "zh-Hans")] == [
+        "13a",
+        "13a",
+        "zh",
+        "zh",
+        "zh",
+    ]
+    assert bleu_tokenizer("char", "zh") == "char" and bleu_tokenizer("intl", "en") == "intl"
+    assert score(hyps, refs, "13a")["bleu"] == round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
+    assert BleuStatistics(hyps[::2], refs[::2], "13a").corpus() == 0.0  # neither exact: no 13a word matches
+    zh = score(hyps, refs, "zh")
+    assert zh["bleu"] == round(sacrebleu.corpus_bleu(hyps, [refs], tokenize="zh").score, 2) and zh["bleu"] > 50
+    assert "tok:zh" in zh["bleu_signature"]
+    metrics, sentence = split_scores(hyps, refs, ["a b"] * 3, [10], "zh", ter=False)
+    assert (metrics["bleu"], metrics["bleu_tokenize"]) == (zh["bleu"], "zh") and "tok:zh" in metrics["bleu_signature"]
+    assert sentence == sentence_bleu(hyps, refs, "zh") and 0 < sentence[0] < 99 and sentence[1] == pytest.approx(100)
+    compared = paired_significance([("a", hyps), ("b", refs)], refs, "zh")
+    assert compared[0].scores["BLEU"]["score"] == zh["bleu"]
+
+
+def test_a_tokenizer_whose_extras_are_missing_is_one_line():
+    from app.evaluation.metrics import bleu_tokenizer
+
+    try:
+        import MeCab  # noqa: F401  (sacrebleu[ja]: then there is nothing to refuse)
+
+        pytest.skip("sacrebleu's Japanese extras are installed")
+    except ImportError:
+        pass
+    with pytest.raises(UserError) as chosen:
+        bleu_tokenizer(None, "ja")
+    assert str(chosen.value) == (
+        "eval.bleu_tokenize=ja-mecab (sacrebleu's choice for data.tgt_lang=ja) needs sacrebleu's ja extras: "
+        ".venv/bin/pip install 'sacrebleu[ja]', or set eval.bleu_tokenize=char"
+    )
+    with pytest.raises(UserError, match=r"^eval.bleu_tokenize=ko-mecab needs sacrebleu's ko extras: "):
+        bleu_tokenizer("ko-mecab", "en")

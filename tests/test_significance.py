@@ -43,7 +43,7 @@ def sacrebleu_cli(tmp_path, refs, hyps: dict, test: str) -> str:
 
 def test_the_p_values_and_intervals_are_sacrebleus_own(tmp_path, genesis_pairs):
     refs, baseline, worse = systems(genesis_pairs)
-    ours = paired_significance([("baseline", baseline), ("worse", worse)], refs)
+    ours = paired_significance([("baseline", baseline), ("worse", worse)], refs, "13a")
     boot = sacrebleu_cli(tmp_path, refs, {"baseline": baseline, "worse": worse}, "bs")
     # the CLI's table: "score (mean ± ci)" per system and metric, then "(p = ...)" under the compared system
     cells = re.findall(r"(\d+\.\d) \((\d+\.\d) ± (\d+\.\d)\)", boot)
@@ -60,15 +60,15 @@ def test_the_p_values_and_intervals_are_sacrebleus_own(tmp_path, genesis_pairs):
 
 def test_the_words_say_which_differences_are_significant(genesis_pairs):
     refs, baseline, worse = systems(genesis_pairs)
-    again = paired_significance([("base", baseline), ("worse", worse), ("same", list(baseline))], refs)
+    again = paired_significance([("base", baseline), ("worse", worse), ("same", list(baseline))], refs, "13a")
     lines = in_words(again)
     assert lines[0].startswith("worse: BLEU -") and "worse than base, significantly" in lines[0]
     assert lines[1].startswith("same: BLEU +0.00 (the same score as base: p = ")  # not called significant
     near = [b if i % 2 else w for i, (b, w) in enumerate(zip(baseline, worse))][:4] + baseline[4:]
-    lines = in_words(paired_significance([("base", baseline), ("near", near)], refs))
+    lines = in_words(paired_significance([("base", baseline), ("near", near)], refs, "13a"))
     assert "not significantly different from base" in lines[0]
     with pytest.raises(UserError, match="worse: 3 hypotheses for 80 references"):
-        paired_significance([("base", baseline), ("worse", worse[:3])], refs)
+        paired_significance([("base", baseline), ("worse", worse[:3])], refs, "13a")
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ serving, make bench, make compare, weight averaging and the figures (``viz``). S
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -80,6 +81,25 @@ class EvalConfig(Checked, section="eval"):
     # another system to test this one against (paired bootstrap and approximate randomization of BLEU and chrF):
     # a run (its eval/<split>/hyp.txt) or a hypothesis file, a line per sentence evaluated
     baseline: Optional[str] = None
+    # the words BLEU counts (sacrebleu's tokenize): unset, sacrebleu's choice for data.tgt_lang (zh for Chinese,
+    # ja-mecab for Japanese, ko-mecab for Korean: sacrebleu's extras; 13a otherwise); intl: 13a with Unicode
+    # punctuation split off; char: every character; none: text already tokenized. For validation and make eval alike.
+    bleu_tokenize: Optional[str] = choice(None, "13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "none")
+    # parallel text files, a sentence per line, evaluated instead of eval.split (a test set of your own: WMT's,
+    # FLORES'; eval.gold_align: their reference links); the files go to eval/<source's file name>/
+    source: Optional[str] = None
+    target: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (self.source is None) != (self.target is None):
+            raise UserError(
+                "eval.source and eval.target go together: give both files, or neither to evaluate eval.split"
+            )
+
+    def set_name(self) -> str:
+        """What is evaluated, and the folder eval/<it>/ its files go to: eval.split, or eval.source's file name."""
+        return os.path.basename(self.source) if self.source else self.split
 
 
 @dataclass

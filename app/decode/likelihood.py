@@ -17,7 +17,7 @@ from app.config.commands import ScoreConfig
 from app.config.schema import Config
 from app.data.corpus import load_split
 from app.decode.ensemble import ensemble_of
-from app.decode.line_files import read_lines
+from app.decode.line_files import read_parallel
 from app.decode.search import check_lengths
 from app.decode.trained import load_ct2, load_trained
 from app.decode.translate import word_links
@@ -75,18 +75,9 @@ def read_pairs(s: ScoreConfig) -> Optional[tuple[list[str], list[str]]]:
         raise UserError("score.engine=ct2 scores files: give score.source and score.target (a split: engine torch)")
     if s.engine == "ct2" and s.alignments:
         raise UserError("score.alignments=true reads the checkpoint's attention: not with score.engine=ct2")
-    if s.source is None:
+    if s.source is None or s.target is None:
         return None
-    texts = (
-        read_lines(s.source, "score.source", "score"),
-        read_lines(s.target, "score.target", "score"),
-    )
-    if len(texts[0]) != len(texts[1]):
-        raise UserError(
-            f"score.source={s.source!r} has {len(texts[0])} lines but score.target={s.target!r} has "
-            f"{len(texts[1])}: give one target line per source line"
-        )
-    return texts
+    return read_parallel(s.source, s.target, "score", "score")
 
 
 def load_scorer(cfg: Config) -> tuple:

@@ -78,6 +78,18 @@ def read_lines(path: Optional[str], setting: str, purpose: str) -> list[str]:
         return next(windows(file, file.lines))
 
 
+def read_parallel(source: str, target: str, section: str, purpose: str) -> tuple[list[str], list[str]]:
+    """The lines of the files ``source`` and ``target`` (the settings ``<section>.source`` and ``<section>.target``),
+    checked as ``read_lines`` checks them, as many of each: a pair a line."""
+    texts = read_lines(source, f"{section}.source", purpose), read_lines(target, f"{section}.target", purpose)
+    if len(texts[0]) != len(texts[1]):
+        raise UserError(
+            f"{section}.source={source!r} has {len(texts[0])} lines but {section}.target={target!r} has "
+            f"{len(texts[1])}: give one target line per source line"
+        )
+    return texts
+
+
 def windows(file: LineFile, size: int, start: int = 0) -> Iterator[list[str]]:
     """The lines of ``file`` from line ``start`` (0-based), ``size`` at a time, without their line ends; a
     byte-order mark before the first line dropped, as the corpus files' (app/data/text_files.py)."""

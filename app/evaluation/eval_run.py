@@ -1,5 +1,6 @@
 """``make eval``'s evaluation of a run: its checkpoint (or CTranslate2 export, or an ensemble) loaded, the split
-(or its first ``eval.max_sentences``) and its reference links read, and the one evaluation of a split
+or the pair of files ``eval.source``/``eval.target`` (or its first ``eval.max_sentences``) and its reference links
+read, and the one evaluation of a split
 (app/evaluation/split.py) asked for everything a person reads of it: app/report/evaluation_files.py writes it."""
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from app.data.links import check_within, read_pharaoh, reference_links
 from app.data.sources import SPLITS
 from app.decode.ct2_engine import CT2Translator
 from app.decode.ensemble import ensemble_of
-from app.decode.line_files import read_lines
-from app.decode.search import describe
+from app.decode.line_files import read_lines, read_parallel
+from app.decode.search import check_lengths, describe
 from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.evaluation.alignment import align_scope
+from app.evaluation.metrics import bleu_tokenizer
 from app.evaluation.significance import in_words, paired_significance
 from app.evaluation.split import Alignment, Asked, SplitResult, evaluate_split, with_ter
 from app.models import count_parameters, has_attention
@@ -77,26 +79,32 @@ class EvaluatedRun:
 
 
 def evaluated(cfg: Config) -> bool:
-    """Whether eval/<split>/metrics.json is newer than the checkpoint it would evaluate, and of the whole
-    split (an ``eval.max_sentences`` look at its first sentences is not its evaluation)."""
-    metrics = os.path.join(cfg.run_dir, "eval", cfg.eval.split, "metrics.json")
-    checkpoint = checkpoint_path(cfg.run_dir, cfg.eval.checkpoint)
-    if not all(map(os.path.exists, (metrics, checkpoint))) or os.path.getmtime(metrics) < os.path.getmtime(checkpoint):
+    """Whether eval/<split>/metrics.json is newer than the checkpoint it would evaluate (and than eval.source and
+    eval.target, where given), and of the whole split (an ``eval.max_sentences`` look at its first sentences is not
+    its evaluation)."""
+    metrics = os.path.join(cfg.run_dir, "eval", cfg.eval.set_name(), "metrics.json")
+    inputs = [checkpoint_path(cfg.run_dir, cfg.eval.checkpoint), *filter(None, (cfg.eval.source, cfg.eval.target))]
+    if not all(map(os.path.exists, (metrics, *inputs))) or os.path.getmtime(metrics) < max(
+        map(os.path.getmtime, inputs)
+    ):
         return False
     with open(metrics, encoding="utf-8") as f:
         return not json.load(f).get("subset")
 
 
 def evaluate_run(cfg: Config) -> EvaluatedRun:
-    """Decode ``eval.split`` (its first ``eval.max_sentences``) with the run's ``eval.checkpoint`` and evaluate
-    it; the TER share of the worker is collected when the writer calls ``result.finish()``."""
+    """Decode ``eval.split`` or the files ``eval.source``/``eval.target`` (their first ``eval.max_sentences``) with
+    the run's ``eval.checkpoint`` and evaluate it; the TER share of the worker is collected when the writer calls
+    ``result.finish()``."""
     check_settings(cfg)
     clock = Stopwatch()
     with clock("load"):
+        e = cfg.eval  # bad input fails before the model loads
+        texts = read_parallel(e.source, e.target, "eval", "evaluate") if e.source and e.target else None
         trained = load_trained(
             cfg.run_dir, cfg.eval.checkpoint, resolve_device(cfg.device), "eval.checkpoint", cfg.ensemble
         )
-        data = load_split(trained.config.data.dir, cfg.eval.split, trained.tokenizer)
+        data = evaluated_data(cfg, trained, texts)
         split_size, data = len(data), data.head(cfg.eval.max_sentences)
         ct2 = load_ct2(cfg, trained, "eval.engine") if cfg.eval.engine == "ct2" else None
         baseline = baseline_hypotheses(cfg, len(data))
@@ -110,6 +118,7 @@ def evaluate_run(cfg: Config) -> EvaluatedRun:
     own = cfg.viz.self_attention and cfg.eval.engine == "torch" and isinstance(trained.model, SelfAttending)
     forced = own or (alignment is not None and has_attention(trained.config.model))  # a teacher-forced pass
     asked = Asked(
+        bleu_tokenizer(cfg.eval.bleu_tokenize, trained.config.data.tgt_lang),
         scores="split",
         length_buckets=cfg.eval.length_buckets,
         ter_share=1.0 if forced else TER_WORKER_SHARE,  # all of TER in the worker beside a teacher-forced pass
@@ -141,8 +150,21 @@ def evaluate_run(cfg: Config) -> EvaluatedRun:
         run.metrics["self_attention_heads"] = {kind: heads.result() for kind, heads in result.heads.items()}
     if baseline is not None:
         with clock("significance"):
-            run.metrics["significance"] = against_baseline(cfg, baseline, result.texts, data.tgt_texts)
+            run.metrics["significance"] = against_baseline(
+                cfg, baseline, result.texts, data.tgt_texts, asked.bleu_tokenize
+            )
     return run
+
+
+def evaluated_data(cfg: Config, trained: TrainedModel, texts: Optional[tuple[list[str], list[str]]]) -> ParallelData:
+    """The pairs evaluated: ``texts``, the lines of eval.source and eval.target (numbered from 1, their ids),
+    tokenized and each within the model's positions; else the split eval.split of the run's corpus."""
+    if texts is None:
+        return load_split(trained.config.data.dir, cfg.eval.split, trained.tokenizer)
+    src, tgt = trained.tokenizer.encode_src(texts[0]), trained.tokenizer.encode_tgt(texts[1])
+    for side, ids in (("source", src), ("target", tgt)):
+        check_lengths(trained.max_positions, ids, f"eval.{side}={getattr(cfg.eval, side)!r}: line")
+    return ParallelData([str(n) for n in range(1, len(src) + 1)], texts[0], texts[1], src, tgt)
 
 
 def baseline_hypotheses(cfg: Config, sentences: int) -> Optional[tuple[str, list[str]]]:
@@ -151,7 +173,7 @@ def baseline_hypotheses(cfg: Config, sentences: int) -> Optional[tuple[str, list
     given = cfg.eval.baseline
     if not given:
         return None
-    path = given if os.path.isfile(given) else os.path.join(run_folder(given), "eval", cfg.eval.split, "hyp.txt")
+    path = given if os.path.isfile(given) else os.path.join(run_folder(given), "eval", cfg.eval.set_name(), "hyp.txt")
     if not os.path.isfile(path):
         raise UserError(f"eval.baseline={given}: {path} does not exist (give a hypothesis file or an evaluated run)")
     lines = read_lines(path, "eval.baseline", "compare against")
@@ -160,12 +182,14 @@ def baseline_hypotheses(cfg: Config, sentences: int) -> Optional[tuple[str, list
     return path, lines
 
 
-def against_baseline(cfg: Config, baseline: tuple[str, list[str]], texts: list[str], references: list[str]) -> dict:
-    """This evaluation's hypotheses tested against the baseline's on the same references: paired bootstrap and
-    approximate randomization (app/evaluation/significance.py)."""
+def against_baseline(
+    cfg: Config, baseline: tuple[str, list[str]], texts: list[str], references: list[str], tokenize: str
+) -> dict:
+    """This evaluation's hypotheses tested against the baseline's on the same references (BLEU of ``tokenize``'s
+    words): paired bootstrap and approximate randomization (app/evaluation/significance.py)."""
     path, lines = baseline
     baseline_name = required(cfg.eval.baseline, "eval.baseline")  # the baseline's name: set when compared
-    compared = paired_significance([(baseline_name, lines), (cfg.name, texts)], references)
+    compared = paired_significance([(baseline_name, lines), (cfg.name, texts)], references, tokenize)
     systems = [{"name": c.name, **c.scores} for c in compared]
     return {"baseline": path, "systems": systems, "in_words": in_words(compared)}
 
@@ -179,6 +203,11 @@ def subset_stats(sentences: int, split_size: int) -> dict:
 def check_settings(cfg: Config) -> None:
     if cfg.eval.split not in SPLITS:
         raise UserError(f"eval.split={cfg.eval.split!r} is not a split; the splits are {', '.join(SPLITS)}")
+    if cfg.eval.set_name() in SPLITS and cfg.eval.source:  # eval/<split>/ holds the split's evaluation
+        raise UserError(
+            f"eval.source={cfg.eval.source!r}: its files would go to eval/{cfg.eval.set_name()}/, where the "
+            f"{cfg.eval.set_name()} split's are: give the file another name"
+        )
     if cfg.eval.max_sentences < 0:
         raise UserError(f"eval.max_sentences={cfg.eval.max_sentences}: the first N sentences of the split, 0 for all")
 
@@ -188,10 +217,11 @@ def alignment_asked(cfg: Config, trained: TrainedModel, data: ParallelData, spli
     None). The method reported (app/evaluation/extraction.py: ``align.method``'s, with ``align.reverse``'s run for
     the symmetrized ones) is the best on dev where the corpus has dev links (and the gold is its own; dev cut as the
     split is), else the best on this split (said so: an optimistic choice)."""
-    gold_path = cfg.eval.gold_align or reference_links(trained.config.data.dir, cfg.eval.split)
+    own = None if cfg.eval.source else reference_links(trained.config.data.dir, cfg.eval.split)
+    gold_path = cfg.eval.gold_align or own
     if not gold_path:
         return None
-    tok, split = trained.tokenizer, cfg.eval.split
+    tok, split = trained.tokenizer, cfg.eval.set_name()
     asked = Alignment(
         links=first_lines(read_pharaoh(gold_path), split_size, len(data), gold_setting(cfg, gold_path)),
         scope=align_scope(cfg.eval.align_scope, gold_file=bool(cfg.eval.gold_align)),
@@ -246,7 +276,7 @@ def print_plan(
         what += [f"attention files, {plots} heatmap{'s' * (plots != 1)}, the explorer"]
     subset = f" (first {len(data)} of {split_size})" if len(data) < split_size else ""
     print(
-        f"decoded {len(data)} {cfg.eval.split} sentences{subset} in {clock.seconds['decode']:.1f} s; "
+        f"decoded {len(data)} {cfg.eval.set_name()} sentences{subset} in {clock.seconds['decode']:.1f} s; "
         f"now {', '.join(what)} and TensorBoard",
         flush=True,
     )
@@ -257,7 +287,7 @@ def decoding_stats(run: EvaluatedRun) -> dict:
     cfg, trained, ct2, hyps = run.cfg, run.trained, run.ct2, run.result.hypotheses
     seconds = run.clock.seconds["decode"]
     return {
-        "split": cfg.eval.split,
+        "split": cfg.eval.set_name(),
         "checkpoint": cfg.eval.checkpoint,
         "decoding": describe(cfg.decode),
         "decode_seconds": round(seconds, 2),

@@ -1,7 +1,9 @@
 """Scores with sacrebleu: corpus BLEU, chrF and TER, each with its signature; BLEU by source length and of
 the longest sources; sentence BLEU. A split's BLEU statistics are counted once and every BLEU above is
 summed from them (``BleuStatistics``); TER, slow pure Python, can be counted in parts (``ter_statistics``):
-a share in the host worker process while the caller does the rest."""
+a share in the host worker process while the caller does the rest. BLEU counts the words of one of sacrebleu's
+tokenizers (``bleu_tokenizer``: eval.bleu_tokenize, or sacrebleu's choice for the target language), named in its
+signature; chrF counts characters and TER whitespace words, as sacrebleu's defaults do."""
 
 from __future__ import annotations
 
@@ -19,10 +21,32 @@ def _check(hypotheses: list[str], references: list[str]) -> None:
         raise UserError(f"cannot score {len(hypotheses)} hypotheses against {len(references)} references")
 
 
-def score(hypotheses: list[str], references: list[str], ter: bool = True) -> dict:
+def bleu_tokenizer(setting: Optional[str], tgt_lang: str) -> str:
+    """The tokenizer whose words BLEU counts: ``setting`` (eval.bleu_tokenize), or, unset, the one sacrebleu's own
+    command line picks for the target language (``tgt_lang``, data.tgt_lang; zh_CN is zh): zh for Chinese,
+    ja-mecab for Japanese, ko-mecab for Korean, 13a otherwise. 13a splits at spaces and punctuation only, so a
+    sentence of unsegmented Chinese would be a single word, and BLEU 0 unless the hypothesis is the reference
+    exactly. A tokenizer whose extras are not installed is one line naming the setting."""
+    language = tgt_lang.replace("-", "_").split("_")[0].lower()
+    name = setting or getattr(BLEU, "_TOKENIZER_MAP", {}).get(language, BLEU.TOKENIZER_DEFAULT)
+    try:
+        BLEU(tokenize=name)
+    except RuntimeError:  # sacrebleu's message: its extras are missing
+        extra = name.split("-")[0]
+        why = "" if setting else f" (sacrebleu's choice for data.tgt_lang={tgt_lang})"
+        raise UserError(
+            f"eval.bleu_tokenize={name}{why} needs sacrebleu's {extra} extras: .venv/bin/pip install "
+            f"'sacrebleu[{extra}]', or set eval.bleu_tokenize=char"
+        ) from None
+    return name
+
+
+def score(hypotheses: list[str], references: list[str], tokenize: str, ter: bool = True) -> dict:
+    """Corpus BLEU (of ``tokenize``'s words), chrF and (``ter``) TER, each with its signature."""
     _check(hypotheses, references)
     metrics: dict[str, Any] = {"sentences": len(hypotheses)}
-    for name, metric in [("bleu", BLEU()), ("chrf", CHRF())] + ([("ter", TER())] if ter else []):
+    metrics_of = [("bleu", BLEU(tokenize=tokenize)), ("chrf", CHRF())] + ([("ter", TER())] if ter else [])
+    for name, metric in metrics_of:
         result = metric.corpus_score(hypotheses, [references])
         metrics[name] = round(result.score, 2)
         metrics[f"{name}_signature"] = str(metric.get_signature())
@@ -30,13 +54,13 @@ def score(hypotheses: list[str], references: list[str], ter: bool = True) -> dic
 
 
 class BleuStatistics:
-    """Each sentence's BLEU statistics (n-gram matches and lengths; sacrebleu's default tokenizer), counted
+    """Each sentence's BLEU statistics (n-gram matches and lengths of ``tokenize``'s words), counted
     once: corpus BLEU of any subset of the sentences and each sentence's BLEU are sums of them, the same
     numbers as sacrebleu's ``corpus_score`` and ``sentence_score`` of those sentences."""
 
-    def __init__(self, hypotheses: list[str], references: list[str]):
+    def __init__(self, hypotheses: list[str], references: list[str], tokenize: str):
         _check(hypotheses, references)
-        self.metric = BLEU()
+        self.metric, self.tokenize = BLEU(tokenize=tokenize), tokenize
         # sacrebleu's own per-sentence counting (what corpus_score sums)
         self.stats = self.metric._extract_corpus_statistics(hypotheses, [references])
 
@@ -46,21 +70,14 @@ class BleuStatistics:
 
     def sentences(self) -> list[float]:
         """Each sentence's BLEU with effective n-gram order (short sentences score too)."""
-        sentence = BLEU(effective_order=True)
+        sentence = BLEU(tokenize=self.tokenize, effective_order=True)
         return [sentence._compute_score_from_stats(stats).score for stats in self.stats]
 
 
-def bleu_by_length(
-    hypotheses: list[str],
-    references: list[str],
-    sources: list[str],
-    edges: list[int],
-    stats: Optional[BleuStatistics] = None,
-) -> list[dict]:
-    """Corpus BLEU of the sentences in each source-length bucket (whitespace words), as in Bahdanau
-    et al. 2014, Fig. 2. ``edges`` [10, 20] gives buckets 0-10, 10-20 and 20+ (lower bound inclusive).
-    ``stats``: the sentences' BleuStatistics, when already counted."""
-    stats = stats or BleuStatistics(hypotheses, references)
+def bleu_by_length(stats: BleuStatistics, sources: list[str], edges: list[int]) -> list[dict]:
+    """Corpus BLEU (of the sentences' ``stats``) of the sentences in each source-length bucket (whitespace words),
+    as in Bahdanau et al. 2014, Fig. 2. ``edges`` [10, 20] gives buckets 0-10, 10-20 and 20+ (lower bound
+    inclusive)."""
     lengths = [len(src.split()) for src in sources]
     buckets = []
     for low, high in zip([0, *edges], [*edges, None]):
@@ -75,46 +92,43 @@ def bleu_by_length(
     return buckets
 
 
-def bleu_of_longest(
-    hypotheses: list[str],
-    references: list[str],
-    sources: list[str],
-    fraction: float = 0.1,
-    stats: Optional[BleuStatistics] = None,
-) -> tuple[Optional[float], int]:
-    """Corpus BLEU of the ⌈fraction · N⌉ sentences with the longest sources (whitespace words; of equal
-    lengths, the earlier sentences), and their number: where position schemes that extrapolate differ."""
+def bleu_of_longest(stats: BleuStatistics, sources: list[str], fraction: float = 0.1) -> tuple[Optional[float], int]:
+    """Corpus BLEU (of the sentences' ``stats``) of the ⌈fraction · N⌉ sentences with the longest sources
+    (whitespace words; of equal lengths, the earlier sentences), and their number: where position schemes that
+    extrapolate differ."""
     n = math.ceil(fraction * len(sources))
     longest = sorted(range(len(sources)), key=lambda i: -len(sources[i].split()))[:n]
     if not longest:
         return None, 0
-    stats = stats or BleuStatistics(hypotheses, references)
     return round(stats.corpus(longest), 2), n
 
 
-def sentence_bleu(hypotheses: list[str], references: list[str]) -> list[float]:
+def sentence_bleu(hypotheses: list[str], references: list[str], tokenize: str) -> list[float]:
     """Each hypothesis's BLEU against its reference (effective n-gram order: short sentences score too)."""
-    return BleuStatistics(hypotheses, references).sentences()
+    return BleuStatistics(hypotheses, references, tokenize).sentences()
 
 
 def split_scores(
-    hypotheses: list[str], references: list[str], sources: list[str], length_buckets: list[int], ter: bool = True
+    hypotheses: list[str],
+    references: list[str],
+    sources: list[str],
+    length_buckets: list[int],
+    tokenize: str,
+    ter: bool = True,
 ) -> tuple[dict, list[float]]:
-    """What ``make eval`` reports of a split's translations: BLEU, chrF and (``ter``) TER with their
-    signatures, BLEU per source-length bucket (``length_buckets``: the edges) and BLEU of the longest 10 %;
-    and each sentence's BLEU. The BLEU statistics are counted once for all of them."""
-    stats = BleuStatistics(hypotheses, references)
+    """What ``make eval`` reports of a split's translations: BLEU (of ``tokenize``'s words), chrF and (``ter``) TER
+    with their signatures, BLEU per source-length bucket (``length_buckets``: the edges) and BLEU of the longest
+    10 %; and each sentence's BLEU. The BLEU statistics are counted once for all of them."""
+    stats = BleuStatistics(hypotheses, references, tokenize)
     metrics: dict[str, Any] = {"sentences": len(hypotheses), "bleu": round(stats.corpus(), 2)}
-    metrics["bleu_signature"] = str(stats.metric.get_signature())
+    metrics["bleu_signature"], metrics["bleu_tokenize"] = str(stats.metric.get_signature()), tokenize
     chrf = CHRF()
     metrics["chrf"] = round(chrf.corpus_score(hypotheses, [references]).score, 2)
     metrics["chrf_signature"] = str(chrf.get_signature())
     if ter:
         metrics.update(ter_score(hypotheses, references))
-    metrics["bleu_by_source_length"] = bleu_by_length(hypotheses, references, sources, length_buckets, stats)
-    metrics["bleu_longest_10pct"], metrics["longest_10pct_sentences"] = bleu_of_longest(
-        hypotheses, references, sources, 0.1, stats
-    )
+    metrics["bleu_by_source_length"] = bleu_by_length(stats, sources, length_buckets)
+    metrics["bleu_longest_10pct"], metrics["longest_10pct_sentences"] = bleu_of_longest(stats, sources)
     return metrics, stats.sentences()
 
 

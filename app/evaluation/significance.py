@@ -31,9 +31,11 @@ class Compared:
         return s["p_bootstrap"] is not None and max(s["p_bootstrap"], s["p_randomization"]) < ALPHA
 
 
-def paired_significance(systems: Sequence[tuple[str, Sequence[str]]], references: Sequence[str]) -> list[Compared]:
+def paired_significance(
+    systems: Sequence[tuple[str, Sequence[str]]], references: Sequence[str], tokenize: str
+) -> list[Compared]:
     """Every system of ``systems`` ((name, hypotheses); the first is the baseline) against the baseline, on
-    ``references``: each hypothesis list must have one line per reference."""
+    ``references``, BLEU counting ``tokenize``'s words: each hypothesis list must have one line per reference."""
     from sacrebleu.metrics import BLEU, CHRF
     from sacrebleu.significance import PairedTest, Result
 
@@ -46,7 +48,7 @@ def paired_significance(systems: Sequence[tuple[str, Sequence[str]]], references
     for test, samples in (("bs", BOOTSTRAP_SAMPLES), ("ar", RANDOMIZATION_TRIALS)):
         paired = PairedTest(
             [(name, list(hyps)) for name, hyps in systems],
-            {"bleu": BLEU(), "chrf": CHRF()},
+            {"bleu": BLEU(tokenize=tokenize), "chrf": CHRF()},
             [list(references)],
             test_type=test,
             n_samples=samples,

@@ -68,8 +68,10 @@ class Asked:
     (validation's TensorBoard sentences). ``keep`` and ``layer``: the views a record stores (eval.attention,
     viz.layer); ``references``: the reference's pieces in each record; ``links``: each record's word links
     (hyp.align). ``self_attention``: a Transformer's, into the records, with what each head does. ``loss``: the
-    teacher-forced loss and perplexity. ``on_records``: called with the records once they exist."""
+    teacher-forced loss and perplexity. ``on_records``: called with the records once they exist. ``bleu_tokenize``:
+    the words BLEU counts (app/evaluation/metrics.py's bleu_tokenizer)."""
 
+    bleu_tokenize: str
     scores: str = "corpus"
     length_buckets: Sequence[int] = (10, 20, 30, 40, 50)
     ter_share: float = 0.0
@@ -152,7 +154,7 @@ def evaluate_split(
     result = SplitResult(hyps, texts, data.tgt_texts, in_worker=worker is not None)
     with clock("score"):
         if asked.scores == "corpus":
-            result.pending = submit(worker, score, texts, data.tgt_texts, False)
+            result.pending = submit(worker, score, texts, data.tgt_texts, asked.bleu_tokenize, False)
         else:  # TER of a share of the sentences in the worker, on another core, while the rest is done here
             result.ter_from = round(asked.ter_share * len(texts)) if worker else 0
             cut = result.ter_from
@@ -162,7 +164,10 @@ def evaluate_split(
     if asked.scores == "split":
         with clock("score"):
             buckets = list(asked.length_buckets)
-            result.metrics, result.sentence_bleu = split_scores(texts, data.tgt_texts, data.src_texts, buckets, False)
+            tokenize = asked.bleu_tokenize
+            result.metrics, result.sentence_bleu = split_scores(
+                texts, data.tgt_texts, data.src_texts, buckets, tokenize, False
+            )
     records_of(result, model, data, tokenizer, search, asked, device, dtype, batch_tokens, clock)
     if asked.loss:
         with clock("forward"):

@@ -134,16 +134,16 @@ def eval_samples(data, texts: list[str], bleu: list[float], per_group: int = 5) 
 
 
 def log_eval(
-    cfg: Config, trained: Config, step: int, data, texts: list[str], bleu: list[float], records, metrics
+    cfg: Config, trained: Config, step: int, data, texts: list[str], bleu: list[float], records, metrics, split: str
 ) -> str:
     """``make eval`` (settings ``cfg``) of a run trained with ``trained`` into the run's TensorBoard:
-    scores as ``eval/<split>/...`` scalars, the alignment figures of ``viz.sentences`` readable sentences
-    (every layer's heads), a table of sample translations, and, for the test split, the scores in
-    HPARAMS. ``bleu``: each hypothesis's sentence BLEU; ``records``: the split's sentence records (none for a
-    model without attention). Returns the event folder."""
+    scores as ``eval/<split>/...`` scalars (``split``: what was evaluated), the alignment figures of
+    ``viz.sentences`` readable sentences (every layer's heads), a table of sample translations, and, for the test
+    split, the scores in HPARAMS. ``bleu``: each hypothesis's sentence BLEU; ``records``: the split's sentence
+    records (none for a model without attention). Returns the event folder."""
     from torch.utils.tensorboard import SummaryWriter
 
-    tb, split = os.path.join(cfg.run_dir, "tb"), cfg.eval.split
+    tb = os.path.join(cfg.run_dir, "tb")
     with SummaryWriter(tb) as writer:
         for key in ("bleu", "chrf", "ter"):
             writer.add_scalar(f"eval/{split}/{key}", metrics[key], step)

@@ -76,8 +76,15 @@ def load_runs(sweep_dir: str, split: str = "test") -> list[dict]:
 IDENTITY_FREE = ("command=", "train.resume=", "train.auto_resume=")
 
 
+def bleu_tokenize(run: dict) -> str:
+    """The words a run's BLEU counted (metrics.json's bleu_tokenize; 13a, sacrebleu's default, before it was
+    recorded)."""
+    return run["metrics"].get("bleu_tokenize", "13a")
+
+
 def check_same_test_set(runs: list[dict], split: str) -> None:
-    """The rows compare only if every run decoded the same sentences, bucketed alike."""
+    """The rows compare only if every run decoded the same sentences, bucketed alike, and counted BLEU's words
+    alike."""
 
     def shape(r):
         return r["metrics"]["sentences"], [(b["bucket"], b["sentences"]) for b in r["metrics"]["bleu_by_source_length"]]
@@ -88,6 +95,11 @@ def check_same_test_set(runs: list[dict], split: str) -> None:
             raise UserError(
                 f"{r['dir']} and {first['dir']} were evaluated on different {split} sentences or length buckets "
                 f"({shape(r)[0]} vs {shape(first)[0]} sentences): evaluate them alike, or compare them apart"
+            )
+        if bleu_tokenize(r) != bleu_tokenize(first):
+            raise UserError(
+                f"{r['dir']} and {first['dir']} counted BLEU's words apart (eval.bleu_tokenize {bleu_tokenize(r)} vs "
+                f"{bleu_tokenize(first)}): evaluate them with one eval.bleu_tokenize"
             )
 
 
@@ -259,7 +271,7 @@ def significance_section(runs: list[dict], split: str, baseline: str | None) -> 
             f"\n## Significance\n\nNot tested: {without} kept no hypotheses or settings (evaluated before they were).\n"
         )
     systems = [(runs[i]["label"], run_hypotheses(runs[i], split)) for i in order]
-    compared = paired_significance(systems, run_references(runs[order[0]], split))
+    compared = paired_significance(systems, run_references(runs[order[0]], split), bleu_tokenize(runs[order[0]]))
     head = "| run | BLEU (95 % CI) | p bootstrap, randomization | chrF (95 % CI) | p bootstrap, randomization |\n"
     rows = "".join(f"| {c.name} | {cells(c)} |\n" for c in compared)
     words = "".join(f"- {line}\n" for line in in_words(compared))

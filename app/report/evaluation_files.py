@@ -4,7 +4,6 @@ explorer, TensorBoard, and the report on the console, which says where the comma
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -34,7 +33,7 @@ def write_evaluation(run: EvaluatedRun) -> dict:
     """Every file of ``eval/<split>/``, TensorBoard's records, and the report; returns metrics.json's content."""
     cfg, result, clock, data = run.cfg, run.result, run.clock, run.data
     bleu = required(result.sentence_bleu, "sentence BLEU")  # make eval scores the split
-    out_dir = os.path.join(cfg.run_dir, "eval", cfg.eval.split)
+    out_dir = os.path.join(cfg.run_dir, "eval", cfg.eval.set_name())
     with clock("files"):
         atomic_write_text(os.path.join(out_dir, "hyp.txt"), "".join(t + "\n" for t in result.texts))
         if result.records:  # hyp.align: per hypothesis, its word links read from the attention that wrote it
@@ -49,14 +48,13 @@ def write_evaluation(run: EvaluatedRun) -> dict:
             explored = evaluation_records(data, result.records, result.texts, bleu, result.forced, run.links)
             explored = tqdm(explored, "explorer", len(data), leave=False, unit="sentence")
             metrics = run.metrics
-            title = f"{cfg.name}: {cfg.eval.split}" + (f" ({metrics['subset']})" if metrics["subset"] else "")
+            title = f"{cfg.name}: {cfg.eval.set_name()}" + (f" ({metrics['subset']})" if metrics["subset"] else "")
             path = os.path.join(out_dir, "alignments.html")
             write_explorer(path, explored, title, explorer_meta(run), cfg.viz.layer, cfg.eval.attention)
     metrics = run.finish()  # TER of the other sentences here, then the worker's share, if it is not there yet
     with clock("tensorboard"):
-        tb_cfg = tensorboard_config(cfg, metrics)
-        trained = run.trained
-        tb = log_eval(tb_cfg, trained.config, trained.step, data, result.texts, bleu, result.records, metrics)
+        trained, name = run.trained, tensorboard_name(cfg, metrics)
+        tb = log_eval(cfg, trained.config, trained.step, data, result.texts, bleu, result.records, metrics, name)
     metrics["seconds"] = clock.rounded()
     if result.in_worker:  # its share of TER, alongside the stages above, on another core
         metrics.update(ter_worker_share=round(result.ter_from / len(result.texts), 3))
@@ -66,13 +64,11 @@ def write_evaluation(run: EvaluatedRun) -> dict:
     return metrics
 
 
-def tensorboard_config(cfg: Config, metrics: dict) -> Config:
-    """The settings TensorBoard files the evaluation under: a subset's scores go to ``eval/<split>_first<N>/``,
-    not the split's tags, and are not the test split's HPARAMS (log_eval writes those for split "test")."""
-    if not metrics["subset"]:
-        return cfg
-    split = f"{cfg.eval.split}_first{metrics['sentences']}"
-    return dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, split=split))
+def tensorboard_name(cfg: Config, metrics: dict) -> str:
+    """What TensorBoard files the evaluation under: a subset's scores go to ``eval/<split>_first<N>/``, not the
+    split's tags, and are not the test split's HPARAMS (log_eval writes those for split "test")."""
+    name = cfg.eval.set_name()
+    return f"{name}_first{metrics['sentences']}" if metrics["subset"] else name
 
 
 def print_report(run: EvaluatedRun, metrics: dict, out_dir: str, tb: str) -> None:
@@ -136,7 +132,7 @@ def explorer_meta(run: EvaluatedRun) -> dict:
         "run": cfg.name,
         "model": run.model_name(),
         "checkpoint": run.checkpoint_name("{checkpoint} (step {step})"),
-        "split": cfg.eval.split,
+        "split": cfg.eval.set_name(),
         "sentences": metrics["subset"] or metrics["sentences"],
         "decoding": metrics["decoding"],
         "BLEU": f"{metrics['bleu']:.2f}",

@@ -21,7 +21,7 @@ from app.data.corpus import ParallelData
 from app.data.tokenizer import Tokenizer
 from app.decode.passes import decode_corpus
 from app.evaluation.alignment import align_scope
-from app.evaluation.metrics import score, sentence_bleu
+from app.evaluation.metrics import bleu_tokenizer, score, sentence_bleu
 from app.evaluation.split import Alignment, Asked, evaluate_split, teacher_forced_loss
 from app.report.board import alignment_figures, sample_table, tensorboard_sentences, write_pngs
 from app.report.plots import draw_pngs
@@ -73,7 +73,9 @@ def validate(
     )
     chosen = tensorboard_sentences(dev.src, min(cfg.viz.sentences, len(dev)))
     scope = align_scope(cfg.eval.align_scope, gold_file=False)  # the corpus's own links, as make eval scores them
+    tokenize = bleu_tokenizer(cfg.eval.bleu_tokenize, cfg.data.tgt_lang)
     asked = Asked(
+        tokenize,
         scores="corpus",
         records=chosen,
         layer=cfg.viz.layer,
@@ -95,7 +97,8 @@ def validate(
     if result.samples is not None:
         texts, refs = tokenizer.decode_tgt(result.samples.tokens), [dev.tgt_texts[i] for i in chosen]
         ids, sources = [dev.ids[i] for i in chosen], [dev.src_texts[i] for i in chosen]
-        writer.add_text("dev/samples", sample_table(ids, sources, refs, texts, sentence_bleu(texts, refs)), step)
+        table = sample_table(ids, sources, refs, texts, sentence_bleu(texts, refs, tokenize))
+        writer.add_text("dev/samples", table, step)
         write_pngs(writer, pngs, step)
         if result.attention is not None:
             shape = result.attention
