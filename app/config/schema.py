@@ -243,6 +243,9 @@ class TrainConfig(Checked, section="train"):
     tokens_per_update: int = 0  # if set: accum_steps = this / (batch_tokens × ranks), constant across NPROC
     lr: float = 1e-3
     warmup_steps: int = 1000
+    # after the warm-up: ∝ 1/√step (Vaswani et al.), cosine or linear decay over train.max_steps to lr × lr_floor
+    lr_schedule: str = choice("inverse_sqrt", "cosine", "linear", "constant")
+    lr_floor: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     weight_decay: float = 0.0
     clip_norm: float = 1.0
@@ -324,6 +327,9 @@ class TrainConfig(Checked, section="train"):
             ),
             f"train.lr={self.lr} must be > 0: the peak learning rate": not self.lr > 0,
             f"train.warmup_steps={self.warmup_steps} must be >= 0 (0: no warm-up)": self.warmup_steps < 0,
+            f"train.lr_floor={self.lr_floor} must be in [0, 1]: where a decay ends, × train.lr": not 0
+            <= self.lr_floor
+            <= 1,
             f"train.adam_betas={betas}: each must be in [0, 1)": not all(0 <= beta < 1 for beta in betas),
             f"train.weight_decay={self.weight_decay} must be >= 0 (0: none)": not self.weight_decay >= 0,
             f"train.clip_norm={self.clip_norm} must be > 0: every update's gradient is clipped to this norm": not (

@@ -21,6 +21,7 @@ from app.config.schema import Config, TrainConfig
 from app.models import count_parameters
 from app.run.files import atomic_write_text
 from app.train.stop_rules import abortable
+from app.train.update import learning_rate_factor
 from app.train.validation import sampled_seconds
 
 log = logging.getLogger(__name__)
@@ -164,11 +165,24 @@ def short_budget(
     )
 
 
+def decay_beyond_budget(t: TrainConfig, end: int) -> Optional[str]:
+    """Where train.lr_schedule decays over train.max_steps and the time budget ends well before (near step
+    ``end``), the warning to give at once: the learning rate would still be high where the run stops."""
+    if t.lr_schedule not in ("cosine", "linear") or not t.max_minutes or end >= 0.9 * t.max_steps:
+        return None
+    return (
+        f"train.lr_schedule={t.lr_schedule} decays over train.max_steps={t.max_steps}, but train.max_minutes="
+        f"{t.max_minutes:g} ends near step {end}: the learning rate would still be "
+        f"{learning_rate_factor(t)(end):.0%} of train.lr there; train.max_steps={end} decays within the budget"
+    )
+
+
 def first_estimate(trainer, seconds_per_step: float) -> None:
     """Once an app.train.trainer.Trainer has timed its first steps (on rank 0). On a time budget with validations,
     where none has run yet, the closing validation's time is measured on a sample of dev first
     (app/train/validation.py ``sampled_seconds``), so that the budget keeps it; then what the budget means at the
-    measured speed on the console, and a warning where it ends before the warm-up does."""
+    measured speed on the console, and a warning where it ends before the warm-up does, or well before a decaying
+    schedule ends."""
     cfg, p = trainer.cfg, trainer.progress
     t = cfg.train
     if t.max_minutes and t.eval_every > 0 and not p.last_validation_seconds:
@@ -183,8 +197,9 @@ def first_estimate(trainer, seconds_per_step: float) -> None:
     tqdm.write(duration_hint(cfg, trainer.device, trainer.model, p.step, seconds_per_step, left))
     if left is not None:
         warning = short_budget(t, p.step, seconds_per_step, left, trainer.closing_reserve(), trainer.elapsed())
-        if warning:
-            log.warning(warning)
+        for line in (warning, decay_beyond_budget(t, reach(p.step, seconds_per_step, left))):
+            if line:
+                log.warning(line)
 
 
 class CompileWatch:

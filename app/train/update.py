@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, Optional, Protocol, Union, cast
 
 import torch
 
-from app.config.schema import CUDA_GRAPH_MODES, Config
+from app.config.schema import CUDA_GRAPH_MODES, Config, TrainConfig
 from app.models import sequence_loss
 from app.models.rnn import RNNSeq2Seq
 from app.models.transformer import Transformer
@@ -24,17 +24,39 @@ from app.train.master_weights import MasterWeights
 log = logging.getLogger(__name__)
 
 
-def inverse_sqrt(warmup: int) -> Callable[[int], float]:
-    """Linear warmup to the peak rate, then decay ∝ 1/√step (Vaswani et al. 2017, eq. 3, rescaled)."""
-    warmup = max(warmup, 1)
-    return lambda step: min((step + 1) / warmup, math.sqrt(warmup / (step + 1)))
+def learning_rate_factor(t: TrainConfig) -> Callable[[int], float]:
+    """The learning rate of update ``step`` (0-based), as a fraction of train.lr: a linear warm-up to 1 over
+    train.warmup_steps, then train.lr_schedule's
+
+    - inverse_sqrt: √(warmup / step) (Vaswani et al. 2017, eq. 3, rescaled to peak at 1; no end);
+    - cosine:       f + (1 - f) · ½ (1 + cos(π p)) (Loshchilov & Hutter 2017, without restarts);
+    - linear:       f + (1 - f) · (1 - p);
+    - constant:     1,
+
+    where p ∈ [0, 1] is how far the run is from the warm-up's end to train.max_steps and f is train.lr_floor."""
+    warmup, end, floor = max(t.warmup_steps, 1), t.max_steps, t.lr_floor
+    decays = {
+        "inverse_sqrt": lambda n, p: math.sqrt(warmup / n),
+        "cosine": lambda n, p: floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * p)),
+        "linear": lambda n, p: floor + (1 - floor) * (1 - p),
+        "constant": lambda n, p: 1.0,
+    }
+    decay = decays[t.lr_schedule]
+
+    def factor(step: int) -> float:
+        n = step + 1
+        if n < warmup:
+            return n / warmup
+        return decay(n, min(max((n - warmup) / max(end - warmup, 1), 0.0), 1.0))
+
+    return factor
 
 
 def make_optimizer(
     model: torch.nn.Module, cfg: Config
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW (fused: one kernel for all parameters, which can skip an update on the device) with the
-    inverse square root schedule."""
+    """AdamW (fused: one kernel for all parameters, which can skip an update on the device) with train.lr_schedule
+    (``learning_rate_factor``)."""
     beta1, beta2 = cfg.train.adam_betas  # two (TrainConfig checks)
     optimizer = torch.optim.AdamW(
         model.parameters(),
@@ -43,7 +65,7 @@ def make_optimizer(
         weight_decay=cfg.train.weight_decay,
         fused=cfg.train.fused_optimizer,
     )
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt(cfg.train.warmup_steps))
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_factor(cfg.train))
 
 
 def compiled_for_training(module: torch.nn.Module, cfg: Config) -> torch.nn.Module:

@@ -1,0 +1,80 @@
+"""The learning-rate schedules (train.lr_schedule): known values at the warm-up, the middle and the end of each
+decay; the same rates through torch's LambdaLR on the optimizer training builds; the warning where a time budget
+ends long before a decay does; a CLI run whose last rate is train.lr × train.lr_floor."""
+
+import math
+
+import pytest
+import torch
+from conftest import TINY, run_cli
+
+from app.config.schema import Config, TrainConfig
+from app.run.errors import UserError
+from app.train.summary import decay_beyond_budget
+from app.train.update import learning_rate_factor, make_optimizer
+
+
+def rates(schedule: str, steps, floor: float = 0.1) -> list[float]:
+    factor = learning_rate_factor(TrainConfig(warmup_steps=10, max_steps=110, lr_schedule=schedule, lr_floor=floor))
+    return [factor(step - 1) for step in steps]  # update n is step n - 1 of LambdaLR's count
+
+
+@pytest.mark.parametrize("schedule", ["inverse_sqrt", "cosine", "linear", "constant"])
+def test_every_schedule_warms_up_linearly_to_the_peak(schedule):
+    assert rates(schedule, [1, 5, 10]) == pytest.approx([0.1, 0.5, 1.0])
+
+
+def test_the_decays_at_known_points():
+    # p: how far from the warm-up's end (update 10) to train.max_steps (110); f = 0.1
+    assert rates("cosine", [35, 60, 85, 110, 500]) == pytest.approx(
+        [0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)) for p in (0.25, 0.5, 0.75, 1.0, 1.0)]
+    )
+    assert rates("cosine", [60])[0] == pytest.approx(0.55)
+    assert rates("linear", [35, 60, 110, 500]) == pytest.approx([0.775, 0.55, 0.1, 0.1])
+    assert rates("linear", [110], floor=0.0) == [0.0]
+    assert rates("constant", [11, 110, 10_000]) == [1.0, 1.0, 1.0]
+    # Vaswani et al.'s, rescaled to peak at 1, as before the setting existed: min(n / w, √(w / n))
+    steps = [1, 3, 9, 10, 11, 40, 110, 10_000]
+    assert rates("inverse_sqrt", steps) == [min(n / 10, math.sqrt(10 / n)) for n in steps]
+
+
+def test_the_optimizer_training_builds_follows_the_schedule():
+    model = torch.nn.Linear(4, 4)
+    cfg = Config(train=TrainConfig(lr=2e-3, warmup_steps=4, max_steps=12, lr_schedule="linear", lr_floor=0.25))
+    optimizer, scheduler = make_optimizer(model, cfg)
+    seen = []
+    for _ in range(14):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    expected = [2e-3 * n / 4 for n in (1, 2, 3)] + [2e-3 * (0.25 + 0.75 * (1 - (n - 4) / 8)) for n in range(4, 13)]
+    assert seen == pytest.approx(expected + [2e-3 * 0.25] * 2)
+
+
+def test_a_floor_outside_zero_to_one_is_refused():
+    with pytest.raises(UserError, match=r"^train.lr_floor=1.5 must be in \[0, 1\]: where a decay ends, × train.lr$"):
+        TrainConfig(lr_floor=1.5)
+
+
+def test_a_budget_that_ends_long_before_the_decay_is_a_warning():
+    t = TrainConfig(max_minutes=7, max_steps=100_000, warmup_steps=1000, lr_schedule="cosine")
+    assert decay_beyond_budget(t, 12_000) == (
+        "train.lr_schedule=cosine decays over train.max_steps=100000, but train.max_minutes=7 ends near step 12000: "
+        "the learning rate would still be 97% of train.lr there; train.max_steps=12000 decays within the budget"
+    )
+    assert decay_beyond_budget(TrainConfig(max_minutes=7, max_steps=13_000, lr_schedule="cosine"), 12_000) is None
+    assert decay_beyond_budget(TrainConfig(max_minutes=0, lr_schedule="linear"), 12_000) is None  # no budget
+    assert decay_beyond_budget(TrainConfig(max_minutes=7), 12_000) is None  # inverse_sqrt: it has no end
+
+
+@pytest.mark.slow
+def test_a_run_ends_its_linear_decay_at_the_floor(tmp_path, corpus_tsv):
+    import shutil
+
+    shutil.copy(corpus_tsv, tmp_path / "corpus.tsv")
+    args = ("train.max_steps=30", "train.lr=2e-3", "train.lr_schedule=linear", "train.lr_floor=0.1", "name=linear")
+    result = run_cli(tmp_path, "command=train", *[a for a in TINY if not a.startswith("name=")], *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = torch.load(tmp_path / "checkpoints" / "linear" / "last.pt", weights_only=True)
+    assert state["progress"]["step"] == 30
+    assert state["scheduler"]["_last_lr"] == pytest.approx([2e-3 * 0.1])
