@@ -253,7 +253,9 @@ class TrainConfig(Checked, section="train"):
     eval_every: int = 500
     save_every: int = 500
     log_every: int = 100
-    patience: int = 10  # validations without a better dev BLEU before stopping; 0 = never
+    patience: int = 10  # validations without a better dev score (train.best_metric) before stopping; 0 = never
+    # the dev score best.pt, early stopping, train.keep_best and average_from=best follow (loss: lower is better)
+    best_metric: str = choice("bleu", "chrf", "loss")
     resume: bool = False
     # fine-tune from another run's weights and tokenizer (a run name, a run folder, a .pt file), afresh otherwise
     init_from: Optional[str] = None

@@ -217,7 +217,8 @@ def rotate_snapshots(run_dir: str, keep_last: int, keep_best: int, validations: 
 
 
 def best_steps(validations: list[list[float]], n: int) -> set[int]:
-    """The steps of the ``n`` best validations ([step, dev BLEU] pairs; the earlier step on ties)."""
+    """The steps of the ``n`` best validations ([step, score] pairs, higher better: app/train/state.py's
+    ranking_score; the earlier step on ties)."""
     ranked = sorted(validations, key=lambda v: (-v[1], v[0]))
     return {int(step) for step, _ in ranked[:n]}
 

@@ -22,7 +22,7 @@ from typing import Optional
 from app.config.schema import TrainConfig
 from app.run import distributed
 from app.run.checkpoint import average_files, best_steps, save_checkpoint, snapshot_name, snapshot_steps
-from app.train.state import Progress
+from app.train.state import BEST_METRICS, Progress, ranking_score
 from app.train.validation import validate
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def average_at_end(trainer) -> Optional[dict]:
     loaded = time.perf_counter() - start
     d = trainer.data
     writer = distributed.writer(os.path.join(run_dir, "tb", "averaged"))  # its own curve beside the run's
-    scratch = Progress(step=p.step, best_bleu=math.inf)  # compared below, not against the run's validations
+    scratch = Progress(step=p.step, best_score=math.inf)  # compared below, not against the run's validations
     log.info(
         "closing average: %d snapshots (%s, train.average_from=%s)",
         len(steps),
@@ -96,7 +96,8 @@ def average_at_end(trainer) -> Optional[dict]:
     )
     metrics = validate(model, d.dev, d.dev_links, d.tokenizer, trainer.cfg, writer, scratch)
     writer.close()
-    gain = metrics["bleu"] - p.best_bleu
+    metric = t.best_metric
+    gain = ranking_score(metrics, metric) - p.best_score  # in the metric's units; for the loss, how much lower
     kept = "average" if gain > 0 else "best single"
     trainer.checkpoints.submit(save_checkpoint, os.path.join(run_dir, "averaged.pt"), average)
     if kept == "average":
@@ -109,21 +110,28 @@ def average_at_end(trainer) -> Optional[dict]:
         "best_single_dev_bleu": p.best_bleu,
         "best_single_step": p.best_step,
         "kept": kept,
-        "gain": round(gain, 2),
+        "metric": metric,
+        "gain": round(gain, 4 if metric == "loss" else 2),
         "seconds": round(time.perf_counter() - start, 2),
         "disk_seconds": round(loaded, 2),
     }
-    single = f"the best single weights (step {p.best_step}, dev BLEU {p.best_bleu:.2f})"
+    name, sign = BEST_METRICS[metric], -1 if metric == "loss" else 1
+    single = f"the best single weights (step {p.best_step}, dev {name} {sign * p.best_score:.2f})"
     if kept == "average":
         log.info(
-            "best.pt: the average of %d snapshots (dev BLEU %.2f), %+.2f over %s",
+            "best.pt: the average of %d snapshots (dev %s %.2f), %+.2f over %s",
             len(steps),
-            metrics["bleu"],
-            gain,
+            name,
+            metrics[metric],
+            sign * gain,
             single,
         )
     else:
         log.info(
-            "best.pt: %s; the average of %d snapshots scored %.2f (%+.2f)", single, len(steps), metrics["bleu"], gain
+            "best.pt: %s; the average of %d snapshots scored %.2f (%+.2f)",
+            single,
+            len(steps),
+            metrics[metric],
+            sign * gain,
         )
     return summary

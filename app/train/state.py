@@ -12,6 +12,7 @@ to their device through ``load_state_dict``, and the random generators' states n
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
@@ -32,12 +33,21 @@ from app.train.ema import ExponentialAverage
 log = logging.getLogger(__name__)
 
 
+BEST_METRICS = {"bleu": "BLEU", "chrf": "chrF", "loss": "loss"}  # train.best_metric's, as logs name them
+
+
+def ranking_score(metrics: dict, best_metric: str) -> float:
+    """What validations are ranked by (train.best_metric), higher better: dev BLEU, chrF, or the loss negated."""
+    return -metrics["loss"] if best_metric == "loss" else metrics[best_metric]
+
+
 @dataclass
 class Progress:
     """Where training stands; saved in every checkpoint so a resumed run continues exactly."""
 
     step: int = 0
-    best_bleu: float = -1.0
+    best_score: float = -math.inf  # the best validation's ranking_score
+    best_bleu: float = -1.0  # the best validation's dev BLEU
     best_step: int = 0
     bad_evals: int = 0  # validations since the last improvement (early stopping)
     elapsed_seconds: float = 0.0  # wall clock of the training loop, validations included
@@ -45,22 +55,31 @@ class Progress:
     last_validation_seconds: float = 0.0  # what the closing validation is expected to take (time budgets)
     tgt_tokens: int = 0
     skipped_steps: int = 0  # updates skipped for a non-finite loss or gradient
-    validations: list = field(default_factory=list)  # [step, dev BLEU] of every validation
+    validations: list = field(default_factory=list)  # [step, ranking_score] of every validation
     history: list = field(default_factory=list)  # a dict per validation: validations.jsonl (app/report/history.py)
     started: str = ""  # when the run first started (ISO, local time); a resume keeps it
     init_from: Optional[dict] = None  # the checkpoint a fine-tuning run started from (app/train/init_from.py)
 
-    def record_validation(self, bleu: float, seconds: float) -> bool:
-        """Note a validation at the current step; returns whether its dev BLEU is the best so far."""
-        self.validations.append([self.step, bleu])
+    def record_validation(self, score: float, bleu: float, seconds: float) -> bool:
+        """Note a validation at the current step (its ``ranking_score`` and dev BLEU); returns whether it is the best
+        so far."""
+        self.validations.append([self.step, score])
         self.eval_seconds += seconds
         self.last_validation_seconds = seconds
-        improved = bleu > self.best_bleu
+        improved = score > self.best_score
         if improved:
-            self.best_bleu, self.best_step, self.bad_evals = bleu, self.step, 0
+            self.best_score, self.best_bleu, self.best_step, self.bad_evals = score, bleu, self.step, 0
         else:
             self.bad_evals += 1
         return improved
+
+
+def progress_from(saved: dict) -> Progress:
+    """A checkpoint's progress; one from before train.best_metric ranked its validations by dev BLEU."""
+    if "best_score" not in saved and saved.get("best_bleu", -1.0) >= 0:
+        saved = {**saved, "best_score": saved["best_bleu"]}
+    known = {f.name for f in fields(Progress)}
+    return Progress(**{k: v for k, v in saved.items() if k in known})
 
 
 @dataclass
@@ -126,8 +145,7 @@ class TrainingState:
             self.optimizer.load_state_dict(state["optimizer"])
             learning_rate_on_host(self.optimizer)  # a captured run's device scalar (app/train/capture.py)
         self.scheduler.load_state_dict(state["scheduler"])
-        known = {f.name for f in fields(Progress)}
-        self.progress = p = Progress(**{k: v for k, v in state["progress"].items() if k in known})
+        self.progress = p = progress_from(state["progress"])
         saved_budget = state["config"]["train"]["batch_tokens"]
         schedule = state.get("schedule") or legacy_schedule(state["progress"], self.cfg.train.seed)
         self.schedule.load_state_dict(schedule, self.cfg.train.batch_tokens, saved_budget)
@@ -234,7 +252,8 @@ def check_same_corpus(cfg: Config, last_path: str) -> None:
     """A resumed run reads the corpus and tokenizer it was trained on: data.* and tokenizer.* as its last.pt
     records them, else a UserError naming what differs, before any data work (preparing data/<name> again with
     other settings would rewrite the folder every run of that corpus reads, and the resume would then fail on its
-    vocabulary); a train.init_from given must be the one it started from. A last.pt that does not load is left to
+    vocabulary); a train.init_from given must be the one it started from, and train.best_metric the one its
+    validations were ranked by. A last.pt that does not load is left to
     the resume to say so."""
     try:
         recorded = load_checkpoint(last_path, mmap=True)["config"]
@@ -251,6 +270,12 @@ def check_same_corpus(cfg: Config, last_path: str) -> None:
         raise UserError(
             f"{last_path}: trained on other data settings: {'; '.join(differ)}; resume with that run's, or train "
             "under another name="
+        )
+    metric = recorded.get("train", {}).get("best_metric", "bleu")
+    if cfg.train.best_metric != metric:  # the validations so far are ranked by it
+        raise UserError(
+            f"{last_path}: train.best_metric={cfg.train.best_metric} here, {metric} there: its validations are ranked "
+            f"by {metric}; resume with it, or train under another name="
         )
     started = recorded.get("train", {}).get("init_from")
     if cfg.train.init_from and cfg.train.init_from != started:  # it would be recorded, and not be what was done

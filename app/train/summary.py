@@ -45,6 +45,7 @@ def run_summary(trainer, stop_reason: str) -> dict:
         "tgt_tokens_per_s": round(p.tgt_tokens / training_seconds),
         "best_dev_bleu": p.best_bleu,
         "best_step": p.best_step,
+        "best_metric": trainer.cfg.train.best_metric,  # what chose best_step
         "skipped_steps": p.skipped_steps,
         "batch_tokens": s.batch_tokens,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -59,7 +60,8 @@ def run_summary(trainer, stop_reason: str) -> dict:
     if trainer.cfg.train.subword_alpha:
         summary["subword_sampling"] = trainer.data.train.stats()
     if trainer.average:  # the closing average (app/train/closing_average.py): best_dev_bleu is best.pt's
-        summary.update(average=trainer.average, best_dev_bleu=max(p.best_bleu, trainer.average["dev_bleu"]))
+        kept = trainer.average["dev_bleu"] if trainer.average["kept"] == "average" else p.best_bleu
+        summary.update(average=trainer.average, best_dev_bleu=kept)
     if trainer.compiles.enabled:
         summary.update(compile_graphs=trainer.compiles.graphs, compile_seconds=round(trainer.compiles.seconds, 1))
     if trainer.captured is not None:

@@ -41,7 +41,7 @@ from app.train.ema import ExponentialAverage
 from app.train.init_from import starting_point
 from app.train.master_weights import MasterWeights
 from app.train.metrics_window import MetricsWindow, progress_postfix, report_skips
-from app.train.state import Progress, TrainingState, check_settings, resuming
+from app.train.state import BEST_METRICS, Progress, TrainingState, check_settings, resuming
 from app.train.stop_rules import StopNow, StopRequest, StopRules, abortable, stopped
 from app.train.summary import (
     CompileWatch,
@@ -286,7 +286,8 @@ class Trainer:
             if crossed(cfg.train.eval_every, before):
                 self.last_eval_step = p.step
                 if self.validate():
-                    stop_reason = f"early stopping (no dev BLEU gain in {cfg.train.patience} validations)"
+                    metric = BEST_METRICS[cfg.train.best_metric]
+                    stop_reason = f"early stopping (no dev {metric} gain in {cfg.train.patience} validations)"
             if crossed(cfg.train.save_every, before):
                 self.save()
             p.elapsed_seconds = self.elapsed()

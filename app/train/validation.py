@@ -28,6 +28,7 @@ from app.report.plots import draw_pngs
 from app.run.device import amp_dtype
 from app.run.host_worker import HostWorker, host_worker, submit
 from app.run.stopwatch import Stopwatch
+from app.train.state import ranking_score
 from app.train.stop_rules import abortable
 
 # the parts of a validation that run the model; the rest of its time is host work
@@ -113,7 +114,8 @@ def validate(
     writer.add_scalar("dev/validation_seconds", seconds, step)
     writer.add_scalar("dev/host_seconds", host, step)
     metrics["seconds"] = {**clock.rounded(), "host": round(host, 2), "total": round(seconds, 2)}
-    metrics["improved"] = progress.record_validation(metrics["bleu"], seconds)
+    score = ranking_score(metrics, cfg.train.best_metric)
+    metrics["improved"] = progress.record_validation(score, metrics["bleu"], seconds)
     parts = ", ".join(f"{part} {clock.seconds[part]:.1f}s" for part in MODEL_PARTS if part in clock.seconds)
     tqdm.write(
         f"step {step}: dev loss {metrics['loss']:.3f} ppl {metrics['ppl']:.2f} BLEU {metrics['bleu']:.2f} "
