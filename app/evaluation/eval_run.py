@@ -1,7 +1,7 @@
 """``make eval``'s evaluation of a run: its checkpoint (or CTranslate2 export, or an ensemble) loaded, the split
 or the pair of files ``eval.source``/``eval.target`` (or its first ``eval.max_sentences``) and its reference links
-read, and the one evaluation of a split
-(app/evaluation/split.py) asked for everything a person reads of it: app/report/evaluation_files.py writes it."""
+read, and the one evaluation of a split (app/evaluation/split.py) asked for everything a person reads of it:
+app/report/evaluation_files.py writes it."""
 
 from __future__ import annotations
 

@@ -240,7 +240,7 @@ def check_settings(cfg: Config, last_path: str, world: int, resume: bool) -> Non
             "or train under another name= (or delete the folder)"
         )
     if resume:
-        check_same_corpus(cfg, last_path)
+        check_resumable_settings(cfg, last_path)
 
 
 # settings that change how the corpus is made, not what it is: data.num_proc (tokenizing processes), tokenizer.dir
@@ -248,7 +248,7 @@ def check_settings(cfg: Config, last_path: str, world: int, resume: bool) -> Non
 NOT_THE_CORPUS = ("data.num_proc", "tokenizer.dir")
 
 
-def check_same_corpus(cfg: Config, last_path: str) -> None:
+def check_resumable_settings(cfg: Config, last_path: str) -> None:
     """A resumed run reads the corpus and tokenizer it was trained on: data.* and tokenizer.* as its last.pt
     records them, else a UserError naming what differs, before any data work (preparing data/<name> again with
     other settings would rewrite the folder every run of that corpus reads, and the resume would then fail on its
