@@ -162,9 +162,12 @@ def test_runs_whose_bleu_counted_other_words_are_refused(tmp_path):
 
 def test_a_resumed_run_whose_budget_is_spent_takes_no_step():
     rules = StopRules(TrainConfig(max_steps=100, max_minutes=1.0), world=1, device=torch.device("cpu"))
-    assert rules.reached(5, rules.out_of_time(59.0)) is None
-    assert rules.reached(5, rules.out_of_time(60.0)) == "time budget of 1.0 min"
-    assert rules.reached(100, False) == "max_steps"
+    assert rules.reached(5, 0, rules.out_of_time(59.0)) is None
+    assert rules.reached(5, 0, rules.out_of_time(60.0)) == "time budget of 1.0 min"
+    assert rules.reached(100, 0, False) == "max_steps"
+    assert rules.reached(5, 7, False) is None  # no epoch limit
+    epochs = StopRules(TrainConfig(max_steps=100, max_epochs=2), world=1, device=torch.device("cpu"))
+    assert epochs.reached(5, 1, False) is None and epochs.reached(5, 2, False) == "max_epochs (2)"
     unlimited = StopRules(TrainConfig(max_steps=100), world=1, device=torch.device("cpu"))
     assert not unlimited.out_of_time(1e9)
 

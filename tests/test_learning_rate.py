@@ -56,15 +56,19 @@ def test_a_floor_outside_zero_to_one_is_refused():
         TrainConfig(lr_floor=1.5)
 
 
-def test_a_budget_that_ends_long_before_the_decay_is_a_warning():
+def test_a_limit_that_ends_the_run_long_before_the_decay_is_a_warning():
     t = TrainConfig(max_minutes=7, max_steps=100_000, warmup_steps=1000, lr_schedule="cosine")
-    assert decay_beyond_budget(t, 12_000) == (
+    assert decay_beyond_budget(t, 12_000, "train.max_minutes=7") == (
         "train.lr_schedule=cosine decays over train.max_steps=100000, but train.max_minutes=7 ends near step 12000: "
-        "the learning rate would still be 97% of train.lr there; train.max_steps=12000 decays within the budget"
+        "the learning rate would still be 97% of train.lr there; train.max_steps=12000 decays within it"
     )
-    assert decay_beyond_budget(TrainConfig(max_minutes=7, max_steps=13_000, lr_schedule="cosine"), 12_000) is None
-    assert decay_beyond_budget(TrainConfig(max_minutes=0, lr_schedule="linear"), 12_000) is None  # no budget
-    assert decay_beyond_budget(TrainConfig(max_minutes=7), 12_000) is None  # inverse_sqrt: it has no end
+    linear = TrainConfig(max_epochs=3, max_steps=10_000, warmup_steps=0, lr_schedule="linear")
+    assert decay_beyond_budget(linear, 2_500, "train.max_epochs=3") == (
+        "train.lr_schedule=linear decays over train.max_steps=10000, but train.max_epochs=3 ends near step 2500: "
+        "the learning rate would still be 75% of train.lr there; train.max_steps=2500 decays within it"
+    )
+    assert decay_beyond_budget(TrainConfig(max_steps=13_000, lr_schedule="cosine"), 12_000, "a limit") is None
+    assert decay_beyond_budget(TrainConfig(max_minutes=7), 12_000, "a limit") is None  # inverse_sqrt: it has no end
 
 
 @pytest.mark.slow

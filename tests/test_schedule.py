@@ -30,6 +30,30 @@ def take(schedule, n):
             return updates
 
 
+def test_epochs_are_finished_with_their_last_update_and_a_resume_knows_it():
+    """train.max_epochs counts the epochs every update of which was trained on; a schedule resumed from a
+    checkpoint taken anywhere counts the same."""
+    counted = BatchSchedule(SRC, TGT, 400, seed=3, world=2, accum=2)  # 4 batches an update: a left-over group
+    per_epoch = [len(counted.epoch_batches(e)) // counted.group for e in range(3)]
+    finished = []
+    for update in counted:
+        counted.advance(update)
+        finished.append(counted.epochs_finished())
+        if len(finished) == sum(per_epoch):
+            break
+    expected = []
+    for epoch, updates in enumerate(per_epoch):  # finished with the epoch's last update
+        expected += [epoch] * (updates - 1) + [epoch + 1]
+    assert finished == expected
+    assert all(len(counted.epoch_batches(e)) % counted.group for e in range(3))  # each epoch leaves batches out
+    for n in (per_epoch[0] - 1, per_epoch[0], per_epoch[0] + 1):
+        first = BatchSchedule(SRC, TGT, 400, seed=3, world=2, accum=2)
+        take(first, n)
+        resumed = BatchSchedule(SRC, TGT, 400, seed=3, world=2, accum=2)
+        resumed.load_state_dict(first.state_dict(), configured_batch_tokens=400, saved_batch_tokens=400)
+        assert resumed.epochs_finished() == first.epochs_finished() == (n >= per_epoch[0])
+
+
 def test_a_resumed_schedule_replays_the_same_updates_across_epochs():
     whole = take(BatchSchedule(SRC, TGT, 400, seed=3), 120)  # several epochs
     first = BatchSchedule(SRC, TGT, 400, seed=3)

@@ -238,6 +238,7 @@ class TrainConfig(Checked, section="train"):
     seed: int = 1234
     max_steps: int = 100_000
     max_minutes: float = 0.0  # wall-clock budget for the training loop; 0 = none
+    max_epochs: int = 0  # passes over the training data; 0 = no limit (the first limit reached stops the run)
     batch_tokens: int = 32_000  # source+target tokens per batch (per rank and micro-batch), padding included
     accum_steps: int = 1  # micro-batches accumulated per update on each rank
     tokens_per_update: int = 0  # if set: accum_steps = this / (batch_tokens × ranks), constant across NPROC
@@ -329,6 +330,7 @@ class TrainConfig(Checked, section="train"):
             ),
             f"train.lr={self.lr} must be > 0: the peak learning rate": not self.lr > 0,
             f"train.warmup_steps={self.warmup_steps} must be >= 0 (0: no warm-up)": self.warmup_steps < 0,
+            f"train.max_epochs={self.max_epochs} must be >= 0 (0: no limit)": self.max_epochs < 0,
             f"train.lr_floor={self.lr_floor} must be in [0, 1]: where a decay ends, × train.lr": not 0
             <= self.lr_floor
             <= 1,

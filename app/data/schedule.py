@@ -35,6 +35,7 @@ class Update:
     epoch: int
     position: int  # batches of the epoch done once this update is
     epoch_batch_tokens: int  # the budget its epoch was cut with
+    ends_epoch: bool = False  # the last update of its epoch
 
 
 class BatchSchedule:
@@ -61,6 +62,7 @@ class BatchSchedule:
         self.seed, self.world, self.rank, self.accum = seed, world, rank, accum
         self.epoch = 0
         self.position = 0  # batches of the current epoch already trained on
+        self.finished = 0  # epochs every update of which was trained on (train.max_epochs)
         self.batch_tokens = batch_tokens  # the budget in force
         self.epoch_batch_tokens = batch_tokens  # the budget the current epoch's batches were cut with
         self.by_length = True  # false: batches cut from a random order (make bench's ablation; not with shapes)
@@ -109,7 +111,8 @@ class BatchSchedule:
                 group = batches[start : start + self.group]
                 tgt_tokens = int(sum(tgt_plus_eos[indices].sum() for indices in group))  # known on every rank
                 parts = group[self.rank * self.accum : (self.rank + 1) * self.accum]
-                yield Update(parts, tgt_tokens, epoch, start + self.group, budget)
+                ends = start + 2 * self.group > len(batches)
+                yield Update(parts, tgt_tokens, epoch, start + self.group, budget, ends)
             # the next epoch is cut with the budget in force when it starts
             epoch, position, budget = epoch + 1, 0, self.batch_tokens
 
@@ -120,6 +123,7 @@ class BatchSchedule:
     def advance(self, update: Update) -> None:
         """``update`` was trained on: the schedule stands after it."""
         self.epoch, self.position, self.epoch_batch_tokens = update.epoch, update.position, update.epoch_batch_tokens
+        self.finished = update.epoch + update.ends_epoch
 
     def cut(self, parts: list[list[int]], epoch: int) -> list[list[int]]:
         """The same sentences (as ``epoch`` segments them) in micro-batches within the budget in force."""
@@ -143,6 +147,18 @@ class BatchSchedule:
             "epoch_batch_shapes": len({batch_shape(b, src_len, tgt_len) for b in batches}),
             "epoch_batches": len(batches),
         }
+
+    def epochs_finished(self) -> int:
+        """Epochs every update of which was trained on (an epoch's last group smaller than an update is left out)."""
+        return self.finished
+
+    def step_of_epochs(self, step: int, epochs: int) -> Optional[int]:
+        """About the step at which ``epochs`` epochs are finished, from ``step`` where the schedule stands (the rest
+        at the current epoch's updates an epoch); None for no limit (0)."""
+        if not epochs:
+            return None
+        per_epoch = len(self.epoch_batches()) // self.group
+        return step + max(round((epochs - self.epochs_done()) * per_epoch), 0)
 
     def epochs_done(self) -> float:
         """Epochs trained, with the share of the current one."""
@@ -185,6 +201,7 @@ class BatchSchedule:
             )
         self.epoch, self.position = state["epoch"], state["position"]
         self.epoch_batch_tokens = state["epoch_batch_tokens"] or saved_batch_tokens
+        self.finished = self.epoch + (self.position + self.group > len(self.epoch_batches()))
         self.batch_tokens = state["batch_tokens"] or saved_batch_tokens
         if saved_batch_tokens != configured_batch_tokens:
             self.batch_tokens = configured_batch_tokens

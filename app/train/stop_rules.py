@@ -116,30 +116,35 @@ class StopRules:
 
     def __init__(self, t: TrainConfig, world: int, device: torch.device):
         self.max_steps, self.max_minutes, self.world, self.device = t.max_steps, t.max_minutes, world, device
+        self.max_epochs = t.max_epochs
         self.budget = t.max_minutes * 60 if t.max_minutes else None
 
     def time_left(self, elapsed: float) -> Optional[float]:
         return None if self.budget is None else self.budget - elapsed
 
-    def check(self, step: int, elapsed: float, signalled: bool, reason: Optional[str]) -> tuple[Optional[str], bool]:
-        """After a step: why training stops now (``reason``, an early stop, if already set; None: go on),
-        and whether a signal asks it to save and leave instead."""
+    def check(
+        self, step: int, epochs: int, elapsed: float, signalled: bool, reason: Optional[str]
+    ) -> tuple[Optional[str], bool]:
+        """After a step (``epochs``: those finished, the same on every rank): why training stops now (``reason``,
+        an early stop, if already set; None: go on), and whether a signal asks it to save and leave instead."""
         out_of_time = self.out_of_time(elapsed)
         if self.world > 1:
             agree = step % self.CHECK_EVERY == 0 or step >= self.max_steps
             out_of_time, signalled = (
                 distributed.any_rank([out_of_time, signalled], self.device) if agree else (False, False)
             )
-        reason = reason or self.reached(step, out_of_time)
+        reason = reason or self.reached(step, epochs, out_of_time)
         return reason, signalled and reason is None
 
     def out_of_time(self, elapsed: float) -> bool:
         return self.budget is not None and elapsed >= self.budget
 
-    def reached(self, step: int, out_of_time: bool) -> Optional[str]:
-        """Which limit a run at ``step`` has reached, if any (a resumed run may start there)."""
+    def reached(self, step: int, epochs: int, out_of_time: bool) -> Optional[str]:
+        """Which limit a run at ``step``, ``epochs`` finished, has reached, if any (a resumed run may start there)."""
         if step >= self.max_steps:
             return "max_steps"
+        if self.max_epochs and epochs >= self.max_epochs:
+            return f"max_epochs ({self.max_epochs})"
         return f"time budget of {self.max_minutes} min" if out_of_time else None
 
 

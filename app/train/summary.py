@@ -118,16 +118,25 @@ def _duration(seconds: float) -> str:
 
 
 def duration_hint(
-    cfg: Config, device: torch.device, model, step: int, seconds_per_step: float, seconds_left: Optional[float] = None
+    cfg: Config,
+    device: torch.device,
+    model,
+    step: int,
+    seconds_per_step: float,
+    seconds_left: Optional[float] = None,
+    epoch_end: Optional[int] = None,
 ) -> str:
     """What the budget means at the measured speed (``seconds_left``: of the time budget, what training has
-    before the closing validation must start); on a CPU, a run that would take hours is pointed at
-    ``experiment=quick``."""
+    before the closing validation must start; ``epoch_end``: about the step train.max_epochs ends at); on a CPU, a
+    run that would take hours is pointed at ``experiment=quick``."""
     t = cfg.train
-    steps_left = max(t.max_steps - step, 0)
+    limit, named = t.max_steps, f"train.max_steps={t.max_steps}"
+    if epoch_end is not None and epoch_end < limit:
+        limit, named = epoch_end, f"train.max_epochs={t.max_epochs} (near step {epoch_end})"
+    steps_left = max(limit - step, 0)
     by_steps = steps_left * seconds_per_step
     left = t.max_minutes * 60 if seconds_left is None else max(seconds_left, 0.0)
-    line = f"at {seconds_per_step:.3g} s/step, the {steps_left} steps left of train.max_steps={t.max_steps}"
+    line = f"at {seconds_per_step:.3g} s/step, the {steps_left} steps left of {named}"
     if t.max_minutes and left < by_steps:
         end = reach(step, seconds_per_step, left)
         line += f" would take {_duration(by_steps)}: train.max_minutes={t.max_minutes:g} stops near step {end}"
@@ -167,15 +176,16 @@ def short_budget(
     )
 
 
-def decay_beyond_budget(t: TrainConfig, end: int) -> Optional[str]:
-    """Where train.lr_schedule decays over train.max_steps and the time budget ends well before (near step
-    ``end``), the warning to give at once: the learning rate would still be high where the run stops."""
-    if t.lr_schedule not in ("cosine", "linear") or not t.max_minutes or end >= 0.9 * t.max_steps:
+def decay_beyond_budget(t: TrainConfig, end: int, limit: str) -> Optional[str]:
+    """Where train.lr_schedule decays over train.max_steps and another limit (``limit``: the time budget or
+    train.max_epochs) ends the run well before (near step ``end``), the warning to give at once: the learning rate
+    would still be high where the run stops."""
+    if t.lr_schedule not in ("cosine", "linear") or end >= 0.9 * t.max_steps:
         return None
     return (
-        f"train.lr_schedule={t.lr_schedule} decays over train.max_steps={t.max_steps}, but train.max_minutes="
-        f"{t.max_minutes:g} ends near step {end}: the learning rate would still be "
-        f"{learning_rate_factor(t)(end):.0%} of train.lr there; train.max_steps={end} decays within the budget"
+        f"train.lr_schedule={t.lr_schedule} decays over train.max_steps={t.max_steps}, but {limit} ends near step "
+        f"{end}: the learning rate would still be {learning_rate_factor(t)(end):.0%} of train.lr there; "
+        f"train.max_steps={end} decays within it"
     )
 
 
@@ -195,13 +205,18 @@ def first_estimate(trainer, seconds_per_step: float) -> None:
         log.info(
             "closing validation: about %.0f s, sampled on dev; the time budget keeps it", p.last_validation_seconds
         )
-    left = trainer.time_left()
-    tqdm.write(duration_hint(cfg, trainer.device, trainer.model, p.step, seconds_per_step, left))
+    left, epoch_end = trainer.time_left(), trainer.schedule.step_of_epochs(p.step, t.max_epochs)
+    tqdm.write(duration_hint(cfg, trainer.device, trainer.model, p.step, seconds_per_step, left, epoch_end))
+    ends = []  # the limits besides train.max_steps, and near which step each ends the run
     if left is not None:
         warning = short_budget(t, p.step, seconds_per_step, left, trainer.closing_reserve(), trainer.elapsed())
-        for line in (warning, decay_beyond_budget(t, reach(p.step, seconds_per_step, left))):
-            if line:
-                log.warning(line)
+        if warning:
+            log.warning(warning)
+        ends.append((reach(p.step, seconds_per_step, left), f"train.max_minutes={t.max_minutes:g}"))
+    if epoch_end is not None:
+        ends.append((epoch_end, f"train.max_epochs={t.max_epochs}"))
+    if ends and (decay := decay_beyond_budget(t, *min(ends))):
+        log.warning(decay)
 
 
 class CompileWatch:

@@ -257,7 +257,8 @@ class Trainer:
             try:
                 if self.main:
                     record_start(self)
-                stop_reason = self.limits.reached(p.step, self.limits.out_of_time(p.elapsed_seconds))  # resumed
+                finished, out_of_time = self.schedule.epochs_finished(), self.limits.out_of_time(p.elapsed_seconds)
+                stop_reason = self.limits.reached(p.step, finished, out_of_time)  # a resumed run may be done
                 updates = Prefetcher(iter(self.schedule), self.prepare) if stop_reason is None else None
                 stop_reason = self.loop(updates if updates is not None else iter(()), stop, stop_reason, clock)
                 self.close_run()
@@ -293,7 +294,8 @@ class Trainer:
             p.elapsed_seconds = self.elapsed()
             self.after_step()
             budget_used = p.elapsed_seconds + self.closing_reserve()
-            stop_reason, signalled = self.limits.check(p.step, budget_used, stop.requested, stop_reason)
+            epochs = self.schedule.epochs_finished()
+            stop_reason, signalled = self.limits.check(p.step, epochs, budget_used, stop.requested, stop_reason)
             if signalled:
                 self.interrupt(stop.signum or signal.SIGTERM)
             if stop_reason:
