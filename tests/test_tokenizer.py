@@ -1,5 +1,7 @@
 """SentencePiece tokenizer on a tiny real corpus (Genesis 1-3, Spanish-English)."""
 
+import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -10,6 +12,7 @@ from app.config.schema import DataConfig, TokenizerConfig
 from app.data.prepare import prepare, read_tsv
 from app.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, build_tokenizer, model_paths
 from app.run.errors import UserError
+from app.run.files import file_hash, stable_hash
 from app.run.folder_lock import Terminated
 from app.train.stop_rules import StopNow
 
@@ -161,3 +164,42 @@ def test_a_signal_while_sentencepiece_reads_the_corpus_is_raised_as_it_was(data_
     monkeypatch.setattr(tokenizer, "_column", sentences_then(ValueError("a bad line")))
     with pytest.raises(RuntimeError, match="a bad line"):  # an error is still the trainer's to report
         build_tokenizer(data_dir, cfg)
+
+
+def test_byte_fallback_spells_unseen_characters_in_bytes(data_dir):
+    """tokenizer.byte_fallback: a character the corpus never had is its UTF-8 bytes, not <unk>, and decodes back;
+    the model is named apart, and without the setting the model and its cache key are those of before."""
+    plain, fallback = (
+        TokenizerConfig(vocab_size=VOCAB + 300),
+        TokenizerConfig(vocab_size=VOCAB + 300, byte_fallback=True),
+    )
+    assert model_paths(data_dir, plain)[0].endswith(f"spm_unigram{VOCAB + 300}.model")
+    assert model_paths(data_dir, fallback)[0].endswith(f"spm_unigram{VOCAB + 300}_bytes.model")
+    text = ["Y dijo Dios: 光あれ"]
+    tok = build_tokenizer(data_dir, plain)
+    assert UNK in tok.encode_src(text)[0] and tok.decode_tgt(tok.encode_src(text)) != text
+    tok = build_tokenizer(data_dir, fallback)
+    ids = tok.encode_src(text)[0]
+    assert UNK not in ids and "<0xE5>" in tok.src_pieces(ids) and tok.decode_tgt([ids]) == text
+    with open(model_paths(data_dir, plain)[0] + ".json", encoding="utf-8") as f:
+        key = json.load(f)["key"]  # that of a model from before the setting: its cache stays valid
+    before = {k: v for k, v in dataclasses.asdict(plain).items() if k not in ("dir", "byte_fallback")}
+    assert key == stable_hash({"train": file_hash(os.path.join(data_dir, "train.tsv")), "cfg": before})
+    with pytest.raises(UserError, match=r"need at least \d+$") as small:
+        build_tokenizer(data_dir, TokenizerConfig(vocab_size=100, byte_fallback=True))
+    assert "and the 256 bytes (tokenizer.byte_fallback)" in str(small.value)
+
+
+@pytest.mark.slow
+def test_a_byte_fallback_run_trains_and_translates_what_its_corpus_never_had(tmp_path, corpus_tsv):
+    from conftest import TINY, run_cli
+
+    shutil.copy(corpus_tsv, tmp_path / "corpus.tsv")
+    args = [a for a in TINY if not a.startswith("name=")] + ["name=bytes", "tokenizer.byte_fallback=true"]
+    result = run_cli(tmp_path, "command=train", *args, "train.max_steps=10")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "data" / "tiny" / "spm_unigram400_bytes.model").exists()
+    out = run_cli(
+        tmp_path, "command=translate", "name=bytes", "device=cpu", "translate.alignments=true", stdin="光 y luz\n"
+    )
+    assert out.returncode == 0 and len(out.stdout.splitlines()) == 1, out.stderr[-3000:]

@@ -141,6 +141,7 @@ class TokenizerConfig(Checked, section="tokenizer"):
     vocab_size: int = 8000
     joint: bool = True  # one vocabulary for both languages (needed to tie all embeddings)
     character_coverage: float = 1.0
+    byte_fallback: bool = False  # a character the vocabulary lacks as its UTF-8 bytes (256 pieces), not <unk>
     max_sentence_length: int = 8192
     input_sentence_size: int = 1_000_000  # sentences SentencePiece samples to train on (its memory: ~3 GB at 1 M)
     # the folder of an existing SentencePiece model of these settings (another corpus's) that this corpus is

@@ -71,7 +71,7 @@ def _load(path: str) -> spm.SentencePieceProcessor:
 def model_paths(data_dir: str, cfg: TokenizerConfig) -> tuple[str, str]:
     """Model files are named by their settings, so tokenizers of different sizes coexist per corpus; they are
     in the corpus folder ``data_dir``, or in ``tokenizer.dir`` where another corpus's model is used."""
-    stem = os.path.join(cfg.dir or data_dir, f"spm_{cfg.model_type}{cfg.vocab_size}")
+    stem = os.path.join(cfg.dir or data_dir, f"spm_{cfg.model_type}{cfg.vocab_size}{'_bytes' * cfg.byte_fallback}")
     if cfg.joint:
         return f"{stem}.model", f"{stem}.model"
     return f"{stem}.src.model", f"{stem}.tgt.model"
@@ -112,6 +112,7 @@ def _train_one(sentences: Iterator[str], path: str, cfg: TokenizerConfig) -> Non
             model_type=cfg.model_type,
             vocab_size=cfg.vocab_size,
             character_coverage=cfg.character_coverage,
+            byte_fallback=cfg.byte_fallback,
             max_sentence_length=cfg.max_sentence_length,
             pad_id=PAD,
             unk_id=UNK,
@@ -130,7 +131,8 @@ def _train_one(sentences: Iterator[str], path: str, cfg: TokenizerConfig) -> Non
         if found := re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", str(err)):
             raise UserError(
                 f"tokenizer.vocab_size={cfg.vocab_size} is too small for this corpus: its characters and the special "
-                f"pieces need at least {found.group(2)}"
+                f"pieces{' and the 256 bytes (tokenizer.byte_fallback)' * cfg.byte_fallback} need at least "
+                f"{found.group(2)}"
             ) from None
         raise
     pieces = spm.SentencePieceProcessor(model_proto=model.getvalue()).get_piece_size()
@@ -158,7 +160,8 @@ def build_tokenizer(data_dir: str, cfg: TokenizerConfig, verify: bool = False) -
         return Tokenizer(src_path, tgt_path)
     train_path = os.path.join(data_dir, "train.tsv")
     stamp_path = f"{src_path}.json"  # joint and separate models of one size keep separate stamps
-    settings = {k: v for k, v in asdict(cfg).items() if k != "dir"}  # as before the setting: caches stay valid
+    # as before the settings dir and byte_fallback (unset): caches stay valid
+    settings = {k: v for k, v in asdict(cfg).items() if k != "dir" and (k != "byte_fallback" or v)}
     key = stable_hash({"train": file_hash(train_path), "cfg": settings})
     if cached(stamp_path, key, [src_path, tgt_path], verify):
         try:
