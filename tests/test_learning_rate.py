@@ -2,7 +2,9 @@
 decay; the same rates through torch's LambdaLR on the optimizer training builds; the warning where a time budget
 ends long before a decay does; a CLI run whose last rate is train.lr × train.lr_floor."""
 
+import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ from conftest import TINY, run_cli
 from app.config.schema import Config, TrainConfig
 from app.run.errors import UserError
 from app.train.summary import decay_beyond_budget
-from app.train.update import learning_rate_factor, make_optimizer
+from app.train.update import cut_on_plateau, learning_rate_factor, make_optimizer
 
 
 def rates(schedule: str, steps, floor: float = 0.1) -> list[float]:
@@ -71,10 +73,60 @@ def test_a_limit_that_ends_the_run_long_before_the_decay_is_a_warning():
     assert decay_beyond_budget(TrainConfig(max_minutes=7), 12_000, "a limit") is None  # inverse_sqrt: it has no end
 
 
+def test_a_plateau_cuts_the_rate_after_its_patience_down_to_the_floor():
+    """Every train.lr_patience validations without a gain the rate is halved (lr_decay), now and from then on, not
+    below lr × lr_floor; a scheduler restored from the state_dict goes on at the cut rate."""
+    model = torch.nn.Linear(4, 4)
+    t = TrainConfig(lr=1e-3, warmup_steps=1, lr_schedule="plateau", lr_patience=2, lr_decay=0.5, lr_floor=0.2)
+    optimizer, scheduler = make_optimizer(model, Config(train=t))
+    rates = []
+    for bad_evals in range(1, 10):
+        optimizer.step()
+        scheduler.step()
+        cut_on_plateau(scheduler, t, bad_evals, bad_evals, torch.device("cpu"), main=True)
+        rates.append(optimizer.param_groups[0]["lr"])
+    assert rates == pytest.approx([1e-3, 5e-4, 5e-4, 2.5e-4, 2.5e-4, 2e-4, 2e-4, 2e-4, 2e-4])
+    optimizer.step()
+    scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(2e-4)
+    restored_optimizer, restored = make_optimizer(model, Config(train=t))
+    restored.load_state_dict(scheduler.state_dict())
+    restored_optimizer.step()
+    restored.step()
+    assert restored_optimizer.param_groups[0]["lr"] == pytest.approx(2e-4)
+    other = TrainConfig(lr=1e-3, lr_schedule="constant", lr_patience=1)
+    optimizer, scheduler = make_optimizer(model, Config(train=other))
+    cut_on_plateau(scheduler, other, 5, 5, torch.device("cpu"), main=True)  # not a plateau schedule: no cut
+    assert scheduler.base_lrs == [1e-3]
+
+
+@pytest.mark.slow
+def test_a_run_that_does_not_learn_cuts_its_rate_at_each_validation(tmp_path, corpus_tsv):
+    """A rate too small to learn anything: BLEU 0 at every validation, so with lr_patience=1 each validation after
+    the first halves it, said in the log."""
+    shutil.copy(corpus_tsv, tmp_path / "corpus.tsv")
+    args = [a for a in TINY if not a.startswith("name=")] + ["name=plateau", "train.lr=1e-7"]
+    args += ["train.lr_schedule=plateau", "train.lr_patience=1", "train.max_steps=60", "train.average_snapshots=0"]
+    result = run_cli(tmp_path, "command=train", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    history = [
+        json.loads(line) for line in (tmp_path / "checkpoints/plateau/validations.jsonl").read_text().splitlines()
+    ]
+    assert [e["dev_bleu"] for e in history] == [0.0, 0.0, 0.0]
+    log = (tmp_path / "checkpoints/plateau/train.log").read_text()
+    said = [line for line in log.splitlines() if "no better dev score" in line]
+    assert [line.split(" - ")[-1] for line in said] == [
+        "step 40: no better dev score (train.best_metric=bleu) in 1 validations: learning rate 1e-07 -> 5e-08 "
+        "(train.lr_decay=0.5)",
+        "step 60: no better dev score (train.best_metric=bleu) in 1 validations: learning rate 5e-08 -> 2.5e-08 "
+        "(train.lr_decay=0.5)",
+    ]
+    state = torch.load(tmp_path / "checkpoints/plateau/last.pt", weights_only=True)
+    assert state["scheduler"]["base_lrs"] == pytest.approx([2.5e-8])
+
+
 @pytest.mark.slow
 def test_a_run_ends_its_linear_decay_at_the_floor(tmp_path, corpus_tsv):
-    import shutil
-
     shutil.copy(corpus_tsv, tmp_path / "corpus.tsv")
     args = ("train.max_steps=30", "train.lr=2e-3", "train.lr_schedule=linear", "train.lr_floor=0.1", "name=linear")
     result = run_cli(tmp_path, "command=train", *[a for a in TINY if not a.startswith("name=")], *args)

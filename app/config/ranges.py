@@ -37,3 +37,41 @@ def check_model_ranges(model: Any, sizes: tuple[str, ...]) -> None:
         value = getattr(model, name)
         if value is not None and not 0 <= value < 1:
             raise UserError(f"model.{name}={value} must be in [0, 1): a probability of dropping, 0 for none")
+
+
+def train_rules(t: Any) -> dict[str, bool]:
+    """train.*'s numbers within what they mean (each rule's message: whether it is broken); 0 is off (or none, or
+    all) where training reads it so."""
+    betas, smoothing = list(t.adam_betas), t.label_smoothing
+    return {  # the first one broken is the error
+        f"train.max_steps={t.max_steps} must be >= 0: updates in all": t.max_steps < 0,
+        f"train.max_minutes={t.max_minutes} must be >= 0 (0: no time budget)": not t.max_minutes >= 0,
+        f"train.batch_tokens={t.batch_tokens} must be >= 1: tokens of a batch, padding included": (t.batch_tokens < 1),
+        f"train.tokens_per_update={t.tokens_per_update} must be >= 0 (0: train.accum_steps decides)": (
+            t.tokens_per_update < 0
+        ),
+        f"train.lr={t.lr} must be > 0: the peak learning rate": not t.lr > 0,
+        f"train.warmup_steps={t.warmup_steps} must be >= 0 (0: no warm-up)": t.warmup_steps < 0,
+        f"train.max_epochs={t.max_epochs} must be >= 0 (0: no limit)": t.max_epochs < 0,
+        f"train.lr_floor={t.lr_floor} must be in [0, 1]: where a decay ends, × train.lr": not (0 <= t.lr_floor <= 1),
+        f"train.lr_patience={t.lr_patience} must be >= 1: validations without a gain before a cut": t.lr_patience < 1,
+        f"train.lr_decay={t.lr_decay} must be in (0, 1): what a plateau's cut multiplies the rate by": not (
+            0 < t.lr_decay < 1
+        ),
+        f"train.adam_betas={betas}: each must be in [0, 1)": not all(0 <= beta < 1 for beta in betas),
+        f"train.weight_decay={t.weight_decay} must be >= 0 (0: none)": not t.weight_decay >= 0,
+        f"train.clip_norm={t.clip_norm} must be > 0: every update's gradient is clipped to this norm": not (
+            t.clip_norm > 0
+        ),
+        f"train.label_smoothing={smoothing} must be in [0, 1) (0: none)": not 0 <= smoothing < 1,
+        f"train.eval_every={t.eval_every} must be >= 0 (0: no validation)": t.eval_every < 0,
+        f"train.save_every={t.save_every} must be >= 0 (0: saved at the end only)": t.save_every < 0,
+        f"train.log_every={t.log_every} must be >= 1: updates between log lines": t.log_every < 1,
+        f"train.patience={t.patience} must be >= 0 (0: never stop early)": t.patience < 0,
+        f"train.keep_last={t.keep_last} must be >= 0 (0: no snapshots)": t.keep_last < 0,
+        f"train.keep_best={t.keep_best} must be >= 0 (0: none)": t.keep_best < 0,
+        f"train.max_bad_steps={t.max_bad_steps} must be >= 0 (0: never abort)": t.max_bad_steps < 0,
+        f"train.max_dev_sentences={t.max_dev_sentences} must be >= 0 (0: the whole dev split)": (
+            t.max_dev_sentences < 0
+        ),
+    }

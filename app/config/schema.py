@@ -27,7 +27,7 @@ from app.config.commands import (
     TranslateConfig,
     VizConfig,
 )
-from app.config.ranges import check_model_ranges, check_rules
+from app.config.ranges import check_model_ranges, check_rules, train_rules
 from app.run.errors import UserError
 
 # A setting left unset (None) in the composed configuration and derived from the others in __post_init__: OmegaConf
@@ -245,9 +245,12 @@ class TrainConfig(Checked, section="train"):
     tokens_per_update: int = 0  # if set: accum_steps = this / (batch_tokens × ranks), constant across NPROC
     lr: float = 1e-3
     warmup_steps: int = 1000
-    # after the warm-up: ∝ 1/√step (Vaswani et al.), cosine or linear decay over train.max_steps to lr × lr_floor
-    lr_schedule: str = choice("inverse_sqrt", "cosine", "linear", "constant")
+    # after the warm-up: ∝ 1/√step (Vaswani et al.), cosine or linear decay over train.max_steps to lr × lr_floor,
+    # constant, or plateau: constant, × lr_decay after lr_patience validations without a gain (not below lr × lr_floor)
+    lr_schedule: str = choice("inverse_sqrt", "cosine", "linear", "constant", "plateau")
     lr_floor: float = 0.0
+    lr_patience: int = 4
+    lr_decay: float = 0.5
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     weight_decay: float = 0.0
     clip_norm: float = 1.0
@@ -315,44 +318,7 @@ class TrainConfig(Checked, section="train"):
             raise UserError(f"train.average_snapshots={self.average_snapshots}: a number of snapshots, 0 for none")
         if len(self.adam_betas) != 2:
             raise UserError(f"train.adam_betas={list(self.adam_betas)}: give two values, [beta1, beta2]")
-        self.check_ranges()
-
-    def check_ranges(self) -> None:
-        """Each number within what it means; 0 is off (or none, or all) where training reads it so."""
-        betas, smoothing = list(self.adam_betas), self.label_smoothing
-        rules = {  # the first one broken is the error
-            f"train.max_steps={self.max_steps} must be >= 0: updates in all": self.max_steps < 0,
-            f"train.max_minutes={self.max_minutes} must be >= 0 (0: no time budget)": not self.max_minutes >= 0,
-            f"train.batch_tokens={self.batch_tokens} must be >= 1: tokens of a batch, padding included": (
-                self.batch_tokens < 1
-            ),
-            f"train.tokens_per_update={self.tokens_per_update} must be >= 0 (0: train.accum_steps decides)": (
-                self.tokens_per_update < 0
-            ),
-            f"train.lr={self.lr} must be > 0: the peak learning rate": not self.lr > 0,
-            f"train.warmup_steps={self.warmup_steps} must be >= 0 (0: no warm-up)": self.warmup_steps < 0,
-            f"train.max_epochs={self.max_epochs} must be >= 0 (0: no limit)": self.max_epochs < 0,
-            f"train.lr_floor={self.lr_floor} must be in [0, 1]: where a decay ends, × train.lr": not 0
-            <= self.lr_floor
-            <= 1,
-            f"train.adam_betas={betas}: each must be in [0, 1)": not all(0 <= beta < 1 for beta in betas),
-            f"train.weight_decay={self.weight_decay} must be >= 0 (0: none)": not self.weight_decay >= 0,
-            f"train.clip_norm={self.clip_norm} must be > 0: every update's gradient is clipped to this norm": not (
-                self.clip_norm > 0
-            ),
-            f"train.label_smoothing={smoothing} must be in [0, 1) (0: none)": not 0 <= smoothing < 1,
-            f"train.eval_every={self.eval_every} must be >= 0 (0: no validation)": self.eval_every < 0,
-            f"train.save_every={self.save_every} must be >= 0 (0: saved at the end only)": self.save_every < 0,
-            f"train.log_every={self.log_every} must be >= 1: updates between log lines": self.log_every < 1,
-            f"train.patience={self.patience} must be >= 0 (0: never stop early)": self.patience < 0,
-            f"train.keep_last={self.keep_last} must be >= 0 (0: no snapshots)": self.keep_last < 0,
-            f"train.keep_best={self.keep_best} must be >= 0 (0: none)": self.keep_best < 0,
-            f"train.max_bad_steps={self.max_bad_steps} must be >= 0 (0: never abort)": self.max_bad_steps < 0,
-            f"train.max_dev_sentences={self.max_dev_sentences} must be >= 0 (0: the whole dev split)": (
-                self.max_dev_sentences < 0
-            ),
-        }
-        check_rules(rules)
+        check_rules(train_rules(self))
 
     def check_subword_sampling(self) -> None:
         if not 0.0 <= self.subword_alpha <= 1.0:

@@ -54,7 +54,7 @@ from app.train.summary import (
     run_summary,
 )
 from app.train.training_data import Prepared, TrainingData, load_data
-from app.train.update import compiled_for_training, make_optimizer, train_step
+from app.train.update import compiled_for_training, cut_on_plateau, make_optimizer, train_step
 from app.train.validation import validate, validation_worker
 
 log = logging.getLogger(__name__)
@@ -153,6 +153,7 @@ class Trainer:
             if self.keep_best > 0:
                 self.snapshot()
             stop = bool(t.patience) and self.progress.bad_evals >= t.patience
+        cut_on_plateau(self.scheduler, t, self.progress.bad_evals, self.progress.step, self.device, self.main)
         return distributed.from_main(stop, self.device)
 
     # --- updates ----------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from app.models import sequence_loss
 from app.models.rnn import RNNSeq2Seq
 from app.models.transformer import Transformer
 from app.models.transformer_layers import DecoderLayer, EncoderLayer
+from app.run import distributed
 from app.run.device import autocast
 from app.train.guided_alignment import guided_alignment_loss
 from app.train.master_weights import MasterWeights
@@ -31,7 +32,7 @@ def learning_rate_factor(t: TrainConfig) -> Callable[[int], float]:
     - inverse_sqrt: √(warmup / step) (Vaswani et al. 2017, eq. 3, rescaled to peak at 1; no end);
     - cosine:       f + (1 - f) · ½ (1 + cos(π p)) (Loshchilov & Hutter 2017, without restarts);
     - linear:       f + (1 - f) · (1 - p);
-    - constant:     1,
+    - constant:     1 (and plateau's, which ``cut_on_plateau`` lowers after validations),
 
     where p ∈ [0, 1] is how far the run is from the warm-up's end to train.max_steps and f is train.lr_floor."""
     warmup, end, floor = max(t.warmup_steps, 1), t.max_steps, t.lr_floor
@@ -40,6 +41,7 @@ def learning_rate_factor(t: TrainConfig) -> Callable[[int], float]:
         "cosine": lambda n, p: floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * p)),
         "linear": lambda n, p: floor + (1 - floor) * (1 - p),
         "constant": lambda n, p: 1.0,
+        "plateau": lambda n, p: 1.0,
     }
     decay = decays[t.lr_schedule]
 
@@ -50,6 +52,36 @@ def learning_rate_factor(t: TrainConfig) -> Callable[[int], float]:
         return decay(n, min(max((n - warmup) / max(end - warmup, 1), 0.0), 1.0))
 
     return factor
+
+
+def cut_on_plateau(scheduler: Any, t: TrainConfig, bad_evals: int, step: int, device: torch.device, main: bool) -> None:
+    """train.lr_schedule=plateau, after a validation, on every rank: where rank 0's validations have gone
+    train.lr_patience without a better dev score (``bad_evals`` of them, a multiple of it), the learning rate is
+    multiplied by train.lr_decay, not below train.lr × train.lr_floor (JoeyNMT's "plateau", torch's
+    ReduceLROnPlateau), from the next update on: the scheduler's base rate, which its state_dict keeps for a
+    resume, and the rate in force (in place: a captured update reads it from the device)."""
+    if t.lr_schedule != "plateau":
+        return
+    due = main and bad_evals > 0 and bad_evals % t.lr_patience == 0
+    before = scheduler.base_lrs[0]
+    after = max(before * t.lr_decay, t.lr * t.lr_floor)
+    if not distributed.from_main(due, device) or after >= before:
+        return
+    scheduler.base_lrs = [after for _ in scheduler.base_lrs]
+    for group in scheduler.optimizer.param_groups:
+        rate = group["lr"]
+        group["lr"] = rate.mul_(after / before) if isinstance(rate, torch.Tensor) else rate * after / before
+    if main:
+        log.info(
+            "step %d: no better dev score (train.best_metric=%s) in %d validations: learning rate %.3g -> %.3g "
+            "(train.lr_decay=%g)",
+            step,
+            t.best_metric,
+            t.lr_patience,
+            before,
+            after,
+            t.lr_decay,
+        )
 
 
 def make_optimizer(
