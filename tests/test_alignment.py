@@ -17,6 +17,10 @@ def test_pieces_merge_into_words():
     assert word_index(["▁In", "▁the", "▁begin", "ning", ",", "</s>"]) == [0, 1, 2, 2, 2, -1]
     # a lone "▁" starts a word only where a piece of it follows; before another word or the end it is a space
     assert word_index(["▁", "Ab", "▁the", "▁", "▁the", "▁", "</s>"]) == [0, 0, 1, -1, 2, -1, -1]
+    # <unk> and byte pieces (tokenizer.byte_fallback) are characters of a word, not control pieces: "光 y" was one
+    # word short (its ▁ taken for a space, its bytes for special tokens), so every later link was a word off
+    assert word_index(["▁", "<0xE5>", "<0x85>", "<0x89>", "▁y", "</s>"]) == [0, 0, 0, 0, 1, -1]
+    assert word_index(["▁", "<unk>", "▁y", "<unk>", "<pad>"]) == [0, 0, 1, 1, -1]
 
 
 def test_hard_alignment_sums_pieces_then_takes_the_argmax():

@@ -134,6 +134,7 @@ class Pieces:
     """A tokenizer over a fixed piece list (what AlignmentTargets reads of one)."""
 
     pieces = ["<pad>", "<unk>", "<s>", "</s>", "▁En", "▁el", "▁princip", "io", "▁In", "▁the", "▁begin", "ning", ","]
+    pieces += ["▁", "<0xE5>"]  # a word in bytes (tokenizer.byte_fallback)
     src_vocab_size = tgt_vocab_size = len(pieces)
 
     def src_pieces(self, ids):
@@ -144,7 +145,7 @@ class Pieces:
 
 def test_piece_word_numbers_match_word_index():
     tok = Pieces()
-    for ids in ([4, 5, 6, 7, 12, 3], [7, 6, 3, 0, 0], [3, 0]):
+    for ids in ([4, 5, 6, 7, 12, 3], [7, 6, 3, 0, 0], [3, 0], [13, 14, 14, 5, 13, 1, 3, 0]):
         assert word_numbers(np.array(ids), *piece_words(tok.pieces)).tolist() == word_index(tok.src_pieces(ids))
 
 

@@ -17,6 +17,8 @@ from app.data.text_files import text_lines
 from app.run.errors import UserError
 
 WORD_START = "▁"  # SentencePiece marks the first piece of each whitespace word
+# the pieces of no word; <unk> and byte pieces (<0xE5>, tokenizer.byte_fallback) stand for characters of one
+CONTROL = frozenset({"<pad>", "<s>", "</s>"})
 
 
 def read_pharaoh(path: str) -> list[tuple[set, set]]:
@@ -56,16 +58,17 @@ def pharaoh_line(links: set[tuple[int, int]]) -> str:
 
 
 def word_index(pieces: list[str]) -> list[int]:
-    """Word number of every subword piece; -1 for special tokens such as </s>, and for a lone ``▁`` that starts
-    no word (a space before another word or at the end: a model's output can hold one, decoded as a second
-    space, which a whitespace split does not count)."""
+    """Word number of every subword piece; -1 for the control pieces (``CONTROL``: </s>...), and for a lone ``▁``
+    that starts no word (a space before another word or at the end: a model's output can hold one, decoded as a
+    second space, which a whitespace split does not count). A ``▁`` before <unk> or byte pieces starts their
+    word."""
     out, word = [], -1
     for n, piece in enumerate(pieces):
-        if piece.startswith("<") and piece.endswith(">"):
+        if piece in CONTROL:
             out.append(-1)
             continue
-        following = pieces[n + 1] if n + 1 < len(pieces) else "<end>"
-        if piece == WORD_START and (following.startswith(WORD_START) or following.startswith("<")):
+        following = pieces[n + 1] if n + 1 < len(pieces) else None
+        if piece == WORD_START and (following is None or following in CONTROL or following.startswith(WORD_START)):
             out.append(-1)
             continue
         if piece.startswith(WORD_START) or word < 0:

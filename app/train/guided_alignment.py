@@ -19,15 +19,16 @@ import numpy as np
 import torch
 
 from app.config.schema import Config
-from app.data.links import WORD_START, read_pharaoh
+from app.data.links import CONTROL, WORD_START, read_pharaoh
 from app.data.tokenizer import Tokenizer
 from app.models import has_attention
 from app.run.errors import UserError
 
 
 def piece_words(pieces: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Per vocabulary id: does its piece start a whitespace word, is it a special token (<pad>, </s>...)."""
-    special = np.array([p.startswith("<") and p.endswith(">") for p in pieces])
+    """Per vocabulary id: does its piece start a whitespace word, is it a control piece (<pad>, </s>...: of no
+    word)."""
+    special = np.array([p in CONTROL for p in pieces])
     return np.array([p.startswith(WORD_START) for p in pieces]) & ~special, special
 
 
