@@ -307,8 +307,8 @@ def test_a_bleu_tokenizer_that_is_not_installed_stops_training_before_its_data(w
     prepared = sorted(p.name for p in (workdir / "data").iterdir())
     result = run_cli(workdir, "command=train", *TINY, "name=ja", "data.name=tiny_ja", "data.tgt_lang=ja")
     assert result.returncode == 2 and result.stderr.strip() == (
-        "error: eval.bleu_tokenize=ja-mecab (sacrebleu's choice for data.tgt_lang=ja) needs sacrebleu's ja extras: "
-        ".venv/bin/pip install 'sacrebleu[ja]', or set eval.bleu_tokenize=char"
+        "error: eval.bleu_tokenize=ja-mecab (sacrebleu's choice for the target language ja) needs sacrebleu's ja "
+        "extras: .venv/bin/pip install 'sacrebleu[ja]', or set eval.bleu_tokenize=char"
     )
     assert sorted(p.name for p in (workdir / "data").iterdir()) == prepared  # no corpus made for it
 

@@ -208,7 +208,7 @@ def test_a_tokenizer_whose_extras_are_missing_is_one_line():
     with pytest.raises(UserError) as chosen:
         bleu_tokenizer(None, "ja")
     assert str(chosen.value) == (
-        "eval.bleu_tokenize=ja-mecab (sacrebleu's choice for data.tgt_lang=ja) needs sacrebleu's ja extras: "
+        "eval.bleu_tokenize=ja-mecab (sacrebleu's choice for the target language ja) needs sacrebleu's ja extras: "
         ".venv/bin/pip install 'sacrebleu[ja]', or set eval.bleu_tokenize=char"
     )
     with pytest.raises(UserError, match=r"^eval.bleu_tokenize=ko-mecab needs sacrebleu's ko extras: "):

@@ -123,6 +123,49 @@ def test_prepare_writes_splits_and_carves_dev_test(tmp_path, write_tsv):
     assert report["pairs"] == {s: len(ids[s]) for s in SPLITS}
 
 
+@pytest.mark.parametrize("with_ids", [True, False], ids=["ids", "no ids: split by text"])
+def test_the_reverse_direction_has_the_same_splits_turned_round_with_its_links(tmp_path, write_tsv, with_ids):
+    """data.reverse: every pair in the split it has forward (by its id, or by its text where it has none), source
+    and target swapped, its links i-j (i?j) as j-i (j?i); in data/<name>_reverse unless data.dir is given; the
+    corpora prepared before the setting keep their cache key."""
+    from app.data.prepare import cache_key
+    from app.data.sources import reversed_pair
+
+    assert reversed_pair(Pair("v1", "a b c", "x y", "0-1 2?0 1-1")) == Pair("v1", "x y", "a b c", "1-0 0?2 1-1")
+    rows = corpus_rows() if with_ids else [(s, t) for _, s, t in corpus_rows()]
+    links = [f"0-0 1-1 2?3 {i % 4}-4" for i in range(len(rows))]
+    (tmp_path / "links.txt").write_text("".join(line + "\n" for line in links), encoding="utf-8")
+    given = dict(train=write_tsv("corpus.tsv", rows), train_align=str(tmp_path / "links.txt"))
+    forward = data_cfg(tmp_path, **given)
+    backward = data_cfg(tmp_path, **given, dir=str(tmp_path / "r"), reverse=True)
+    prepare(forward), prepare(backward)
+    for split in SPLITS:
+        there = read_tsv(os.path.join(forward.dir, f"{split}.tsv"))
+        back = read_tsv(os.path.join(backward.dir, f"{split}.tsv"))
+        assert [(p.id, p.tgt, p.src) for p in there] == [(p.id, p.src, p.tgt) for p in back] and back
+        if split == "train":
+            there_links = open(os.path.join(forward.dir, "train.align"), encoding="utf-8").read().splitlines()
+            back_links = open(os.path.join(backward.dir, "train.align"), encoding="utf-8").read().splitlines()
+            assert [reversed_pair(Pair("", "", "", line)).links for line in there_links] == back_links
+    assert DataConfig(source="files", name="gen", reverse=True).dir == os.path.join("data", "gen_reverse")
+    assert DataConfig(source="files", name="gen", reverse=True, aligner="eflomal").dir == os.path.join(
+        "data", "gen_reverse_eflomal"
+    )
+    from app.config.schema import target_language
+
+    assert target_language(DataConfig(src_lang="zh", tgt_lang="en", reverse=True)) == "zh"
+    assert target_language(DataConfig(src_lang="zh", tgt_lang="en")) == "en"
+    assert cache_key(forward) != cache_key(backward)
+    from dataclasses import asdict
+
+    from app.data.prepare import PREPARE_VERSION, _fingerprint
+    from app.run.files import stable_hash
+
+    before = {k: v for k, v in asdict(forward).items() if k not in ("num_proc", "aligner", "reverse")}
+    key = {"version": PREPARE_VERSION, "settings": before, "inputs": _fingerprint(forward), "split_key": "text"}
+    assert cache_key(forward) == stable_hash(key)  # as before data.reverse: no corpus is prepared again
+
+
 def test_copies_of_a_pair_without_an_id_share_a_split(tmp_path, write_tsv):
     """A 2-column file's ids are its line numbers: drawn from them, a pair written twice landed in train and in
     test (scored on a sentence trained on). Drawn from the text, the copies share a split; train keeps one."""

@@ -227,18 +227,21 @@ def pharaoh_words(line: str) -> list[tuple[int, int]]:
 @pytest.fixture(scope="module")
 def linked_runs(tmp_path_factory, corpus_tsv):
     """A tiny run trained on Genesis 1-6 with word links (a diagonal: every dev and test pair has reference links),
-    and a run of the other direction on the same pairs turned round."""
+    and a run of the other direction (data.reverse: the same pairs and splits turned round, links too)."""
     root = tmp_path_factory.mktemp("word_links")
     rows = [line.split("\t") for line in corpus_tsv.read_text(encoding="utf-8").splitlines()]
     diagonal = [" ".join(f"{i}-{i}" for i in range(min(len(s.split()), len(t.split())))) for _, s, t in rows]
     (root / "corpus.tsv").write_text("".join(f"{r}\t{s}\t{t}\n" for r, s, t in rows), encoding="utf-8")
-    (root / "turned.tsv").write_text("".join(f"{r}\t{t}\t{s}\n" for r, s, t in rows), encoding="utf-8")
     (root / "links.txt").write_text("".join(line + "\n" for line in diagonal), encoding="utf-8")
-    tiny = [a for a in TINY if not a.startswith(("data.train=", "data.name=", "name="))]
-    for name, corpus in (("tiny", "corpus.tsv"), ("tiny_turned", "turned.tsv")):
-        args = [*tiny, f"data.train={corpus}", "data.train_align=links.txt", f"data.name={name}", f"name={name}"]
+    tiny = [a for a in TINY if not a.startswith(("data.train=", "name="))]
+    for name, reverse in (("tiny", "false"), ("tiny_turned", "true")):
+        args = [*tiny, "data.train=corpus.tsv", "data.train_align=links.txt", f"data.reverse={reverse}", f"name={name}"]
         result = run_cli(root, "command=train", *args, "train.max_steps=40", "train.eval_every=40")
         assert result.returncode == 0, result.stderr[-3000:]
+    turned = read_tsv(str(root / "data" / "tiny_reverse" / "test.tsv"))
+    assert [(p.id, p.tgt, p.src) for p in read_tsv(str(root / "data" / "tiny" / "test.tsv"))] == [
+        (p.id, p.src, p.tgt) for p in turned
+    ]
     return root
 
 

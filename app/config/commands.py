@@ -81,8 +81,8 @@ class EvalConfig(Checked, section="eval"):
     # another system to test this one against (paired bootstrap and approximate randomization of BLEU and chrF):
     # a run (its eval/<split>/hyp.txt) or a hypothesis file, a line per sentence evaluated
     baseline: Optional[str] = None
-    # the words BLEU counts (sacrebleu's tokenize): unset, sacrebleu's choice for data.tgt_lang (zh for Chinese,
-    # ja-mecab for Japanese, ko-mecab for Korean: sacrebleu's extras; 13a otherwise); intl: 13a with Unicode
+    # the words BLEU counts (sacrebleu's tokenize): unset, sacrebleu's choice for the target language (zh for
+    # Chinese, ja-mecab for Japanese, ko-mecab for Korean: sacrebleu's extras; 13a otherwise); intl: 13a with Unicode
     # punctuation split off; char: every character; none: text already tokenized. For validation and make eval alike.
     bleu_tokenize: Optional[str] = choice(None, "13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "none")
     # parallel text files, a sentence per line, evaluated instead of eval.split (a test set of your own: WMT's,

@@ -83,6 +83,9 @@ class DataConfig(Checked, section="data"):
     # joined by grow-diag-final-and: train.align for guided alignment on any corpus (eflomal: pip install
     # "nmt-attention[align]"); dev and test keep their reference links. Unset data.dir: data/<name>_<aligner>
     aligner: str = choice("none", "eflomal")
+    # the corpus's other direction: each pair's target the source and its links i-j as j-i, in the same splits (a
+    # run for align.reverse, back-translation); data.src_lang stays the corpus's. Unset data.dir: data/<name>_reverse
+    reverse: bool = False
     # hf: dataset name or local path given to datasets.load_dataset, plus field mapping
     hf_path: Optional[str] = None
     hf_config: Optional[str] = None
@@ -116,9 +119,15 @@ class DataConfig(Checked, section="data"):
         self.src_field = self.src_field or f"translation.{self.src_lang}"
         self.tgt_field = self.tgt_field or f"translation.{self.tgt_lang}"
         self.name = self.name or corpus_name(self)
-        self.dir = self.dir or os.path.join("data", self.name + ("" if self.aligner == "none" else f"_{self.aligner}"))
+        suffix = "_reverse" * self.reverse + ("" if self.aligner == "none" else f"_{self.aligner}")
+        self.dir = self.dir or os.path.join("data", self.name + suffix)
         if self.aligner != "none" and self.train_align:
             raise UserError(f"data.aligner={self.aligner} writes the train links: not with data.train_align")
+
+
+def target_language(data: DataConfig) -> str:
+    """The language a run translates into: data.tgt_lang, data.src_lang for data.reverse=true."""
+    return data.src_lang if data.reverse else data.tgt_lang
 
 
 def corpus_name(cfg: DataConfig) -> str:

@@ -21,7 +21,7 @@ from app.config.schema import DataConfig, FilterConfig
 from app.data.aligner import check_aligner, write_aligner_links
 from app.data.cache import cached, mark_done
 from app.data.osis import CLEAN_VERSION as OSIS_CLEAN_VERSION
-from app.data.sources import SPLITS, Pair, read_source
+from app.data.sources import SPLITS, Pair, read_source, reversed_pair
 from app.run.errors import UserError
 from app.run.files import atomic_open, stable_hash
 
@@ -111,8 +111,9 @@ def _fingerprint(cfg: DataConfig) -> dict:
 def cache_key(cfg: DataConfig) -> str:
     settings = asdict(cfg)
     settings.pop("num_proc", None)  # how many processes tokenize does not change the prepared splits
-    if settings.get("aligner") == "none":  # the corpora prepared before data.aligner existed stay as they are
-        settings.pop("aligner")
+    for flag, off in (("aligner", "none"), ("reverse", False)):  # corpora prepared before the setting stay as they are
+        if settings.get(flag) == off:
+            settings.pop(flag)
     key = {"version": PREPARE_VERSION, "settings": settings, "inputs": _fingerprint(cfg)}
     if cfg.source == "bible":  # the verse texts are what app/data/osis.py makes of the modules' markup
         key["osis"] = OSIS_CLEAN_VERSION
@@ -153,7 +154,7 @@ def prepare(cfg: DataConfig, verify: bool = False) -> dict:
         aligned = {}  # split -> its .align file, line for line with the .tsv: for sources that give links
 
         def write(split: str, pair: Pair) -> None:
-            clean = filters[split](pair)
+            clean = filters[split](reversed_pair(pair) if cfg.reverse else pair)
             if clean is None or full(split):
                 return
             if kept[split] and (clean.links is not None) != (split in aligned):  # the first pair decides

@@ -41,6 +41,20 @@ class Pair:
 Splits = dict[str, Optional[Iterable[Pair]]]  # each split read lazily, once
 
 
+def reversed_pair(pair: Pair) -> Pair:
+    """The pair the other way round (data.reverse): target and source swapped, each link ``i-j`` (``i?j``) as
+    ``j-i`` (``j?i``); its id, and so its split, stay."""
+    links = pair.links
+    if links is not None:
+        swapped = []
+        for link in links.split():
+            sep = "-" if "-" in link else "?"
+            i, j = link.split(sep, 1)
+            swapped.append(f"{j}{sep}{i}")
+        links = " ".join(swapped)
+    return Pair(pair.id, pair.tgt, pair.src, links, pair.numbered)
+
+
 def read_source(cfg: DataConfig) -> Splits:
     readers = {"bible": read_bible, "files": read_files, "hf": read_hf}
     if cfg.source not in readers:

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from app.config.schema import Config
+from app.config.schema import Config, target_language
 from app.data.corpus import ParallelData, load_split
 from app.data.links import check_within, read_pharaoh, reference_links
 from app.data.sources import SPLITS
@@ -118,7 +118,7 @@ def evaluate_run(cfg: Config) -> EvaluatedRun:
     own = cfg.viz.self_attention and cfg.eval.engine == "torch" and isinstance(trained.model, SelfAttending)
     forced = own or (alignment is not None and has_attention(trained.config.model))  # a teacher-forced pass
     asked = Asked(
-        bleu_tokenizer(cfg.eval.bleu_tokenize, trained.config.data.tgt_lang),
+        bleu_tokenizer(cfg.eval.bleu_tokenize, target_language(trained.config.data)),
         scores="split",
         length_buckets=cfg.eval.length_buckets,
         ter_share=1.0 if forced else TER_WORKER_SHARE,  # all of TER in the worker beside a teacher-forced pass

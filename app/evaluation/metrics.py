@@ -23,17 +23,17 @@ def _check(hypotheses: list[str], references: list[str]) -> None:
 
 def bleu_tokenizer(setting: Optional[str], tgt_lang: str) -> str:
     """The tokenizer whose words BLEU counts: ``setting`` (eval.bleu_tokenize), or, unset, the one sacrebleu's own
-    command line picks for the target language (``tgt_lang``, data.tgt_lang; zh_CN is zh): zh for Chinese,
-    ja-mecab for Japanese, ko-mecab for Korean, 13a otherwise. 13a splits at spaces and punctuation only, so a
-    sentence of unsegmented Chinese would be a single word, and BLEU 0 unless the hypothesis is the reference
-    exactly. A tokenizer whose extras are not installed is one line naming the setting."""
+    command line picks for the target language (``tgt_lang``: data.tgt_lang, or data.src_lang for data.reverse;
+    zh_CN is zh): zh for Chinese, ja-mecab for Japanese, ko-mecab for Korean, 13a otherwise. 13a splits at spaces
+    and punctuation only, so a sentence of unsegmented Chinese would be a single word, and BLEU 0 unless the
+    hypothesis is the reference exactly. A tokenizer whose extras are not installed is one line naming the setting."""
     language = tgt_lang.replace("-", "_").split("_")[0].lower()
     name = setting or getattr(BLEU, "_TOKENIZER_MAP", {}).get(language, BLEU.TOKENIZER_DEFAULT)
     try:
         BLEU(tokenize=name)
     except RuntimeError:  # sacrebleu's message: its extras are missing
         extra = name.split("-")[0]
-        why = "" if setting else f" (sacrebleu's choice for data.tgt_lang={tgt_lang})"
+        why = "" if setting else f" (sacrebleu's choice for the target language {tgt_lang})"
         raise UserError(
             f"eval.bleu_tokenize={name}{why} needs sacrebleu's {extra} extras: .venv/bin/pip install "
             f"'sacrebleu[{extra}]', or set eval.bleu_tokenize=char"

@@ -21,7 +21,7 @@ from typing import Any, Optional
 import torch
 
 from app.config.load import check_compatible
-from app.config.schema import Config, TrainConfig
+from app.config.schema import Config, TrainConfig, target_language
 from app.data.schedule import BatchSchedule
 from app.evaluation.metrics import bleu_tokenizer
 from app.run.checkpoint import UnloadableCheckpoint, load_checkpoint, snapshot_name, snapshot_steps
@@ -226,7 +226,7 @@ def check_settings(cfg: Config, last_path: str, world: int, resume: bool) -> Non
     """A resumed run needs its last.pt; a new one must not overwrite another run's; out-of-memory
     retries cut batches differently on each rank; validation's BLEU tokenizer must be at hand (sacrebleu's extras
     for ja-mecab and ko-mecab), said before any data work, not at the first validation."""
-    bleu_tokenizer(cfg.eval.bleu_tokenize, cfg.data.tgt_lang)
+    bleu_tokenizer(cfg.eval.bleu_tokenize, target_language(cfg.data))
     if world > 1 and cfg.train.oom_retry:
         raise UserError(
             "train.oom_retry=true works in a single process only: with several ranks every "

@@ -16,7 +16,7 @@ from typing import Optional
 
 from tqdm import tqdm
 
-from app.config.schema import Config
+from app.config.schema import Config, target_language
 from app.data.corpus import ParallelData
 from app.data.tokenizer import Tokenizer
 from app.decode.passes import decode_corpus
@@ -74,7 +74,7 @@ def validate(
     )
     chosen = tensorboard_sentences(dev.src, min(cfg.viz.sentences, len(dev)))
     scope = align_scope(cfg.eval.align_scope, gold_file=False)  # the corpus's own links, as make eval scores them
-    tokenize = bleu_tokenizer(cfg.eval.bleu_tokenize, cfg.data.tgt_lang)
+    tokenize = bleu_tokenizer(cfg.eval.bleu_tokenize, target_language(cfg.data))
     asked = Asked(
         tokenize,
         scores="corpus",
