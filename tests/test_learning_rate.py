@@ -94,6 +94,16 @@ def test_a_plateau_cuts_the_rate_after_its_patience_down_to_the_floor():
     restored_optimizer.step()
     restored.step()
     assert restored_optimizer.param_groups[0]["lr"] == pytest.approx(2e-4)
+    from app.train.capture import learning_rate_on_device
+
+    learning_rate_on_device(restored_optimizer, torch.device("cpu"))  # as a captured update reads it: a tensor
+    rate = restored_optimizer.param_groups[0]["lr"]
+    cut_on_plateau(restored, t, 2, 12, torch.device("cpu"), main=True)  # at the floor already: no cut
+    assert restored_optimizer.param_groups[0]["lr"] is rate and float(rate) == pytest.approx(2e-4)
+    restored.base_lrs = [1e-3]
+    rate.fill_(1e-3)
+    cut_on_plateau(restored, t, 2, 12, torch.device("cpu"), main=True)
+    assert restored_optimizer.param_groups[0]["lr"] is rate and float(rate) == pytest.approx(5e-4)  # in place
     other = TrainConfig(lr=1e-3, lr_schedule="constant", lr_patience=1)
     optimizer, scheduler = make_optimizer(model, Config(train=other))
     cut_on_plateau(scheduler, other, 5, 5, torch.device("cpu"), main=True)  # not a plateau schedule: no cut
