@@ -29,7 +29,7 @@ def read_pharaoh(path: str) -> list[tuple[set, set]]:
     for line_no, line in text_lines(path):
         sure, possible = set(), set()
         for link in line.split():
-            sep = "-" if "-" in link else "?"
+            sep = link_sign(link)
             try:
                 i, j = (int(x) for x in link.split(sep))
             except ValueError:
@@ -39,6 +39,21 @@ def read_pharaoh(path: str) -> list[tuple[set, set]]:
                 sure.add((i, j))
         gold.append((sure, possible))
     return gold
+
+
+def link_sign(link: str) -> str:
+    """A Pharaoh link's separator: ``-`` for a sure link (``i-j``), ``?`` for a possible one (``i?j``)."""
+    return "-" if "-" in link else "?"
+
+
+def reversed_links(line: str) -> str:
+    """A Pharaoh line of the other direction: each link ``i-j`` (``i?j``) as ``j-i`` (``j?i``)."""
+    swapped = []
+    for link in line.split():
+        sep = link_sign(link)
+        i, j = link.split(sep, 1)
+        swapped.append(f"{j}{sep}{i}")
+    return " ".join(swapped)
 
 
 def check_within(where: str, links: Iterable[tuple[int, int]], src: str, tgt: str) -> None:

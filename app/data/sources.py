@@ -18,7 +18,7 @@ from itertools import zip_longest
 from typing import Any, Optional
 
 from app.config.schema import DataConfig
-from app.data.links import check_within
+from app.data.links import check_within, reversed_links
 from app.data.osis import clean_osis, raw_verses
 from app.data.strongs import pharaoh_line, strong_links, tagged_words
 from app.data.text_files import check_file, text_lines
@@ -44,14 +44,7 @@ Splits = dict[str, Optional[Iterable[Pair]]]  # each split read lazily, once
 def reversed_pair(pair: Pair) -> Pair:
     """The pair the other way round (data.reverse): target and source swapped, each link ``i-j`` (``i?j``) as
     ``j-i`` (``j?i``); its id, and so its split, stay."""
-    links = pair.links
-    if links is not None:
-        swapped = []
-        for link in links.split():
-            sep = "-" if "-" in link else "?"
-            i, j = link.split(sep, 1)
-            swapped.append(f"{j}{sep}{i}")
-        links = " ".join(swapped)
+    links = None if pair.links is None else reversed_links(pair.links)
     return Pair(pair.id, pair.tgt, pair.src, links, pair.numbered)
 
 

@@ -22,7 +22,7 @@ from typing import Optional
 from app.config.schema import TrainConfig
 from app.run import distributed
 from app.run.checkpoint import average_files, best_steps, save_checkpoint, snapshot_name, snapshot_steps
-from app.train.state import BEST_METRICS, Progress, ranking_score
+from app.train.state import BEST_METRICS, Progress, metric_value, ranking_score
 from app.train.validation import validate
 
 log = logging.getLogger(__name__)
@@ -115,15 +115,15 @@ def average_at_end(trainer) -> Optional[dict]:
         "seconds": round(time.perf_counter() - start, 2),
         "disk_seconds": round(loaded, 2),
     }
-    name, sign = BEST_METRICS[metric], -1 if metric == "loss" else 1
-    single = f"the best single weights (step {p.best_step}, dev {name} {sign * p.best_score:.2f})"
+    name, best = BEST_METRICS[metric], metric_value(p.best_score, metric)
+    single = f"the best single weights (step {p.best_step}, dev {name} {best:.2f})"
     if kept == "average":
         log.info(
             "best.pt: the average of %d snapshots (dev %s %.2f), %+.2f over %s",
             len(steps),
             name,
             metrics[metric],
-            sign * gain,
+            metric_value(gain, metric),
             single,
         )
     else:
@@ -132,6 +132,6 @@ def average_at_end(trainer) -> Optional[dict]:
             single,
             len(steps),
             metrics[metric],
-            sign * gain,
+            metric_value(gain, metric),
         )
     return summary

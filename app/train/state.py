@@ -41,6 +41,11 @@ def ranking_score(metrics: dict, best_metric: str) -> float:
     return -metrics["loss"] if best_metric == "loss" else metrics[best_metric]
 
 
+def metric_value(score: float, best_metric: str) -> float:
+    """The dev score itself of a ``ranking_score`` (or of a difference of two: for the loss, how much lower)."""
+    return -score if best_metric == "loss" else score
+
+
 @dataclass
 class Progress:
     """Where training stands; saved in every checkpoint so a resumed run continues exactly."""
