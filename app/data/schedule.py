@@ -111,7 +111,7 @@ class BatchSchedule:
                 group = batches[start : start + self.group]
                 tgt_tokens = int(sum(tgt_plus_eos[indices].sum() for indices in group))  # known on every rank
                 parts = group[self.rank * self.accum : (self.rank + 1) * self.accum]
-                ends = start + 2 * self.group > len(batches)
+                ends = self.epoch_ends_at(start + self.group, len(batches))
                 yield Update(parts, tgt_tokens, epoch, start + self.group, budget, ends)
             # the next epoch is cut with the budget in force when it starts
             epoch, position, budget = epoch + 1, 0, self.batch_tokens
@@ -147,6 +147,10 @@ class BatchSchedule:
             "epoch_batch_shapes": len({batch_shape(b, src_len, tgt_len) for b in batches}),
             "epoch_batches": len(batches),
         }
+
+    def epoch_ends_at(self, position: int, batches: int) -> bool:
+        """Whether an epoch of ``batches`` batches is done once ``position`` of them are: no whole update is left."""
+        return position + self.group > batches
 
     def epochs_finished(self) -> int:
         """Epochs every update of which was trained on (an epoch's last group smaller than an update is left out)."""
@@ -201,7 +205,7 @@ class BatchSchedule:
             )
         self.epoch, self.position = state["epoch"], state["position"]
         self.epoch_batch_tokens = state["epoch_batch_tokens"] or saved_batch_tokens
-        self.finished = self.epoch + (self.position + self.group > len(self.epoch_batches()))
+        self.finished = self.epoch + self.epoch_ends_at(self.position, len(self.epoch_batches()))
         self.batch_tokens = state["batch_tokens"] or saved_batch_tokens
         if saved_batch_tokens != configured_batch_tokens:
             self.batch_tokens = configured_batch_tokens
