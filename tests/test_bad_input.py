@@ -95,6 +95,18 @@ ERRORS = [
         ["decode.no_repeat_ngram_size=-1 must be >= 0 (0: off)"],
     ),
     (
+        "a negative least length",
+        files(),
+        ["decode.min_len=-1"],
+        ["decode.min_len=-1 must be >= 0: the fewest pieces of a translation"],
+    ),
+    (
+        "a negative coverage penalty",
+        files(),
+        ["decode.coverage_penalty=-0.2"],
+        ["decode.coverage_penalty=-0.2 must be >= 0 (0: off)"],
+    ),
+    (
         "sampling with a beam",
         files(),
         ["decode.sampling=true"],

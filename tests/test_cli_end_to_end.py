@@ -118,11 +118,37 @@ def test_translate_reads_stdin_and_writes_one_line_per_input(workdir):
         pairs = [tuple(int(x) for x in link.split("-")) for link in links.split()]
         assert text == translation and [j for _, j in pairs] == list(range(len(text.split())))
         assert all(0 <= i < len(source.split()) for i, _ in pairs)
+    # with decode.n_best: every hypothesis' links, a fourth field; the best's are the 1-best line's
+    nbest = run_cli(
+        workdir,
+        "command=translate",
+        "name=tiny",
+        "device=cpu",
+        "translate.alignments=true",
+        "decode.n_best=3",
+        stdin=lines,
+    )
+    assert nbest.returncode == 0, nbest.stderr[-3000:]
+    rows = [line.split(" ||| ") for line in nbest.stdout.splitlines()]
+    assert [int(index) for index, *_ in rows] == [0, 0, 0, 1, 1, 1] and all(len(row) == 4 for row in rows)
+    firsts = [rows[0], rows[3]]
+    assert [f"{text} ||| {links}" for _, text, _, links in firsts] == linked.stdout.splitlines()
+    for index, text, _, links in rows:
+        pairs = [tuple(int(x) for x in link.split("-")) for link in links.split()]
+        assert [j for _, j in pairs] == list(range(len(text.split())))
+        assert all(0 <= i < len(lines.splitlines()[int(index)].split()) for i, _ in pairs)
     refused = run_cli(
-        workdir, "command=translate", "name=tiny", "translate.alignments=true", "decode.n_best=2", stdin=lines
+        workdir,
+        "command=translate",
+        "name=tiny",
+        "translate.alignments=true",
+        "decode.n_best=2",
+        "translate.engine=ct2",
+        stdin=lines,
     )
     assert refused.returncode == 2 and refused.stderr.strip() == (
-        "error: translate.alignments=true links the best hypothesis only: not with decode.n_best=2"
+        "error: translate.alignments=true with decode.n_best=2: a CTranslate2 export returns the best hypothesis' "
+        "attention only; translate.engine=torch links every hypothesis"
     )
 
 

@@ -23,7 +23,7 @@ from app.decode.ct2_engine import CT2Translator  # noqa: E402
 from app.decode.export import convert  # noqa: E402
 from app.decode.passes import decode_corpus, forced_pass  # noqa: E402
 from app.decode.sampling import Sampler  # noqa: E402
-from app.decode.search import block_repeated_ngrams, length_penalty  # noqa: E402
+from app.decode.search import block_repeated_ngrams, coverage_penalty, length_penalty  # noqa: E402
 from app.models import build_model, sequence_loss  # noqa: E402
 from app.run.errors import UserError  # noqa: E402
 
@@ -107,12 +107,13 @@ def build(cfg, src_vocab: int, tgt_vocab: int, joint: bool = True, seed: int = 0
 
 def our_log_probs(model, src, tgt, renormalized: bool = False) -> list[list[float]]:
     """Teacher-forced log p of every target token and the final EOS, per sentence (``renormalized``:
-    over every token but <pad> and <s>)."""
+    over every token but <pad> and <s>, and but EOS where decode.min_len holds it back, as CTranslate2's scores)."""
     batch = Batcher(src, tgt)(list(range(len(src))))
     with torch.no_grad():
         logits = model(batch.src, batch.tgt_in)
         if renormalized:
             logits[..., [PAD, BOS]] = float("-inf")
+            logits[:, : DecodeConfig().min_len, EOS] = float("-inf")
         logp = torch.log_softmax(logits, -1)
     picked = logp.gather(-1, batch.tgt_out[..., None]).squeeze(-1)
     return [picked[i, : len(t) + 1].tolist() for i, t in enumerate(tgt)]
@@ -433,11 +434,12 @@ def repeats(tokens: list[int], n: int = 3) -> bool:
 
 def renormalized_log_probs(model, src, tgt, n: int) -> list[list[float]]:
     """Teacher-forced log p of every target token and the final EOS, renormalized over the tokens that are neither
-    <pad>, <s> nor banned by block_repeated_ngrams after the tokens before it."""
+    <pad>, <s> nor banned by block_repeated_ngrams after the tokens before it (nor EOS held back by decode.min_len)."""
     batch = Batcher(src, tgt)(list(range(len(src))))
     with torch.no_grad():
         logits = model(batch.src, batch.tgt_in).float()
     logits[..., [PAD, BOS]] = float("-inf")
+    logits[:, : DecodeConfig().min_len, EOS] = float("-inf")
     out = []
     for i, tokens in enumerate(tgt):
         rows = logits[i, : len(tokens) + 1].clone()
@@ -509,3 +511,66 @@ def test_loading_an_export_leaves_torchs_thread_count_alone(genesis, tmp_path):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+SECOND = 7
+
+
+def eager_to_end(cfg, genesis) -> torch.nn.Module:
+    """A model whose every step puts EOS first, then the piece ``SECOND``: its final norm gives every position
+    one vector, which the output projection scores."""
+    vocab = genesis["sp"].get_piece_size()
+    model = build(cfg, vocab, vocab)
+    with torch.no_grad():
+        model.dec_norm.weight.zero_()
+        model.dec_norm.bias.zero_()[0] = 1.0
+        model.out_proj.weight[:, 0] = 0.0
+        model.out_proj.weight[EOS, 0], model.out_proj.weight[SECOND, 0] = 8.0, 4.0
+    return model
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_min_len_holds_back_eos_as_ctranslate2_does(beam, genesis, tmp_path):
+    """decode.min_len is CTranslate2's min_decoding_length: no EOS before that many pieces, a target prefix's
+    counted; an empty source still translates to nothing."""
+    cfg = model_cfg()
+    model = eager_to_end(cfg, genesis)
+    engine = export(model, cfg, genesis, tmp_path)
+    src = genesis["src"][:3] + [[]]
+    for min_len, lengths in [(0, [0, 0, 0, 0]), (1, [1, 1, 1, 0]), (3, [3, 3, 3, 0])]:
+        decode = DecodeConfig(beam_size=beam, n_best=1, min_len=min_len)
+        ours, theirs = decode_corpus(model, src, CPU, decode), engine.translate(src, decode)
+        assert ours.tokens == theirs.tokens and [len(t) for t in ours.tokens] == lengths
+        assert all(set(t) <= {SECOND} for t in ours.tokens)  # held back, the next best piece
+    prefix = [[9, 10], [], [9, 10, 11, 12], []]
+    decode = DecodeConfig(beam_size=beam, min_len=3)
+    ours, theirs = decode_corpus(model, src, CPU, decode, prefix=prefix), engine.translate(src, decode, prefix=prefix)
+    assert ours.tokens == theirs.tokens == [[9, 10, SECOND], [SECOND] * 3, [9, 10, 11, 12], []]
+
+
+@pytest.mark.slow
+def test_coverage_penalty_ranks_as_ctranslate2_attention_says(trained, genesis, tmp_path):
+    """decode.coverage_penalty on both engines (GNMT's α = β = 0.2): each best hypothesis scored log p / lp(Y) +
+    β Σ_i log min(coverage_i, 1), its coverage the attention of its steps (EOS included) in the last layer, mean of
+    heads; CTranslate2's hypotheses ranked by that score, their coverage read from the attention it returns."""
+    (cfg, model), src = trained, genesis["src"]
+    engine = export(model, cfg, genesis, tmp_path)
+    decode = DecodeConfig(beam_size=5, length_penalty=0.2, coverage_penalty=0.2, n_best=3)
+    ours, theirs = decode_corpus(model, src, CPU, decode, need_attention=True), engine.translate(src, decode)
+    free = decode_corpus(model, src, CPU, DecodeConfig(beam_size=5, length_penalty=0.2))
+    changed = 1 - equal_share(ours.tokens, free.tokens)
+    print(f"same best hypothesis {equal_share(ours.tokens, theirs.tokens):.1%}; changed by the penalty {changed:.1%}")
+    assert equal_share(ours.tokens, theirs.tokens) >= 0.97 and changed >= 0.05  # 99.5 % and 10.2 % on 2026-11-28
+    limits = engine.length_limits(src, decode).tolist()
+    ended = [i for i in range(len(src)) if ours.tokens[i] == theirs.tokens[i] and len(ours.tokens[i]) < limits[i]]
+    assert len(ended) >= 0.9 * len(src)
+    hyps, sources = [ours.tokens[i] for i in ended], [src[i] for i in ended]
+    penalties = [float(coverage_penalty(ours.attention[i][-1].mean(0).sum(0, keepdim=True), 0.2)) for i in ended]
+    assert all(p < 0 for p in penalties)
+    for log_p, scored in (
+        (our_log_probs(model, sources, hyps), ours),
+        (our_log_probs(model, sources, hyps, True), theirs),
+    ):
+        expected = [sum(lp) / length_penalty(len(t) + 1, 0.2) + p for lp, t, p in zip(log_p, hyps, penalties)]
+        got = [scored.nbest[i][0][1] for i in ended]
+        assert torch.allclose(torch.tensor(got), torch.tensor(expected), atol=1e-3)

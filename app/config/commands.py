@@ -18,9 +18,15 @@ from app.run.errors import UserError
 class DecodeConfig:
     beam_size: int = 5  # 1 = greedy; validation during training is always greedy
     length_penalty: float = 1.0  # GNMT α: hypotheses scored log p / ((5 + |Y|) / 6)^α
+    # GNMT β: a beam search's ended hypotheses also scored β Σ_i log min(attention source piece i got, 1), which
+    # lowers those that leave source pieces unread (OpenNMT's -coverage_penalty wu, CTranslate2's coverage_penalty)
+    coverage_penalty: float = 0.0
     n_best: int = 1  # translate: hypotheses printed per input
     # no n-gram of this many pieces twice in a hypothesis (fairseq's and CTranslate2's setting); 0 = off
     no_repeat_ngram_size: int = 0
+    # no translation of a non-empty source shorter than this many pieces: no EOS before (fairseq's --min-len,
+    # CTranslate2's min_decoding_length); 0: an empty translation may win
+    min_len: int = 1
     sampling: bool = False  # draw each next token at random (beam_size 1), e.g. for back-translation, from:
     sampling_topk: int = 0  # the k most probable (0: all),
     sampling_topp: float = 1.0  # then the fewest of them holding this probability,
@@ -41,6 +47,8 @@ class DecodeConfig:
             f"decode.beam_size={beam} must be >= 1 and >= decode.n_best={self.n_best}": beam < 1 or self.n_best > beam,
             f"decode.n_best={self.n_best} must be >= 1: hypotheses per input": self.n_best < 1,
             f"decode.no_repeat_ngram_size={ngram} must be >= 0 (0: off)": ngram < 0,
+            f"decode.min_len={self.min_len} must be >= 0: the fewest pieces of a translation": self.min_len < 0,
+            f"decode.coverage_penalty={self.coverage_penalty} must be >= 0 (0: off)": not self.coverage_penalty >= 0,
             "decode.sampling=true draws one hypothesis per sentence, a beam search does not draw: set "
             f"decode.beam_size=1 (it is {beam})": self.sampling and beam != 1,
             f"decode.sampling_topk={topk} must be >= 0 (0: the whole vocabulary)": topk < 0,
@@ -108,7 +116,8 @@ class TranslateConfig(Checked, section="translate"):
     output: Optional[str] = None  # file; default stdout
     checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
     engine: str = choice("torch", "ct2")  # ct2: the run's CTranslate2 export (translate.checkpoint unused)
-    # each line "translation ||| i-j ...": its word links to the source, read from the attention (Pharaoh format)
+    # each line "translation ||| i-j ...": its word links to the source, read from the attention (Pharaoh format); an
+    # n-best line (decode.n_best > 1) "index ||| hypothesis ||| score ||| i-j ...", each hypothesis its own
     alignments: bool = False
     prefix: Optional[str] = None  # file, a line per input line: its translation begins so (empty line: free)
     # file, a line per input line: target phrases (tab-separated) its translation contains (empty line: free)

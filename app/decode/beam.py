@@ -8,8 +8,17 @@ import torch
 
 from app.data.tokenizer import BOS, EOS, PAD
 from app.decode.constraints import PhraseConstraints
-from app.decode.search import Hypotheses, Search, attention_to_host, by_step, length_penalty, sentence_attention
+from app.decode.search import (
+    Hypotheses,
+    Search,
+    attention_to_host,
+    by_step,
+    coverage_penalty,
+    length_penalty,
+    sentence_attention,
+)
 from app.models.api import MemoryT, Seq2Seq, StateT
+from app.run.errors import UserError
 
 
 class BeamSearch(Search[MemoryT, StateT]):
@@ -25,6 +34,10 @@ class BeamSearch(Search[MemoryT, StateT]):
     candidate is written out with the step and the beam it came from, and the n best of each sentence
     are ranked once, at the end (a stable sort of them in the order they ended ranks equal scores as
     the step-by-step merge would), then read back along the backpointers.
+
+    With a coverage penalty β (``decode.coverage_penalty``), every row carries its coverage, the attention each
+    source position got over its steps, and a hypothesis that ends adds β Σ log min(coverage, 1) to its score
+    (``coverage_penalty``); the live beams are ranked by log p alone, as GNMT's and CTranslate2's are.
 
     With terminology ``constraints`` (``PhraseConstraints.allocate``: dynamic beam allocation), EOS among the k
     best candidates that have met every phrase ends a hypothesis, and the beam continues with the first k others
@@ -47,11 +60,17 @@ class BeamSearch(Search[MemoryT, StateT]):
         no_repeat_ngram_size: int = 0,
         prefix: Optional[torch.Tensor] = None,
         constraints: Optional[PhraseConstraints] = None,
+        min_len: int = 0,
+        coverage_penalty: float = 0.0,
     ):
         settings = (max_len_ratio, max_len_extra, need_attention, onednn, no_repeat_ngram_size, prefix, constraints)
-        super().__init__(model, src, beam_size, *settings)
+        super().__init__(model, src, beam_size, *settings, min_len)
         k, device, batch = beam_size, self.device, self.batch
         self.alpha, self.n_best = alpha, n_best
+        # GNMT's coverage penalty β: each row's attention summed over its steps so far, per source position
+        self.beta = coverage_penalty
+        self.coverage = torch.zeros(batch * k, src.size(1), device=device) if coverage_penalty else None
+        self.step_attention = need_attention or bool(coverage_penalty)
         scores = torch.full((batch, k), float("-inf"), device=device)
         scores[:, 0] = 0.0  # all beams start identical: let only the first one expand
         self.scores = scores.view(-1, 1)  # (rows, 1) log p of each live beam
@@ -82,6 +101,7 @@ class BeamSearch(Search[MemoryT, StateT]):
             self.history_attention.append(attn)
         logp = self.next_token_scores(logits)
         vocab = logp.size(-1)
+        covered = self.covered(attn)
         if t >= self.min_limit:  # only EOS may follow a beam at its length limit
             if self.eos_only is None:
                 self.eos_only = torch.full((vocab,), float("-inf"), device=self.device)
@@ -106,6 +126,8 @@ class BeamSearch(Search[MemoryT, StateT]):
         if self.riding:  # a done sentence that rides along ends nothing (only one still searching does)
             ends = ends.masked_fill(~self.live, float("-inf"))
         ended = ends / length_penalty(t + 1, alpha)
+        if covered is not None:
+            ended = ended + coverage_penalty(covered, self.beta)[end_rows]
         self.segment_scores.append(ended)
         self.segment_rows.append(end_rows)
         self.kth_best = torch.cat([self.kth_best, ended], 1).topk(k, dim=1).values
@@ -137,9 +159,21 @@ class BeamSearch(Search[MemoryT, StateT]):
         self.history_parents.append(rows)
         self.scores = alive_scores.view(-1, 1)
         self.state = self.state.select(rows)
+        if covered is not None:
+            self.coverage = covered[rows]
         if c is not None:
             c.set_rows(c_state.flatten(0, 1), c_met.flatten(0, 1))
         return False
+
+    def covered(self, attention: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """With a coverage penalty: each row's coverage (rows, S) after this step's ``attention``, read in the view
+        word links and CTranslate2 read (an RNN's map, a Transformer's last layer, mean of heads); else None."""
+        if self.coverage is None:
+            return None
+        if attention is None:
+            raise UserError("decode.coverage_penalty reads the attention: this model has none; set it to 0")
+        view = attention if attention.dim() == 3 else attention[:, -1].mean(1)  # (rows, 1, S)
+        return self.coverage + view[:, 0].float()
 
     def limits_of_rows(self) -> torch.Tensor:
         return self.row_limits

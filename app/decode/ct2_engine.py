@@ -17,7 +17,7 @@ import torch
 from app.config.commands import DecodeConfig
 from app.config.schema import Config
 from app.data.tokenizer import Tokenizer
-from app.decode.search import Hypotheses, check_lengths, length_limits, length_penalty
+from app.decode.search import Hypotheses, check_lengths, coverage_penalty, length_limits, length_penalty
 from app.run.errors import UserError
 
 # An export's directory holds the CTranslate2 model, its vocabularies, the SentencePiece model(s) and this
@@ -45,7 +45,8 @@ class CT2Translator:
 
     ``nbest`` is scored as ours, log p(Y|X) / ((5 + |Y|) / 6)^α with |Y| counting EOS, except that
     CTranslate2 removes <pad> and <s> before its softmax (suppress_sequences) where ours removes them
-    after: its log p is over the other tokens, higher than ours by Σ_t -log(1 - p_t(<pad>) - p_t(<s>)).
+    after: its log p is over the other tokens, higher than ours by Σ_t -log(1 - p_t(<pad>) - p_t(<s>)); so too
+    EOS at the steps decode.min_len holds it back (min_decoding_length).
     ``attention`` (need_attention): per sentence (target tokens + EOS, source tokens + EOS), the
     encoder-decoder attention of the exported alignment_layer (default: the last decoder layer)
     averaged over its heads (a hypothesis cut at the length limit gets its EOS row as ours does).
@@ -171,7 +172,6 @@ class CT2Translator:
             max_batch_size=decode.batch_source_tokens,
             batch_type="tokens",
             max_input_length=0,
-            min_decoding_length=0,
             suppress_sequences=[["<pad>"], ["<s>"]],
             return_end_token=True,
         )
@@ -186,10 +186,14 @@ class CT2Translator:
                 sampling_temperature=decode.sampling_temperature,
             )
         prefix_log_p = prefix_log_p or [0.0] * len(src)
+        # the coverage penalty is ours, from the attention CTranslate2 returns (its own would read its wrong first
+        # rows, below), added as each hypothesis is ranked
+        beta = decode.coverage_penalty if beam_size > 1 else 0.0
+        read_attention = need_attention or bool(beta)
         for limit, indices in groups.items():
             batch = [src[i] for i in indices]
             first_rows = [None] * len(batch)
-            if need_attention and beam_size > 1:
+            if read_attention and beam_size > 1:
                 # CTranslate2 (4.8, CPU) returns the wrong first attention row for all but the first sentence
                 # of a beam search batch: step 0 runs before the beams are expanded, and its attention is
                 # gathered with batch indices into beam-expanded rows (src/decoding.cc, BeamSearch::search).
@@ -208,15 +212,16 @@ class CT2Translator:
                 # undoes; with α = 0 it stops once the best beam has ended (and num_hypotheses have)
                 length_penalty=length_penalty,
                 max_decoding_length=max(limit, 1),
+                min_decoding_length=decode.min_len,
                 target_prefix=None if prefix is None else [prefix[i] for i in indices],
                 no_repeat_ngram_size=decode.no_repeat_ngram_size,
                 **sampling,
                 return_scores=True,
-                return_attention=need_attention,
+                return_attention=read_attention,
                 **common,
             )
             for i, result, first_row in zip(indices, results, first_rows):
-                ranked = _rank(result, length_penalty, need_attention, first_row, prefix_log_p[i])[:n_best]
+                ranked = _rank(result, length_penalty, read_attention, first_row, prefix_log_p[i], beta)[:n_best]
                 tokens[i] = ranked[0][0]
                 nbest[i] = [(t, s) for t, s, _ in ranked]
                 if need_attention:
@@ -263,11 +268,17 @@ class CT2Translator:
 
 
 def _rank(
-    result, alpha: float, with_attention: bool, first_row: Optional[list[float]] = None, prefix_log_p: float = 0.0
+    result,
+    alpha: float,
+    with_attention: bool,
+    first_row: Optional[list[float]] = None,
+    prefix_log_p: float = 0.0,
+    beta: float = 0.0,
 ) -> list[tuple[list[str], float, Optional[torch.Tensor]]]:
     """(pieces without </s>, our GNMT score, attention (|Y| + 1, src + EOS) or None), best first;
     ``first_row`` replaces every hypothesis' first attention row; ``prefix_log_p`` is the log p of a target prefix
-    the scores leave out."""
+    the scores leave out; ``beta``: the coverage penalty's weight (app.decode.beam.coverage_penalty), read from
+    the attention (with_attention)."""
     ranked = []
     for k, (hyp, score) in enumerate(zip(result.hypotheses, result.scores)):
         ended = bool(hyp) and hyp[-1] == "</s>"
@@ -283,7 +294,10 @@ def _rank(
             # CTranslate2 drops the column of the </s> it appends to the source; rows sum to 1, so it is the rest
             weights = torch.cat([weights, (1 - weights.sum(-1, keepdim=True)).clamp(min=0)], dim=-1)
         # a hypothesis cut at the length limit has no </s>: ours adds one there, with log p 0
-        ranked.append((pieces, log_p / length_penalty(len(pieces) + 1, alpha), weights))
+        score = log_p / length_penalty(len(pieces) + 1, alpha)
+        if beta and weights is not None:  # (a cut one's coverage lacks the row of the step ours ends it at)
+            score += float(coverage_penalty(weights.sum(0, keepdim=True), beta))
+        ranked.append((pieces, score, weights))
     return sorted(ranked, key=lambda r: -r[1])  # stable: CTranslate2's order among equal scores
 
 

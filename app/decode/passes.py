@@ -32,11 +32,15 @@ def greedy_decode(
     need_attention: bool = False,
     onednn: bool = True,
     no_repeat_ngram_size: int = 0,
+    min_len: int = 0,
 ) -> Hypotheses:
     """Pick the most probable token at every step until EOS or the length limit, for a whole batch. ``onednn``:
     on a CPU, a Transformer's step multiplies through oneDNN (``decode.cpu_onednn``); ``no_repeat_ngram_size``:
-    no n-gram of that size twice in a hypothesis (0: any)."""
-    search = GreedySearch(model, src, max_len_ratio, max_len_extra, need_attention, onednn, no_repeat_ngram_size)
+    no n-gram of that size twice in a hypothesis (0: any); ``min_len``: no EOS before that many pieces (but for an
+    empty source)."""
+    search = GreedySearch(
+        model, src, max_len_ratio, max_len_extra, need_attention, onednn, no_repeat_ngram_size, min_len=min_len
+    )
     return search.run()
 
 
@@ -52,11 +56,25 @@ def beam_search(
     need_attention: bool = False,
     onednn: bool = True,
     no_repeat_ngram_size: int = 0,
+    min_len: int = 0,
+    coverage_penalty: float = 0.0,
 ) -> Hypotheses:
     """Batched beam search (``BeamSearch``) of a batch of sources; the host reads the results once, at the end.
-    ``onednn`` and ``no_repeat_ngram_size``: as ``greedy_decode``'s."""
+    ``onednn``, ``no_repeat_ngram_size`` and ``min_len``: as ``greedy_decode``'s; ``coverage_penalty``: GNMT's β
+    (app.decode.search.coverage_penalty)."""
     search = BeamSearch(
-        model, src, beam_size, alpha, max_len_ratio, max_len_extra, n_best, need_attention, onednn, no_repeat_ngram_size
+        model,
+        src,
+        beam_size,
+        alpha,
+        max_len_ratio,
+        max_len_extra,
+        n_best,
+        need_attention,
+        onednn,
+        no_repeat_ngram_size,
+        min_len=min_len,
+        coverage_penalty=coverage_penalty,
     )
     return search.run()
 
@@ -90,6 +108,7 @@ def searcher(
             sampler,
             prefix,
             phrases,
+            d.min_len,
         )
     return BeamSearch(
         model,
@@ -104,6 +123,8 @@ def searcher(
         d.no_repeat_ngram_size,
         prefix,
         phrases,
+        d.min_len,
+        d.coverage_penalty,
     )
 
 

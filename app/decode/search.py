@@ -41,6 +41,8 @@ def describe(decode: DecodeConfig) -> str:
     translate's first line say ("beam 5, length penalty 1.0, no repeated 4-grams", "sampling top-k 10, seed 0")."""
     d = decode
     search = "greedy" if d.beam_size == 1 else f"beam {d.beam_size}, length penalty {d.length_penalty}"
+    if d.beam_size > 1 and d.coverage_penalty:
+        search += f", coverage penalty {d.coverage_penalty}"
     if d.sampling:
         narrowed = []
         if d.sampling_topk > 0:
@@ -50,7 +52,10 @@ def describe(decode: DecodeConfig) -> str:
         if d.sampling_temperature != 1:
             narrowed.append(f"temperature {d.sampling_temperature}")
         search = f"sampling {', '.join(narrowed) or 'the whole distribution'}, seed {d.sampling_seed}"
-    return search + (f", no repeated {d.no_repeat_ngram_size}-grams" if d.no_repeat_ngram_size else "")
+    search += f", no repeated {d.no_repeat_ngram_size}-grams" if d.no_repeat_ngram_size else ""
+    if d.min_len != 1:  # the default (no empty translation) goes unsaid
+        search += ", empty translations allowed" if not d.min_len else f", at least {d.min_len} pieces"
+    return search
 
 
 def never_outputs(device: torch.device) -> torch.Tensor:
@@ -174,6 +179,15 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5 + length) / 6) ** alpha
 
 
+def coverage_penalty(coverage: torch.Tensor, beta: float) -> torch.Tensor:
+    """GNMT's coverage penalty (Wu et al. 2016, eq. 14), per row of ``coverage`` (rows, source positions: the
+    attention each position got, summed over the target steps): cp = β Σ_i log(min(Σ_j p_ij, 1)), ≤ 0, lowest for
+    a hypothesis that leaves source positions unread. Positions never attended (padding) count 0, as
+    CTranslate2's coverage_penalty counts them."""
+    read = coverage.clamp(max=1.0).log().masked_fill_(coverage <= 0, 0.0)
+    return beta * read.sum(-1)
+
+
 class Search(Generic[MemoryT, StateT]):
     """What greedy and beam search share: a batch of sentences decoding ``beam`` rows each; which of them
     are still in the batch (``ids``, their places in it, and their length ``limits``); the model's state;
@@ -196,10 +210,15 @@ class Search(Generic[MemoryT, StateT]):
         no_repeat_ngram_size: int = 0,
         prefix: Optional[torch.Tensor] = None,
         constraints: Optional[PhraseConstraints] = None,
+        min_len: int = 0,
     ):
         self.model, self.beam, self.need_attention, self.device = model, beam, need_attention, src.device
+        self.step_attention = need_attention  # asked of every model step (beam search's coverage needs it too)
         src_mask = src != PAD
         self.src_lengths = src_mask.sum(-1).tolist()
+        # no EOS before min_len pieces (decode.min_len), but for an empty source (its EOS alone): nothing to translate
+        self.min_len = min_len
+        self.min_lengths = torch.where(src_mask.sum(-1) > 1, min_len, 0) if min_len else None
         self.memory = model.encode(src, src_mask)
         # each sentence's forced first pieces (prefix_tensor: PAD where free), or None
         self.prefix = prefix
@@ -227,7 +246,7 @@ class Search(Generic[MemoryT, StateT]):
 
     def model_step(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Next-token logits for every row (and the attention, when asked for)."""
-        logits, attention, self.state = self.model.step(self.memory, self.prev, self.state, self.need_attention)
+        logits, attention, self.state = self.model.step(self.memory, self.prev, self.state, self.step_attention)
         return logits, attention
 
     def compacts(self, done: int) -> bool:
@@ -251,6 +270,10 @@ class Search(Generic[MemoryT, StateT]):
                 logp.scatter_(1, pieces, pieces_logp)
         if self.constraints is not None:
             logp = self.constraints.mask(logp, pieces, self.t, self.limits_of_rows())
+        if self.min_lengths is not None and self.t < self.min_len:  # too short to end (after the constraints, whose
+            # rows that would end take a phrase's piece)
+            early = (self.min_lengths > self.t).repeat_interleave(self.beam)
+            logp[:, EOS].masked_fill_(early, float("-inf"))
         if forced is not None:
             only = torch.full_like(logp, float("-inf")).scatter_(1, forced, forced_logp)
             logp = torch.where(forced != PAD, only, logp)
@@ -265,6 +288,8 @@ class Search(Generic[MemoryT, StateT]):
         index = torch.tensor([i for i, keep in enumerate(kept) if keep], dtype=torch.long, device=self.device)
         self.kept = [i for i, keep in zip(self.kept, kept) if keep]
         self.ids, self.limits = self.ids[index], self.limits[index]
+        if self.min_lengths is not None:
+            self.min_lengths = self.min_lengths[index]
         if self.prefix is not None:
             self.prefix = self.prefix[index]
         if self.constraints is not None:
@@ -311,9 +336,10 @@ class GreedySearch(Search[MemoryT, StateT]):
         sampler: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
         prefix: Optional[torch.Tensor] = None,
         constraints: Optional[PhraseConstraints] = None,
+        min_len: int = 0,
     ):
         settings = (max_len_ratio, max_len_extra, need_attention, onednn, no_repeat_ngram_size, prefix, constraints)
-        super().__init__(model, src, 1, *settings)
+        super().__init__(model, src, 1, *settings, min_len)
         self.choose: Callable[[torch.Tensor], torch.Tensor] = (
             sampler if sampler is not None else lambda logp: logp.argmax(-1)
         )

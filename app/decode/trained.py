@@ -18,9 +18,9 @@ from app.data.corpus import load_tokenizer
 from app.data.tokenizer import Tokenizer
 from app.decode.ct2_engine import EXPORT_INFO, CT2Translator, export_command, export_dir
 from app.decode.ensemble import Ensemble
-from app.decode.passes import decode_corpus, forced_pass
+from app.decode.passes import decode_corpus, forced_attention, forced_pass
 from app.decode.search import Hypotheses
-from app.models import Family, build_model
+from app.models import Family, build_model, has_attention
 from app.run.checkpoint import (
     SNAPSHOT,
     UnloadableCheckpoint,
@@ -62,9 +62,34 @@ class TrainedModel:
     ) -> Hypotheses:
         """Hypotheses of ``src`` under ``decode``; each begins with its ``prefix`` pieces where given and contains
         each of its ``constraints`` (target phrases' pieces)."""
+        self.check_decoding(decode)
         return decode_corpus(
             self.model, src, self.device, decode, self.dtype, need_attention, progress, prefix, constraints
         )
+
+    def nbest_attention(self, src: list[list[int]], hyps: Hypotheses, batch_tokens: int) -> list[list[torch.Tensor]]:
+        """Per sentence, the attention (..., target + EOS, source + EOS) of each of its hypotheses of ``hyps``,
+        best first: the best's from the search, the others' read while forcing each through the decoder (the same
+        model on the same tokens: the same weights up to rounding); [] for a model without attention."""
+        if hyps.attention is None:
+            return []
+        nbest = [[tokens for tokens, _ in n] for n in hyps.nbest] if hyps.nbest else [[t] for t in hyps.tokens]
+        maps: list[list] = [[hyps.attention[i]] + [None] * (len(n) - 1) for i, n in enumerate(nbest)]
+        others = [(i, k) for i, n in enumerate(nbest) for k in range(1, len(n))]
+        if others:
+            sources, targets = [src[i] for i, _ in others], [nbest[i][k] for i, k in others]
+            for j, weights in forced_attention(self.model, sources, targets, self.device, batch_tokens, self.dtype):
+                i, k = others[j]
+                maps[i][k] = weights
+        return maps
+
+    def check_decoding(self, decode: DecodeConfig) -> None:
+        """A decoding setting this model cannot follow is a UserError: a coverage penalty without attention."""
+        if decode.coverage_penalty and decode.beam_size > 1 and not has_attention(self.config.model):
+            raise UserError(
+                f"decode.coverage_penalty={decode.coverage_penalty} reads the attention: this model "
+                "(model.attention=none) has none; set it to 0"
+            )
 
     def score(
         self, src: list[list[int]], tgt: list[list[int]], batch_tokens: int, progress: bool = False, attention=False

@@ -1,6 +1,7 @@
 """``make translate``: lines from a file or standard input to a file or standard output, by a run's
 checkpoint or its CTranslate2 export; with ``decode.n_best`` > 1 in the Moses n-best format, with
-``translate.alignments`` each line followed by its word links to the source (``translation ||| 0-0 1-2 ...``),
+``translate.alignments`` each line followed by its word links to the source (``translation ||| 0-0 1-2 ...``; an
+n-best line ``index ||| hypothesis ||| score ||| 0-0 1-2 ...``),
 with ``translate.prefix`` each translation beginning with the words given for it (interactive translation), with
 ``translate.constraints`` each containing the target phrases given for it (terminology)."""
 
@@ -33,13 +34,15 @@ from app.run.errors import UserError
 def translate_lines(cfg: Config) -> None:
     """translate.input (or stdin) to translate.output (or stdout), ``translate.window`` lines at a time (sorted by
     length inside it, written in input order as it goes); with decode.n_best > 1 the lines are
-    ``index ||| hypothesis ||| score``; with translate.resume an interrupted output is continued."""
+    ``index ||| hypothesis ||| score`` (and ``||| links`` with translate.alignments); with translate.resume an
+    interrupted output is continued."""
     t = cfg.translate
     if t.resume and not t.output:
         raise UserError("translate.resume=true continues the file translate.output names: set translate.output")
-    if t.alignments and cfg.decode.n_best > 1:
+    if t.alignments and cfg.decode.n_best > 1 and t.engine == "ct2":
         raise UserError(
-            f"translate.alignments=true links the best hypothesis only: not with decode.n_best={cfg.decode.n_best}"
+            f"translate.alignments=true with decode.n_best={cfg.decode.n_best}: a CTranslate2 export returns the best "
+            "hypothesis' attention only; translate.engine=torch links every hypothesis"
         )
     if t.constraints and t.engine == "ct2":
         raise UserError(
@@ -91,11 +94,9 @@ def translate_lines(cfg: Config) -> None:
             if out is not sys.stdout.buffer:
                 out.close()
     seconds, done = time.perf_counter() - started, source.lines - first
-    where = t.output or "standard output"
-    print(
-        f"translated {done} lines in {seconds:.1f} s ({done / max(seconds, 1e-9):.1f} lines/s) into {where}",
-        file=sys.stderr,
-    )
+    where, lines = t.output or "standard output", f"{done} line{'s' * (done != 1)}"
+    rate = f"{done / max(seconds, 1e-9):.1f} lines/s"
+    print(f"translated {lines} in {seconds:.1f} s ({rate}) into {where}", file=sys.stderr)
 
 
 def check_lines(given: LineFile, source: LineFile, rule: str) -> None:
@@ -181,18 +182,26 @@ def translate_window(
     prefix = None if prefixes is None else tokenizer.encode_tgt(prefixes)
     need_attention = cfg.translate.alignments
     hyps = engine.translate(src, decode, need_attention=need_attention, prefix=prefix, constraints=constraints)
+    if decode.n_best > 1:
+        assert hyps.nbest is not None  # a beam search's (beam_size >= n_best)
+        at = k * cfg.translate.window
+        ranked = [(at + i, tokens, score) for i, hypotheses in enumerate(hyps.nbest) for tokens, score in hypotheses]
+        tails = [""] * len(ranked)
+        if cfg.translate.alignments:  # the torch engine's (translate_lines): every hypothesis' attention
+            assert isinstance(engine, TrainedModel) and hyps.attention is not None
+            maps = engine.nbest_attention(src, hyps, decode.batch_tokens)
+            sources = [src[index - at] for index, _, _ in ranked]
+            attention = [weights for per_sentence in maps for weights in per_sentence]
+            links = word_links(sources, [tokens for _, tokens, _ in ranked], attention, tokenizer, cfg.viz.layer)
+            tails = [f" ||| {line}" for line in links]
+        return "".join(
+            f"{index} ||| {tokenizer.decode_tgt([tokens])[0]} ||| {score:.4f}{tail}\n"
+            for (index, tokens, score), tail in zip(ranked, tails)
+        )
     if cfg.translate.alignments:
         assert hyps.attention is not None  # asked of a model with attention
         links = word_links(src, hyps.tokens, hyps.attention, tokenizer, cfg.viz.layer)
         return "".join(f"{t} ||| {line}\n" for t, line in zip(tokenizer.decode_tgt(hyps.tokens), links))
-    if decode.n_best > 1:
-        assert hyps.nbest is not None  # a beam search's (beam_size >= n_best)
-        at = k * cfg.translate.window
-        return "".join(
-            f"{at + i} ||| {tokenizer.decode_tgt([tokens])[0]} ||| {score:.4f}\n"
-            for i, hypotheses in enumerate(hyps.nbest)
-            for tokens, score in hypotheses
-        )
     return "".join(t + "\n" for t in tokenizer.decode_tgt(hyps.tokens))
 
 

@@ -5,7 +5,8 @@ app/decode/beam.py, or the export's).
 
 Attention, when asked for: the search's attention for each line's best hypothesis; for the other hypotheses of
 an n-best list, the attention read while forcing that hypothesis through the decoder
-(app.decode.passes.forced_attention: the same model on the same tokens, so the same weights up to rounding).
+(TrainedModel.nbest_attention, app/decode/trained.py: the same model on the same tokens, so the same weights up to
+rounding).
 A CTranslate2 export returns the best hypothesis' map only (one layer's mean of heads). Each map becomes the
 views app.report.attention_files.store_attention keeps (every head of every layer, each layer's mean), and the
 word links read from each view (app.data.links.hard_alignments: the most attended source word of every target
@@ -28,7 +29,7 @@ from app.data.links import hard_alignments, piece_links
 from app.data.tokenizer import Tokenizer
 from app.decode.constraints import encode_phrases
 from app.decode.ensemble import ensemble_of
-from app.decode.passes import forced_attention, forced_self_attention
+from app.decode.passes import forced_self_attention
 from app.decode.search import check_lengths
 from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.evaluation.views import SCALE, self_attention_axes, store_attention
@@ -161,18 +162,11 @@ class Engine:
     def hypothesis_attention(self, src: list[list[int]], hyps, nbest: list[list[list[int]]]) -> list[list]:
         """Per sentence, per hypothesis: its attention (..., target + EOS, source + EOS), or None (an export's
         hypotheses after the best); [] for a model without attention."""
+        if self.trained is not None:
+            return self.trained.nbest_attention(src, hyps, self.decode.batch_tokens)
         if hyps.attention is None:
             return []
-        maps = [[hyps.attention[i]] + [None] * (len(nbest[i]) - 1) for i in range(len(src))]
-        others = [(i, k) for i in range(len(src)) for k in range(1, len(maps[i]))]
-        if others and self.trained is not None:
-            t = self.trained
-            batch = ([src[i] for i, _ in others], [nbest[i][k] for i, k in others], t.device, self.decode.batch_tokens)
-            forced = forced_attention(t.model, *batch, t.dtype)
-            for j, weights in forced:
-                i, k = others[j]
-                maps[i][k] = weights
-        return maps
+        return [[hyps.attention[i]] + [None] * (len(nbest[i]) - 1) for i in range(len(src))]
 
 
 def attention_entry(result: dict[str, Any], maps: list[Optional[torch.Tensor]]) -> dict[str, Any]:
@@ -243,6 +237,7 @@ def load_engine(cfg: Config) -> Engine:
     trained = load_trained(
         cfg.run_dir, cfg.serve.checkpoint, resolve_device(cfg.device), "serve.checkpoint", cfg.ensemble
     )
+    trained.check_decoding(cfg.decode)  # at start, not at each request
     info = {
         "engine": "torch",
         "checkpoint": os.path.join(cfg.run_dir, f"{cfg.serve.checkpoint}.pt"),
