@@ -18,7 +18,7 @@ $(error $(firstword $(DOTTED))=$($(firstword $(DOTTED))) is a setting outside AR
   make $(or $(MAKECMDGOALS),train) ARGS="$(strip $(ARGS) $(foreach v,$(DOTTED),$(v)=$($(v))))")
 endif
 
-.PHONY: setup data train eval translate score serve export align tensorboard lint test test-fast bench compare average clean gpu-wheels gpu-check
+.PHONY: setup data train eval translate score serve export align heads tensorboard lint test test-fast bench compare average clean gpu-wheels gpu-check
 COMPARE_MODELS ?= rnn_plain,rnn_bahdanau,rnn_luong,transformer
 COMPARE_EXPERIMENT ?= compare
 
@@ -126,6 +126,11 @@ compare: setup
 	$(PY) -m app --multirun command=train model=$(COMPARE_MODELS) experiment=$(COMPARE_EXPERIMENT) hydra.sweep.dir=$$dir \
 	  train.evaluate=true train.auto_resume=true $(ARGS) && \
 	$(PY) -m app command=compare compare.dir=$$dir $(filter eval.% decode.% compare.%,$(ARGS))
+
+# How much each attention head of a run's Transformer matters, masked one by one (docs/attention.md#how-much-each-head-matters-make-heads):
+# make heads ARGS="name=<run>" (heads.split=dev, heads.max_sentences=500) -> checkpoints/<run>/heads/<split>/
+heads: setup
+	$(PY) -m app command=heads $(ARGS)
 
 # Average the newest snapshots of a run: make average ARGS="name=<run> average.last=5" -> averaged.pt
 average: setup

@@ -35,6 +35,7 @@ OWNING_COMMANDS = {
     "average": f"{LOCK_FILE}-average",
     "export": f"{LOCK_FILE}-export",
     "align": f"{LOCK_FILE}-align",
+    "heads": f"{LOCK_FILE}-heads",
 }
 
 
@@ -107,6 +108,14 @@ def align_command(cfg: Config) -> None:
     align_corpus(cfg)
 
 
+def heads_command(cfg: Config) -> None:
+    """make heads: how much each attention head of a Transformer matters (masked one by one, and pruned)."""
+    from app.evaluation.head_importance import measure_heads
+    from app.report.head_report import write_heads
+
+    write_heads(measure_heads(cfg))
+
+
 def export_command(cfg: Config) -> None:
     """make export: the run as a CTranslate2 model."""
     from app.decode.export import export_run
@@ -158,6 +167,7 @@ COMMANDS: dict[str, Callable[[Config], None]] = {
     "serve": serve_command,
     "export": export_command,
     "align": align_command,
+    "heads": heads_command,
     "bench": bench_command,
     "compare": compare_command,
     "average": average_command,

@@ -10,7 +10,7 @@ from conftest import Vocab, model_config
 from app.config.commands import DecodeConfig
 from app.data.tokenizer import BOS, EOS, PAD
 from app.decode.passes import beam_search, decode_corpus, greedy_decode
-from app.decode.search import length_penalty
+from app.decode.penalties import length_penalty
 from app.models import build_model
 
 A, B = 4, 5

@@ -490,6 +490,38 @@ def test_rnn_presets_train_and_evaluate_through_the_cli(workdir, preset):
         assert refused.returncode == 2 and refused.stderr.strip() == (
             "error: translate.alignments=true: this model has no attention to read word links from"
         )
+        refused = run_cli(workdir, "command=translate", f"name={name}", "decode.coverage_penalty=0.2", stdin="Y dijo\n")
+        assert refused.returncode == 2 and refused.stderr.strip() == (
+            "error: decode.coverage_penalty=0.2 reads the attention: this model (model.attention=none) has none; set "
+            "it to 0"
+        )
+    refused = run_cli(workdir, "command=heads", f"name={name}", "device=cpu")
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        f"error: make heads measures a Transformer's attention heads: {name} is an RNN (model.arch=rnn), whose one "
+        "attention has none"
+    )
+
+
+def test_heads_masks_each_head_of_the_transformer_and_writes_what_it_found(workdir):
+    result = run_cli(
+        workdir, "command=heads", "name=tiny", "device=cpu", "heads.max_sentences=8", "heads.prune_steps=2"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = workdir / "checkpoints" / "tiny" / "heads" / "dev"
+    report = json.loads((out / "importance.json").read_text())
+    assert report["split"] == "dev" and report["sentences"] == 8 and report["step"] == 40
+    heads = report["heads"]  # 3 attentions (encoder, decoder, cross) of 1 layer, 2 heads each
+    assert sorted((h["kind"], h["layer"], h["head"]) for h in heads) == [
+        (kind, 0, head) for kind in ("cross", "decoder", "encoder") for head in (0, 1)
+    ]
+    assert [h["rank"] for h in heads] == list(range(1, 7))
+    increases = [h["loss_increase"] for h in heads]
+    assert increases == sorted(increases, reverse=True)
+    assert [p["heads_masked"] for p in report["pruning"]] == [0, 2, 3]  # all but one head of each attention
+    assert report["pruning"][0]["loss"] == report["loss"]
+    assert (out / "importance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "loss increase with one head masked:" in result.stdout and "cross-attention" in result.stdout
+    assert f"wrote {out}/importance.json and importance.png in " in result.stdout
 
 
 def sweep_and_compare(workdir, sweep, *overrides) -> str:

@@ -14,7 +14,8 @@ from test_beam_search import TINY, real_model
 from app.config.commands import DecodeConfig
 from app.data.tokenizer import BOS, EOS
 from app.decode.passes import beam_search, decode_corpus, forced_pass
-from app.decode.search import coverage_penalty, describe, length_penalty
+from app.decode.penalties import coverage_penalty, length_penalty
+from app.decode.search import describe
 from app.decode.trained import TrainedModel
 from app.run.errors import UserError
 

@@ -22,8 +22,9 @@ from app.data.tokenizer import BOS, EOS, PAD  # noqa: E402
 from app.decode.ct2_engine import CT2Translator  # noqa: E402
 from app.decode.export import convert  # noqa: E402
 from app.decode.passes import decode_corpus, forced_pass  # noqa: E402
+from app.decode.penalties import coverage_penalty, length_penalty  # noqa: E402
 from app.decode.sampling import Sampler  # noqa: E402
-from app.decode.search import block_repeated_ngrams, coverage_penalty, length_penalty  # noqa: E402
+from app.decode.search import block_repeated_ngrams  # noqa: E402
 from app.models import build_model, sequence_loss  # noqa: E402
 from app.run.errors import UserError  # noqa: E402
 

@@ -18,6 +18,8 @@ DEFERRED = {
             "app.data.corpus",
             "app.evaluation.eval_run",
             "app.evaluation.corpus_links",
+            "app.evaluation.head_importance",
+            "app.report.head_report",
             "app.report.evaluation_files",
             "app.train.state",
             "app.train.trainer",

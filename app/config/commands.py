@@ -169,6 +169,23 @@ class AlignConfig(Checked, section="align"):
 
 
 @dataclass
+class HeadsConfig:
+    """make heads: how much each attention head of a Transformer matters (app/evaluation/head_importance.py)."""
+
+    split: str = "dev"
+    checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
+    max_sentences: int = 500  # the split's first N pairs (0: all): each head costs a teacher-forced pass over them
+    prune_steps: int = 10  # the pruning curve: the least important heads masked together, in N steps (0: none)
+
+    def __post_init__(self) -> None:
+        rules = {
+            f"heads.max_sentences={self.max_sentences} must be >= 0 (0: the whole split)": self.max_sentences < 0,
+            f"heads.prune_steps={self.prune_steps} must be >= 0 (0: no pruning curve)": self.prune_steps < 0,
+        }
+        check_rules(rules)
+
+
+@dataclass
 class ExportConfig(Checked, section="export"):
     checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
     quantization: str = choice("int8", "int8_float16", "float16", "none")  # none: float32

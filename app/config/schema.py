@@ -22,6 +22,7 @@ from app.config.commands import (
     DecodeConfig,
     EvalConfig,
     ExportConfig,
+    HeadsConfig,
     ScoreConfig,
     ServeConfig,
     TranslateConfig,
@@ -362,6 +363,7 @@ class Config:
     score: ScoreConfig = field(default_factory=ScoreConfig)
     align: AlignConfig = field(default_factory=AlignConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    heads: HeadsConfig = field(default_factory=HeadsConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
     average: AverageConfig = field(default_factory=AverageConfig)

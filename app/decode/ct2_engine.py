@@ -17,7 +17,8 @@ import torch
 from app.config.commands import DecodeConfig
 from app.config.schema import Config
 from app.data.tokenizer import Tokenizer
-from app.decode.search import Hypotheses, check_lengths, coverage_penalty, length_limits, length_penalty
+from app.decode.penalties import coverage_penalty, length_penalty
+from app.decode.search import Hypotheses, check_lengths, length_limits
 from app.run.errors import UserError
 
 # An export's directory holds the CTranslate2 model, its vocabularies, the SentencePiece model(s) and this

@@ -61,7 +61,7 @@ def beam_search(
 ) -> Hypotheses:
     """Batched beam search (``BeamSearch``) of a batch of sources; the host reads the results once, at the end.
     ``onednn``, ``no_repeat_ngram_size`` and ``min_len``: as ``greedy_decode``'s; ``coverage_penalty``: GNMT's β
-    (app.decode.search.coverage_penalty)."""
+    (app.decode.penalties.coverage_penalty)."""
     search = BeamSearch(
         model,
         src,

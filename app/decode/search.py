@@ -174,20 +174,6 @@ def sentence_attention(blocks: list[torch.Tensor]) -> torch.Tensor:
     return joined.movedim((0, 1), (-2, -1))
 
 
-def length_penalty(length: int, alpha: float) -> float:
-    """GNMT length penalty (Wu et al. 2016, eq. 14): lp(Y) = ((5 + |Y|) / 6)^α."""
-    return ((5 + length) / 6) ** alpha
-
-
-def coverage_penalty(coverage: torch.Tensor, beta: float) -> torch.Tensor:
-    """GNMT's coverage penalty (Wu et al. 2016, eq. 14), per row of ``coverage`` (rows, source positions: the
-    attention each position got, summed over the target steps): cp = β Σ_i log(min(Σ_j p_ij, 1)), ≤ 0, lowest for
-    a hypothesis that leaves source positions unread. Positions never attended (padding) count 0, as
-    CTranslate2's coverage_penalty counts them."""
-    read = coverage.clamp(max=1.0).log().masked_fill_(coverage <= 0, 0.0)
-    return beta * read.sum(-1)
-
-
 class Search(Generic[MemoryT, StateT]):
     """What greedy and beam search share: a batch of sentences decoding ``beam`` rows each; which of them
     are still in the batch (``ids``, their places in it, and their length ``limits``); the model's state;

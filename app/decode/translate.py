@@ -147,6 +147,7 @@ def load_engine(cfg: Config) -> tuple[CT2Translator | TrainedModel, Any, str]:
         ensemble_of(trained.members)
         or f"{checkpoint_path(cfg.run_dir, cfg.translate.checkpoint)} (step {trained.step})"
     )
+    trained.check_decoding(cfg.decode)
     if cfg.translate.alignments and not has_attention(trained.config.model):
         raise UserError("translate.alignments=true: this model has no attention to read word links from")
     return trained, trained.tokenizer, used

@@ -104,6 +104,7 @@ def evaluate_run(cfg: Config) -> EvaluatedRun:
         trained = load_trained(
             cfg.run_dir, cfg.eval.checkpoint, resolve_device(cfg.device), "eval.checkpoint", cfg.ensemble
         )
+        trained.check_decoding(cfg.decode)
         data = evaluated_data(cfg, trained, texts)
         split_size, data = len(data), data.head(cfg.eval.max_sentences)
         ct2 = load_ct2(cfg, trained, "eval.engine") if cfg.eval.engine == "ct2" else None

@@ -1,0 +1,108 @@
+"""``make heads``' report of how much each attention head matters (measured by app/evaluation/head_importance.py):
+printed as one grid per attention and written to ``<run>/heads/<split>/``: ``importance.json`` (every head's
+figures, the pruning curve, the settings) and ``importance.png`` (the grids and the curve)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from app.config.schema import Config
+from app.evaluation.head_importance import HeadImportance, MeasuredHeads
+from app.run.files import atomic_write_text
+
+LABELS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
+
+
+def write_heads(measured: MeasuredHeads) -> dict:
+    """Print what ``measured`` found and write its files; the report as written to importance.json."""
+    found, cfg = measured.found, measured.cfg
+    report = as_dict(found, cfg, measured.step, measured.seconds)
+    out = os.path.join(cfg.run_dir, "heads", cfg.heads.split)
+    os.makedirs(out, exist_ok=True)
+    atomic_write_text(os.path.join(out, "importance.json"), json.dumps(report, indent=2) + "\n")
+    figure(found, os.path.join(out, "importance.png"), f"{cfg.name}, step {measured.step}, {cfg.heads.split}")
+    print(text(found))
+    print(f"wrote {out}/importance.json and importance.png in {report['seconds']:.1f} s")
+    return report
+
+
+def as_dict(found: HeadImportance, cfg: Config, step: int, seconds: float) -> dict:
+    return {
+        "checkpoint": cfg.heads.checkpoint,
+        "step": step,
+        "split": cfg.heads.split,
+        "sentences": found.sentences,
+        "target_tokens": found.tokens,
+        "loss": round(found.base_loss, 5),
+        "gradient_agreement": round(found.agreement(), 4),
+        "heads": [
+            {
+                "kind": head.kind,
+                "layer": head.layer,
+                "head": head.head,
+                "loss_increase": round(found.ablation[head], 5),
+                "gradient": round(found.gradient[head], 6),
+                "rank": rank,
+            }
+            for rank, head in enumerate(found.ranked(), start=1)
+        ],
+        "pruning": [{**p, "loss": round(p["loss"], 5)} for p in found.pruning],
+        "seconds": round(seconds, 1),
+    }
+
+
+def grids(found: HeadImportance) -> dict[str, list[list[float]]]:
+    """Per kind, its (layers, heads) loss increases."""
+    out: dict[str, list[list[float]]] = {}
+    for head, value in found.ablation.items():
+        rows = out.setdefault(head.kind, [])
+        while len(rows) <= head.layer:
+            rows.append([])
+        rows[head.layer].append(value)
+    return out
+
+
+def text(found: HeadImportance) -> str:
+    """The grids as text, then the pruning curve, for the terminal."""
+    lines = [f"loss {found.base_loss:.4f} nats per target token with every head ({found.tokens:,} tokens)"]
+    lines.append("loss increase with one head masked:")
+    for kind, rows in grids(found).items():
+        lines.append(f"  {LABELS[kind]:<26}" + "".join(f"{f'head {h}':>9}" for h in range(len(rows[0]))))
+        lines += [f"    layer {layer:<18}" + "".join(f"{v:>+9.4f}" for v in row) for layer, row in enumerate(rows)]
+    lines.append(
+        f"the gradient importance (one backward pass) orders the heads as masking them does: Spearman's rho "
+        f"{found.agreement():.2f}"
+    )
+    if found.pruning:
+        curve = ", ".join(f"{p['share']:.0%}: {p['loss']:.4f}" for p in found.pruning)
+        lines.append(f"masking the least important heads together (share of all heads: loss): {curve}")
+    return "\n".join(lines)
+
+
+def figure(found: HeadImportance, path: str, title: str) -> None:
+    """One grid per attention (colour: the loss increase), and the pruning curve, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = grids(found)
+    panels = len(kinds) + bool(found.pruning)
+    fig, axes = plt.subplots(1, panels, figsize=(3.4 * panels, 3.6), dpi=100, layout="constrained")
+    top = max(max(v for row in rows for v in row) for rows in kinds.values())
+    for ax, (kind, rows) in zip(axes, kinds.items()):
+        image = ax.imshow(rows, cmap="viridis", vmin=min(0.0, top), vmax=max(top, 1e-9), aspect="auto")
+        ax.set(title=LABELS[kind], xlabel="head", ylabel="layer", xticks=range(len(rows[0])), yticks=range(len(rows)))
+        for layer, row in enumerate(rows):
+            for h, value in enumerate(row):
+                ink = "black" if value > 0.6 * top else "white"  # readable on viridis' bright and dark ends
+                ax.text(h, layer, f"{value:.3f}", ha="center", va="center", fontsize=7, color=ink)
+    fig.colorbar(image, ax=axes[: len(kinds)], label="loss increase (nats/token)", shrink=0.8)
+    if found.pruning:
+        ax = axes[-1]
+        ax.plot([100 * p["share"] for p in found.pruning], [p["loss"] for p in found.pruning], marker="o")
+        ax.set(title="least important heads masked", xlabel="% of heads masked", ylabel="loss (nats/token)")
+    fig.suptitle(title)
+    fig.savefig(path)
+    plt.close(fig)
