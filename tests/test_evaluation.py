@@ -124,6 +124,23 @@ def test_bleu_counted_once_gives_sacrebleus_numbers():
     assert stats.corpus([1, 2]) == sacrebleu.corpus_bleu(hyps[1:3], [refs[1:3]]).score
 
 
+@pytest.mark.parametrize("tokenize", ["zh", "13a"])
+def test_ter_of_a_chinese_target_counts_characters_where_bleu_counts_chinese_words(tokenize):
+    """A sentence of unsegmented Chinese is one whitespace word: one character wrong costs all of it. Where BLEU
+    counts Chinese words, TER splits the characters (sacrebleu's asian_support, with its normalization)."""
+    from app.evaluation.metrics import split_scores, ter_of_statistics, ter_statistics
+
+    hyps, refs = ["我爱你。", "他们在学校。"], ["我喜欢你。", "他们在学校。"]
+    metrics, _ = split_scores(hyps, refs, ["a", "b"], [10], tokenize)
+    stats, signature, _ = ter_statistics(hyps, refs, tokenize)
+    assert ter_of_statistics(stats, signature) == {"ter": metrics["ter"], "ter_signature": metrics["ter_signature"]}
+    assert score(hyps, refs, tokenize)["ter"] == metrics["ter"]
+    if tokenize == "zh":  # 我 爱 你 。 against 我 喜 欢 你 。: 2 edits; 他 们 在 学 校 。: none; of 11 reference words
+        assert metrics["ter"] == round(100 * 2 / 11, 2) and "asian:yes" in metrics["ter_signature"]
+    else:  # 1 edit of 1 word, and none of 1
+        assert metrics["ter"] == 50.0 and "asian:no" in metrics["ter_signature"]
+
+
 def test_ter_counted_in_parts_in_the_host_worker_is_sacrebleus_ter():
     """make eval's TER, a share of the sentences counted in the host worker process and the rest here, is
     sacrebleu's corpus TER, wherever the split is cut, with the seconds the worker's share took."""
@@ -136,8 +153,8 @@ def test_ter_counted_in_parts_in_the_host_worker_is_sacrebleus_ter():
     worker = host_worker(preload=("app.evaluation.metrics",))
     assert worker is not None
     for cut in range(len(hyps) + 1):
-        shared, shared_signature, seconds = submit(worker, ter_statistics, hyps[:cut], refs[:cut]).result()
-        rest, signature, _ = ter_statistics(hyps[cut:], refs[cut:])
+        shared, shared_signature, seconds = submit(worker, ter_statistics, hyps[:cut], refs[:cut], "13a").result()
+        rest, signature, _ = ter_statistics(hyps[cut:], refs[cut:], "13a")
         assert ter_of_statistics(shared + rest, shared_signature or signature) == expected
         assert (seconds > 0) == (cut > 0) and (shared_signature is None) == (cut == 0)
     assert not worker.broken  # the worker counted its shares

@@ -9,13 +9,7 @@ import torch
 from app.data.tokenizer import BOS, EOS, PAD
 from app.decode.constraints import PhraseConstraints
 from app.decode.penalties import coverage_penalty, length_penalty
-from app.decode.search import (
-    Hypotheses,
-    Search,
-    attention_to_host,
-    by_step,
-    sentence_attention,
-)
+from app.decode.search import Hypotheses, Search, attention_to_host, by_step, sentence_attention
 from app.models.api import MemoryT, Seq2Seq, StateT
 from app.run.errors import UserError
 

@@ -278,7 +278,7 @@ def _rank(
 ) -> list[tuple[list[str], float, Optional[torch.Tensor]]]:
     """(pieces without </s>, our GNMT score, attention (|Y| + 1, src + EOS) or None), best first;
     ``first_row`` replaces every hypothesis' first attention row; ``prefix_log_p`` is the log p of a target prefix
-    the scores leave out; ``beta``: the coverage penalty's weight (app.decode.beam.coverage_penalty), read from
+    the scores leave out; ``beta``: the coverage penalty's weight (app.decode.penalties.coverage_penalty), read from
     the attention (with_attention)."""
     ranked = []
     for k, (hyp, score) in enumerate(zip(result.hypotheses, result.scores)):

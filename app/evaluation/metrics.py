@@ -3,7 +3,8 @@ the longest sources; sentence BLEU. A split's BLEU statistics are counted once a
 summed from them (``BleuStatistics``); TER, slow pure Python, can be counted in parts (``ter_statistics``):
 a share in the host worker process while the caller does the rest. BLEU counts the words of one of sacrebleu's
 tokenizers (``bleu_tokenizer``: eval.bleu_tokenize, or sacrebleu's choice for the target language), named in its
-signature; chrF counts characters and TER whitespace words, as sacrebleu's defaults do."""
+signature; chrF counts characters and TER whitespace words, as sacrebleu's defaults do, but for a target BLEU counts
+in Chinese, Japanese or Korean words (``ter_metric``)."""
 
 from __future__ import annotations
 
@@ -41,11 +42,26 @@ def bleu_tokenizer(setting: Optional[str], tgt_lang: str) -> str:
     return name
 
 
+# BLEU's tokenizers of languages written without spaces between words
+ASIAN_TOKENIZERS = ("zh", "ja-mecab", "ko-mecab")
+
+
+def ter_metric(tokenize: str) -> TER:
+    """sacrebleu's TER for a target whose BLEU counts ``tokenize``'s words: with a Chinese, Japanese or Korean
+    tokenizer, TER splits those scripts' characters too (``asian_support``, which sacrebleu allows with
+    ``normalized`` only: punctuation split off, as its tercom normalization does); otherwise its default, whitespace
+    words, under which a sentence of unsegmented Chinese is one word and any error costs all of it."""
+    asian = tokenize in ASIAN_TOKENIZERS
+    return TER(normalized=asian, asian_support=asian)
+
+
 def score(hypotheses: list[str], references: list[str], tokenize: str, ter: bool = True) -> dict:
     """Corpus BLEU (of ``tokenize``'s words), chrF and (``ter``) TER, each with its signature."""
     _check(hypotheses, references)
     metrics: dict[str, Any] = {"sentences": len(hypotheses)}
-    metrics_of = [("bleu", BLEU(tokenize=tokenize)), ("chrf", CHRF())] + ([("ter", TER())] if ter else [])
+    metrics_of = [("bleu", BLEU(tokenize=tokenize)), ("chrf", CHRF())] + (
+        [("ter", ter_metric(tokenize))] if ter else []
+    )
     for name, metric in metrics_of:
         result = metric.corpus_score(hypotheses, [references])
         metrics[name] = round(result.score, 2)
@@ -126,28 +142,28 @@ def split_scores(
     metrics["chrf"] = round(chrf.corpus_score(hypotheses, [references]).score, 2)
     metrics["chrf_signature"] = str(chrf.get_signature())
     if ter:
-        metrics.update(ter_score(hypotheses, references))
+        metrics.update(ter_score(hypotheses, references, tokenize))
     metrics["bleu_by_source_length"] = bleu_by_length(stats, sources, length_buckets)
     metrics["bleu_longest_10pct"], metrics["longest_10pct_sentences"] = bleu_of_longest(stats, sources)
     return metrics, stats.sentences()
 
 
-def ter_score(hypotheses: list[str], references: list[str]) -> dict:
-    """Corpus TER and its signature: {"ter", "ter_signature"}."""
-    metric = TER()
+def ter_score(hypotheses: list[str], references: list[str], tokenize: str) -> dict:
+    """Corpus TER (``ter_metric(tokenize)``) and its signature: {"ter", "ter_signature"}."""
+    metric = ter_metric(tokenize)
     result = metric.corpus_score(hypotheses, [references])
     return {"ter": round(result.score, 2), "ter_signature": str(metric.get_signature())}
 
 
-def ter_statistics(hypotheses: list[str], references: list[str]) -> tuple[list, Optional[str], float]:
-    """Each sentence's TER statistics (edits, reference words: what sacrebleu's ``corpus_score`` sums), the
-    metric's signature (None for no sentences) and the seconds they took. sacrebleu's TER is pure Python, seconds
-    for a thousand sentences on one core: ``make eval`` counts a share of the sentences in the host worker
-    (app/run/host_worker.py) and the rest itself."""
+def ter_statistics(hypotheses: list[str], references: list[str], tokenize: str) -> tuple[list, Optional[str], float]:
+    """Each sentence's TER statistics (``ter_metric(tokenize)``: edits, reference words: what sacrebleu's
+    ``corpus_score`` sums), the metric's signature (None for no sentences) and the seconds they took. sacrebleu's
+    TER is pure Python, seconds for a thousand sentences on one core: ``make eval`` counts a share of the sentences
+    in the host worker (app/run/host_worker.py) and the rest itself."""
     _check(hypotheses, references)
     if not hypotheses:
         return [], None, 0.0
-    start, metric = time.perf_counter(), TER()
+    start, metric = time.perf_counter(), ter_metric(tokenize)
     stats = metric._extract_corpus_statistics(hypotheses, [references])
     return stats, str(metric.get_signature()), time.perf_counter() - start
 

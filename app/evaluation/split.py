@@ -113,6 +113,7 @@ class SplitResult:
     in_worker: bool = False  # whether a worker process took its share
     ter_from: int = 0  # where this process's share of TER begins (the worker counts the sentences before)
     ter_seconds: float = 0.0  # how long the worker's share took
+    bleu_tokenize: str = "13a"  # the words BLEU counts, and so TER's (app.evaluation.metrics.ter_metric)
 
     def finish(self) -> dict:
         """The scores with what the worker computed: a validation's BLEU and chrF, or the worker's share of TER
@@ -124,7 +125,8 @@ class SplitResult:
             self.metrics.update(done)
             return self.metrics
         shared, shared_signature, self.ter_seconds = done
-        rest, signature, _ = ter_statistics(self.texts[self.ter_from :], self.references[self.ter_from :])
+        tail = (self.texts[self.ter_from :], self.references[self.ter_from :])
+        rest, signature, _ = ter_statistics(*tail, self.bleu_tokenize)
         self.metrics = with_ter(self.metrics, ter_of_statistics(shared + rest, shared_signature or signature))
         return self.metrics
 
@@ -151,14 +153,14 @@ def evaluate_split(
     with clock("decode"):
         hyps = search(data.src, every, asked.progress)
     texts = tokenizer.decode_tgt(hyps.tokens)
-    result = SplitResult(hyps, texts, data.tgt_texts, in_worker=worker is not None)
+    result = SplitResult(hyps, texts, data.tgt_texts, in_worker=worker is not None, bleu_tokenize=asked.bleu_tokenize)
     with clock("score"):
         if asked.scores == "corpus":
             result.pending = submit(worker, score, texts, data.tgt_texts, asked.bleu_tokenize, False)
         else:  # TER of a share of the sentences in the worker, on another core, while the rest is done here
             result.ter_from = round(asked.ter_share * len(texts)) if worker else 0
             cut = result.ter_from
-            result.pending = submit(worker, ter_statistics, texts[:cut], data.tgt_texts[:cut])
+            result.pending = submit(worker, ter_statistics, texts[:cut], data.tgt_texts[:cut], asked.bleu_tokenize)
     if plan is not None:
         plan(hyps)
     if asked.scores == "split":
