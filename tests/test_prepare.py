@@ -344,6 +344,9 @@ def test_tokenized_cache_is_built_once_and_reused(tmp_path, write_tsv, caplog):
     assert split.ids == [p.id for p in pairs] and split.src == tokenizer.encode_src([p.src for p in pairs])
     # lists, read once: a datasets Column reads Arrow again at every item (decoding and scoring read many)
     assert all(type(c) is list for c in (split.ids, split.src_texts, split.tgt_texts, split.src, split.tgt))
+    first = load_split(cfg.dir, "train", tokenizer, first=5)  # the first pairs only (make heads' heads.max_sentences)
+    assert first == split.head(5) and all(type(c) is list for c in (first.ids, first.src))
+    assert load_split(cfg.dir, "train", tokenizer, first=10**6) == split
 
     other = build_tokenizer(cfg.dir, TokenizerConfig(vocab_size=150))  # another tokenizer: its own cache
     assert load_tokenized(cfg.dir, "train", other).src.to_pylist() == other.encode_src([p.src for p in pairs])

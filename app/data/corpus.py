@@ -93,10 +93,13 @@ def load_tokenized(data_dir: str, split: str, tokenizer: Tokenizer) -> Tokenized
     )
 
 
-def load_split(data_dir: str, split: str, tokenizer: Tokenizer) -> ParallelData:
-    """A split as lists: ``datasets`` (4 and later) hands out a column as a lazy ``Column`` that reads Arrow at
-    every item, and decoding, scoring, AER and the explorer make many passes; ``[:]`` reads it once."""
+def load_split(data_dir: str, split: str, tokenizer: Tokenizer, first: int = 0) -> ParallelData:
+    """A split as lists (``first`` > 0: its first pairs only, the rest never read): ``datasets`` (4 and later) hands
+    out a column as a lazy ``Column`` that reads Arrow at every item, and decoding, scoring, AER and the explorer
+    make many passes; ``[:]`` reads it once."""
     dataset = tokenized(data_dir, split, tokenizer)
+    if 0 < first < len(dataset):
+        dataset = dataset.select(range(first))
     return ParallelData(*(dataset[name][:] for name in ("id", "src", "tgt", "src_ids", "tgt_ids")))
 
 

@@ -168,7 +168,7 @@ def measure_heads(cfg: Config) -> MeasuredHeads:
             f"make heads measures a Transformer's attention heads: {cfg.name} is an RNN (model.arch=rnn), whose one "
             "attention has none"
         )
-    data = load_split(trained.config.data.dir, h.split, trained.tokenizer).head(h.max_sentences)
+    data = load_split(trained.config.data.dir, h.split, trained.tokenizer, first=h.max_sentences)
     model = trained.config.model
     print(
         f"heads of {checkpoint_path(cfg.run_dir, h.checkpoint)} (step {trained.step}) on {h.split}, {len(data)} "
