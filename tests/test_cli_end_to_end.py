@@ -523,6 +523,14 @@ def test_heads_masks_each_head_of_the_transformer_and_writes_what_it_found(workd
     assert (out / "importance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "loss increase with one head masked:" in result.stdout and "cross-attention" in result.stdout
     assert f"wrote {out}/importance.json and importance.png in " in result.stdout
+    events = tensorboard(workdir / "checkpoints" / "tiny")  # in the run's TensorBoard, at the checkpoint's step
+    (image,) = [e for e in events.Images("heads/dev/importance") if e.step == step][-1:]
+    assert image.width == 350 and image.height > image.width  # the IMAGES tab's width, the panels one under another
+    (loss,) = [e for e in events.Scalars("heads/dev/loss") if e.step == step][-1:]
+    assert loss.value == pytest.approx(report["loss"], abs=1e-5)
+    assert [e.value for e in events.Scalars("heads/dev/gradient_agreement")][-1] == pytest.approx(
+        report["gradient_agreement"], abs=1e-6
+    )
 
 
 def sweep_and_compare(workdir, sweep, *overrides) -> str:

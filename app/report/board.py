@@ -1,6 +1,6 @@
 """What goes to TensorBoard besides the training scalars: sample translations as text tables, a run's
-settings and results for the HPARAMS tab, and what ``make eval`` measured and drew, in the run's own
-event files (``checkpoints/<run>/tb``) at the step of the evaluated checkpoint."""
+settings and results for the HPARAMS tab, and what ``make eval`` and ``make heads`` measured and drew, in the run's
+own event files (``checkpoints/<run>/tb``) at the step of the evaluated checkpoint."""
 
 from __future__ import annotations
 
@@ -157,4 +157,18 @@ def log_eval(
             scores = {f"test_{k}": metrics[k] for k in ("bleu", "chrf", "ter")}
             scores["test_aer"] = metrics.get("alignment", {}).get("aer")
             write_hparams(writer, trained, {**scores, "decode_seconds": metrics["decode_seconds"]}, step)
+    return tb
+
+
+def log_heads(run_dir: str, split: str, png: tuple[bytes, tuple[int, int]], report: dict, step: int) -> str:
+    """``make heads`` into the run's TensorBoard at the measured checkpoint's ``step``: its figure (``png``: bytes,
+    (width, height)) as the image ``heads/<split>/importance``, the loss with every head and the gradient's
+    agreement with masking as scalars. Returns the event folder."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    tb = os.path.join(run_dir, "tb")
+    with SummaryWriter(tb) as writer:
+        write_pngs(writer, {f"heads/{split}/importance": png}, step)
+        writer.add_scalar(f"heads/{split}/loss", report["loss"], step)
+        writer.add_scalar(f"heads/{split}/gradient_agreement", report["gradient_agreement"], step)
     return tb

@@ -4,12 +4,15 @@ figures, the pruning curve, the settings) and ``importance.png`` (the grids and 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 
 from app.config.schema import Config
 from app.evaluation.head_importance import HeadImportance, MeasuredHeads
-from app.run.files import atomic_write_text
+from app.report.board import log_heads
+from app.report.plots import DPI, TENSORBOARD_WIDTH
+from app.run.files import atomic_write, atomic_write_text
 
 LABELS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 
@@ -21,9 +24,12 @@ def write_heads(measured: MeasuredHeads) -> dict:
     out = os.path.join(cfg.run_dir, "heads", cfg.heads.split)
     os.makedirs(out, exist_ok=True)
     atomic_write_text(os.path.join(out, "importance.json"), json.dumps(report, indent=2) + "\n")
-    figure(found, os.path.join(out, "importance.png"), f"{cfg.name}, step {measured.step}, {cfg.heads.split}")
+    title = f"{cfg.name}, step {measured.step}, {cfg.heads.split}"
+    png, _ = figure(found, title, across=True)
+    atomic_write(os.path.join(out, "importance.png"), lambda f: f.write(png))
+    tb = log_heads(cfg.run_dir, cfg.heads.split, figure(found, title, across=False), report, measured.step)
     print(text(found))
-    print(f"wrote {out}/importance.json and importance.png in {report['seconds']:.1f} s")
+    print(f"wrote {out}/importance.json and importance.png in {report['seconds']:.1f} s; TensorBoard: {tb}")
     return report
 
 
@@ -80,8 +86,10 @@ def text(found: HeadImportance) -> str:
     return "\n".join(lines)
 
 
-def figure(found: HeadImportance, path: str, title: str) -> None:
-    """One grid per attention (colour: the loss increase), and the pruning curve, as a PNG."""
+def figure(found: HeadImportance, title: str, across: bool) -> tuple[bytes, tuple[int, int]]:
+    """One grid per attention (colour: the loss increase), and the pruning curve: side by side (``across``, the
+    file), or one under the other, TensorBoard's width (its IMAGES tab shows every image that wide). The PNG's bytes
+    and its (width, height)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -89,7 +97,10 @@ def figure(found: HeadImportance, path: str, title: str) -> None:
 
     kinds = grids(found)
     panels = len(kinds) + bool(found.pruning)
-    fig, axes = plt.subplots(1, panels, figsize=(3.4 * panels, 3.6), dpi=100, layout="constrained")
+    size = (3.4 * panels, 3.6) if across else (TENSORBOARD_WIDTH / DPI, 2.8 * panels)
+    fig, axes = plt.subplots(
+        1 if across else panels, panels if across else 1, figsize=size, dpi=DPI, layout="constrained"
+    )
     top = max(max(v for row in rows for v in row) for rows in kinds.values())
     for ax, (kind, rows) in zip(axes, kinds.items()):
         image = ax.imshow(rows, cmap="viridis", vmin=min(0.0, top), vmax=max(top, 1e-9), aspect="auto")
@@ -103,6 +114,9 @@ def figure(found: HeadImportance, path: str, title: str) -> None:
         ax = axes[-1]
         ax.plot([100 * p["share"] for p in found.pruning], [p["loss"] for p in found.pruning], marker="o")
         ax.set(title="least important heads masked", xlabel="% of heads masked", ylabel="loss (nats/token)")
-    fig.suptitle(title)
-    fig.savefig(path)
+    fig.suptitle(title, fontsize=10 if across else 8)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    width, height = fig.canvas.get_width_height()
     plt.close(fig)
+    return buffer.getvalue(), (width, height)
