@@ -10,7 +10,8 @@ from conftest import Vocab, model_config
 
 from app.data.batching import Batcher
 from app.data.corpus import ParallelData
-from app.evaluation.head_importance import HeadGates, head_importance, mean_loss, rank_correlation
+from app.evaluation.head_importance import HeadGates, head_importance, rank_correlation
+from app.evaluation.split import mean_loss
 from app.models import build_model, sequence_loss
 
 CPU = torch.device("cpu")

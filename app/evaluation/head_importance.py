@@ -25,16 +25,14 @@ import torch
 from tqdm import tqdm
 
 from app.config.schema import Config
-from app.data.batching import sorted_batches
 from app.data.corpus import ParallelData, load_split
 from app.data.sources import SPLITS
-from app.data.tokenizer import PAD
 from app.decode.trained import load_trained
-from app.models import sequence_loss
+from app.evaluation.split import mean_loss
 from app.models.attention import MultiHeadAttention
 from app.models.transformer import Transformer
 from app.run.checkpoint import checkpoint_path
-from app.run.device import autocast, resolve_device
+from app.run.device import resolve_device
 from app.run.errors import UserError
 
 # the attentions of a Transformer: its name in reports -> (the stack, the layer's attribute)
@@ -94,27 +92,6 @@ class HeadGates:
             return (x * self.gates[kind][layer].repeat_interleave(d_head).to(x.dtype),)
 
         return gate
-
-
-def mean_loss(
-    model: torch.nn.Module, data: ParallelData, batch_tokens: int, device, dtype, grads=None, progress: str = ""
-) -> float:
-    """The loss of ``data`` teacher forced, in nats per target token; with ``grads`` (tensors requiring grad, the
-    gates) each batch's |∂ loss sum / ∂ tensor| is added to the tensor's ``.grad``. ``progress``: a bar's title."""
-    loss_sum, tokens = 0.0, 0
-    batches = sorted_batches(data.src, data.tgt, batch_tokens)
-    for batch in tqdm(batches, desc=progress, unit="batch", disable=not progress, leave=False):
-        batch = batch.to(device)
-        tgt_in, tgt_out = batch.targets
-        with torch.set_grad_enabled(grads is not None), autocast(device, dtype):
-            logits = model(batch.src, tgt_in, src_lengths=batch.src_lengths)
-        loss = sequence_loss(logits.float(), tgt_out)
-        if grads is not None:
-            for tensor, grad in zip(grads, torch.autograd.grad(loss, grads)):
-                tensor.grad = grad.abs() if tensor.grad is None else tensor.grad + grad.abs()
-        loss_sum += loss.item()
-        tokens += int((tgt_out != PAD).sum())
-    return loss_sum / max(tokens, 1)
 
 
 @dataclass

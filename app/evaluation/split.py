@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, cast
 
 import torch
+from tqdm import tqdm
 
 from app.data.batching import sorted_batches
 from app.data.corpus import ParallelData
@@ -313,21 +314,37 @@ def align(
     }
 
 
-@torch.no_grad()
 def teacher_forced_loss(model: torch.nn.Module, data: ParallelData, batch_tokens: int, device, dtype) -> dict:
     """The split's loss and perplexity under teacher forcing, without label smoothing."""
     was_training = model.training
     model.eval()
+    try:
+        loss = mean_loss(model, data, batch_tokens, device, dtype)
+    finally:
+        model.train(was_training)
+    return {"loss": loss, "ppl": math.exp(min(loss, 50))}
+
+
+def mean_loss(
+    model: torch.nn.Module, data: ParallelData, batch_tokens: int, device, dtype, grads=None, progress: str = ""
+) -> float:
+    """The loss of ``data`` teacher forced, in nats per target token, in the model's mode as it is; with ``grads``
+    (tensors requiring grad: make heads' gates) each batch's |∂ loss sum / ∂ tensor| is added to the tensor's
+    ``.grad``. ``progress``: a bar's title (none: no bar)."""
     loss_sum, tokens = 0.0, 0
-    for batch in sorted_batches(data.src, data.tgt, batch_tokens):
+    batches = sorted_batches(data.src, data.tgt, batch_tokens)
+    for batch in tqdm(batches, desc=progress, unit="batch", disable=not progress, leave=False):
         batch = batch.to(device)
         tgt_in, tgt_out = batch.targets
-        with autocast(device, dtype):
+        with torch.set_grad_enabled(grads is not None), autocast(device, dtype):
             logits = model(batch.src, tgt_in, src_lengths=batch.src_lengths)
-        loss_sum += sequence_loss(logits.float(), tgt_out).item()
+        loss = sequence_loss(logits.float(), tgt_out)
+        if grads is not None:
+            for tensor, grad in zip(grads, torch.autograd.grad(loss, grads)):
+                tensor.grad = grad.abs() if tensor.grad is None else tensor.grad + grad.abs()
+        loss_sum += loss.item()
         tokens += int((tgt_out != PAD).sum())
-    model.train(was_training)
-    return {"loss": loss_sum / tokens, "ppl": math.exp(min(loss_sum / tokens, 50))}
+    return loss_sum / max(tokens, 1)
 
 
 def with_ter(metrics: dict, ter: dict) -> dict:
