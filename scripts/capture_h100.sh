@@ -4,10 +4,12 @@
 #                                        # step, a shape that cannot be recorded runs eagerly, SIGKILL + resume), then
 #                                        # make bench eager (train.capture=false) against captured, one after the other
 #   bash scripts/capture_h100.sh train   # the default make train for TRAIN_MINUTES (7) captured, then make eval
+#   bash scripts/capture_h100.sh fused   # the capture tests with eager and with compiled kernels, then make bench
+#                                        # captured against captured with train.compile=true (both profiled)
 # Results in $OUT (default checkpoints/capture_h100): logs, junit XML, the bench JSONs, train_summary.json,
 # validations, the test metrics; the last lines printed are a short table.
 set -uo pipefail
-part=${1:?usage: $0 check|train}
+part=${1:?usage: $0 check|train|fused}
 OUT=${OUT:-checkpoints/capture_h100}
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -40,6 +42,30 @@ for capture in ("false", "true"):
     if os.path.exists(path):
         row = json.load(open(path))
         print(f"capture={capture}:", {k: row.get(k) for k in keys})
+EOF
+    ;;
+fused)
+    timeout --signal=INT --kill-after=15 "${TESTS_SECONDS:-240}" python3 -m pytest -v -m gpu tests/test_gpu.py \
+        -k "captured or recorded" -p no:cacheprovider --tb=short -o junit_family=legacy \
+        --junitxml="$OUT/fused_tests.xml" >"$OUT/fused_tests.log" 2>&1 || status=1
+    grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/fused_tests.log" | tail -n 8
+    for compiled in false true; do
+        name=bench_fused_compile_$compiled
+        timeout "${BENCH_SECONDS:-200}" python3 -m app command=bench name=$name train.capture=true \
+            train.compile=$compiled bench.steps="${BENCH_STEPS:-30}" bench.profile_steps=5 \
+            bench.decode_sentences=5 >"$OUT/$name.log" 2>&1 || { status=1; tail -n 20 "$OUT/$name.log"; }
+        cp checkpoints/bench/$name.json "$OUT/" || status=1
+        cp checkpoints/bench/${name}_profile.txt "$OUT/" 2>/dev/null
+    done
+    grep -h "torch.compile:\|train.capture:" "$OUT"/bench_fused_*.log | cut -c1-300
+    python3 - "$OUT" <<'EOF'
+import json, os, sys
+keys = ("steps_per_s", "step_steps_per_s", "train_tgt_tokens_per_s", "mfu", "host_step_ms", "peak_memory_gib")
+for compiled in ("false", "true"):
+    path = os.path.join(sys.argv[1], f"bench_fused_compile_{compiled}.json")
+    if os.path.exists(path):
+        row = json.load(open(path))
+        print(f"compile={compiled}:", {k: row.get(k) for k in keys}, row.get("profile", {}).get("ms_per_step"))
 EOF
     ;;
 train)

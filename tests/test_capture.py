@@ -34,10 +34,16 @@ def test_capture_is_in_force_for_a_single_cuda_transformer_only(transformer, rnn
     assert cfg.train.capture is True  # the default
     assert capture_refusal(cfg, CUDA, False, transformer) is None
     assert capture_refusal(cfg, torch.device("cpu"), False, transformer) == "not on CUDA"  # a CPU run is unchanged
+    # the compiled layers' kernels are recorded like the eager ones, unless the compiler replays graphs of its own
+    assert capture_refusal(compose_config("train.compile=true"), CUDA, False, transformer) is None
     refusals = {
         "train.capture=false": (compose_config("train.capture=false"), False, transformer),
         "torchrun": (cfg, True, transformer),
-        "train.compile=true": (compose_config("train.compile=true"), False, transformer),
+        "train.compile_mode=reduce-overhead": (
+            compose_config("train.compile=true", "train.compile_mode=reduce-overhead"),
+            False,
+            transformer,
+        ),
         "train.fused_optimizer=false": (compose_config("train.fused_optimizer=false"), False, transformer),
         "train.subword_alpha": (compose_config("train.subword_alpha=0.1"), False, transformer),
         "RNN": (cfg, False, rnn),

@@ -277,16 +277,19 @@ def test_sigkill_then_resume_continues_at_the_saved_step_with_the_same_losses(wo
     )
 
 
-def test_captured_update_matches_the_eager_one_step_by_step(workdir, record_property):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager_kernels", "compiled_kernels"])
+def test_captured_update_matches_the_eager_one_step_by_step(workdir, compiled, record_property):
     """train.capture=true (the default on CUDA) records the update once per batch shape and replays it: on the same
     batches (train.batch_shapes=4 in both runs) every per-step loss matches an eager run's within LOSS_ATOL, dropout
     included (a replay draws the Philox offsets the eager update would); each shape's first update runs eagerly, the
-    rest replay, and train_summary.json says so."""
+    rest replay, and train_summary.json says so. With train.compile=true the graph records the compiled layers'
+    fused kernels, and matches the same compiled layers run without capture."""
     steps = 40
     run = settings(*BASE, *TRANSFORMER, f"train.max_steps={steps}", "train.log_every=1", "train.batch_shapes=4")
+    run += ["train.compile=true"] if compiled else []
     losses, summaries = {}, {}
     for capture in ("false", "true"):
-        name = f"capture_{capture}"
+        name = f"capture_{capture}_{'compiled' if compiled else 'eager'}"
         result = run_app(workdir, "command=train", *run, f"name={name}", f"train.capture={capture}")
         assert result.returncode == 0, tail(result)
         summaries[capture] = assert_trained_on_cuda(workdir, name, steps)

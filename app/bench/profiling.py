@@ -70,7 +70,7 @@ def profile_steps(run_step: Callable[[], None], steps: int, device: torch.device
         summary["ms_per_step"] = round(wall_ms / steps, 2)
         summary["device_busy"] = round(total / 1e3 / wall_ms, 3)  # profiler times are microseconds
     sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
-    return summary, averages.table(sort_by=sort_by, row_limit=20)
+    return summary, averages.table(sort_by=sort_by, row_limit=30, max_name_column_width=100)
 
 
 def count_ops(run_step: Callable[[], None], steps: int, device: torch.device, dispatch: bool = True) -> dict:

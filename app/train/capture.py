@@ -3,7 +3,9 @@
 An eager update of the default Transformer issues about a thousand operators; on an H100 the host needs 35 ms to
 launch them and the GPU 10 to run them (docs/gpu/). A CUDA graph records the kernels of one update, forward,
 backward, clipping, the fused AdamW step and the refresh of the bf16 weights from their fp32 masters, and a replay
-launches all of them in one call (PyTorch's "whole-network capture", torch.cuda.CUDAGraph; no compiler).
+launches all of them in one call (PyTorch's "whole-network capture", torch.cuda.CUDAGraph). With ``train.compile=true``
+(a mode without CUDA graphs of its own) the graph records the compiled layers' fused kernels instead of the eager
+ones: the compiler's fusion and the replay's single launch together.
 
 A graph replays exactly what it recorded: the same kernels on the same memory. So
 
@@ -34,7 +36,7 @@ from typing import Optional
 
 import torch
 
-from app.config.schema import Config
+from app.config.schema import CUDA_GRAPH_MODES, Config
 from app.data.batching import Batch
 from app.models.transformer import Transformer
 from app.run import distributed
@@ -57,8 +59,8 @@ def capture_refusal(cfg: Config, device: torch.device, launched: bool, model: to
         return "train.capture=false" if not t.capture else "not on CUDA"
     if launched:
         return "under torchrun the update is not captured (DDP's all-reduce runs eagerly)"
-    if t.compile:
-        return "train.compile=true compiles the update instead"
+    if t.compile and t.compile_mode in CUDA_GRAPH_MODES:
+        return f"train.compile_mode={t.compile_mode} replays torch.compile's own CUDA graphs"
     if not t.fused_optimizer:
         return "train.fused_optimizer=false skips a non-finite update by asking the host"
     if t.subword_alpha > 0:
