@@ -5,6 +5,9 @@ Each ATen op's *self* time (on a GPU: the kernels it launched itself; on a CPU: 
 put into one of a few kinds of work, so the shares add up to 100 %. On a GPU, ``device_busy`` is the
 kernels' total time over the wall time of the profiled steps: well below 1, the GPU waits for the
 host to launch work (many small kernels, as in an RNN decoder loop) rather than for its own compute.
+
+A replayed CUDA graph (``train.capture``) launches its kernels without any op: its steps are attributed by the
+kernels' own names instead (``KERNEL_KINDS``; ``attributed`` in the summary says which).
 """
 
 from __future__ import annotations
@@ -31,8 +34,38 @@ KINDS = [
 ]
 
 
-def kind_of(name: str) -> str:
-    return next((kind for kind, pattern in KINDS if re.search(pattern, name, re.IGNORECASE)), "elementwise and other")
+# the same kinds, read off CUDA kernel names (cuBLAS's nvjet/gemm, the SDPA back-ends, Inductor's triton_*)
+KERNEL_KINDS = [
+    ("matrix multiply", r"nvjet|gemm|xmma|cutlass.*(mma|matmul)|splitkreduce"),
+    ("attention kernels", r"fmha|flash|attention"),
+    ("recurrent cells", r"rnn|gru|lstm"),
+    ("optimizer", r"multi_tensor_apply|adam"),
+    ("compiled kernels", r"^triton_"),
+    ("softmax and loss", r"softmax|cross_entropy|nll_loss"),
+    ("copies and layout", r"copy|cat|index|gather|scatter|fill"),
+]
+
+
+def kind_of(name: str, kinds: list[tuple[str, str]] = KINDS) -> str:
+    return next((kind for kind, pattern in kinds if re.search(pattern, name, re.IGNORECASE)), "elementwise and other")
+
+
+def time_by_kind(events) -> tuple[dict[str, float], float, str]:
+    """Device time per kind of work over a profile's averaged events (``key``, ``device_type``,
+    ``self_device_time_total`` in microseconds), the kernels' total, and what it was attributed by: the ops that
+    launched the kernels, or, where ops account for under half of it (a replayed CUDA graph has none), the kernels'
+    names."""
+    per_op: dict[str, float] = defaultdict(float)
+    per_kernel: dict[str, float] = defaultdict(float)
+    for event in events:
+        if event.device_type == DeviceType.CPU:
+            per_op[kind_of(event.key)] += event.self_device_time_total
+        else:
+            per_kernel[kind_of(event.key, KERNEL_KINDS)] += event.self_device_time_total
+    kernels = sum(per_kernel.values())
+    if sum(per_op.values()) >= 0.5 * kernels:
+        return per_op, kernels, "ops"
+    return per_kernel, kernels, "kernel names"
 
 
 def profile_steps(run_step: Callable[[], None], steps: int, device: torch.device, trace_path: str) -> tuple[dict, str]:
@@ -52,23 +85,25 @@ def profile_steps(run_step: Callable[[], None], steps: int, device: torch.device
             torch.cuda.synchronize(device)
     prof.export_chrome_trace(trace_path)
     averages = prof.key_averages()
-    self_time = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
-    per_kind: dict[str, float] = defaultdict(float)
-    for event in averages:
-        # on a GPU each kernel is listed as an event of its own, and counted again in the self time of
-        # the op (or compiled region) that launched it: count the ops only
-        if event.device_type == DeviceType.CPU:
-            per_kind[kind_of(event.key)] += self_time(event)
+    if cuda:
+        # each kernel is listed as an event of its own, and counted again in the self time of the op (or
+        # compiled region) that launched it: one of the two
+        per_kind, kernels, attributed = time_by_kind(averages)
+    else:
+        per_kind, attributed = defaultdict(float), "ops"
+        for event in averages:
+            per_kind[kind_of(event.key)] += event.self_cpu_time_total
     total = sum(per_kind.values()) or 1.0
     summary = {
         "profiled_steps": steps,
         "measured_on": "GPU kernel time" if cuda else "CPU time of each op",
+        "attributed": attributed,
         "shares": {k: round(v / total, 3) for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1])},
     }
     if timer is not None:
         wall_ms = timer[0].elapsed_time(timer[1])
         summary["ms_per_step"] = round(wall_ms / steps, 2)
-        summary["device_busy"] = round(total / 1e3 / wall_ms, 3)  # profiler times are microseconds
+        summary["device_busy"] = round(kernels / 1e3 / wall_ms, 3)  # profiler times are microseconds
     sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
     return summary, averages.table(sort_by=sort_by, row_limit=30, max_name_column_width=100)
 

@@ -289,7 +289,7 @@ class TrainConfig(Checked, section="train"):
     fused_optimizer: bool = True  # AdamW in one kernel that skips non-finite updates on the device
     master_weights: bool = True  # bf16: steps on bf16 weights kept from fp32 masters (false: autocast casts each use)
     # on CUDA, the Transformer's whole update recorded as a CUDA graph per batch shape and replayed (app/train/
-    # capture.py): one launch instead of a thousand; ignored on a CPU, under torchrun, with a compile_mode of CUDA graphs
+    # capture.py): one launch instead of a thousand; ignored on a CPU, under torchrun, with compile_mode of CUDA graphs
     capture: bool = True
     # pad every batch to one of N (sentences, source, target) shapes chosen from the training lengths (app/data/
     # shapes.py), so CUDA graphs replay N graphs; 0 = each batch padded to its longest pair (a new shape per batch)
