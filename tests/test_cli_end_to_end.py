@@ -520,6 +520,11 @@ def test_heads_masks_each_head_of_the_transformer_and_writes_what_it_found(workd
     assert increases == sorted(increases, reverse=True)
     assert [p["heads_masked"] for p in report["pruning"]] == [0, 2, 3]  # all but one head of each attention
     assert report["pruning"][0]["loss"] == report["loss"]
+    assert all(0 <= p["bleu"] <= 100 for p in report["pruning"])  # the 8 sources decoded at each point (heads.bleu)
+    assert (
+        "the pruning curve's BLEU decodes the 8 sources" in result.stdout
+        and "(share of all heads: loss / BLEU)" in (result.stdout)
+    )
     assert (out / "importance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "loss increase with one head masked:" in result.stdout and "cross-attention" in result.stdout
     assert f"wrote {out}/importance.json and importance.png in " in result.stdout

@@ -176,6 +176,7 @@ class HeadsConfig:
     checkpoint: str = "best"  # best | last | averaged | step_NNNNNNN
     max_sentences: int = 500  # the split's first N pairs (0: all): each head costs a teacher-forced pass over them
     prune_steps: int = 10  # the pruning curve: the least important heads masked together, in N steps (0: none)
+    bleu: bool = True  # the pruning curve's BLEU too: the split's sources decoded (decode.*) at each of its steps
 
     def __post_init__(self) -> None:
         rules = {

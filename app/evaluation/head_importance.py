@@ -1,15 +1,17 @@
 """How much each attention head of a Transformer matters to its loss (``make heads``), after Michel, Levy & Neubig
 2019, "Are Sixteen Heads Really Better than One?".
 
-An attention's output is Concat(head_1 … head_h) W^O (app/models/attention.py): each head enters W^O as one slice of
-its input. A gate ξ_h multiplies that slice, set in a forward pre-hook on the attention's ``out_proj`` (the model's
-code is untouched, and the gates are gone when the hooks are). Over a split, teacher forced, in nats per target token
-without label smoothing (the dev loss of training):
+An attention's output is Concat(head_1 … head_h) W^O (app/models/attention.py): each head enters W^O through one
+slice of W^O's columns. A gate ξ_h multiplies those columns, as a parametrization of the attention's
+``out_proj.weight`` (torch.nn.utils.parametrize: the model's code is untouched, every path that reads the weight sees
+the gated one, the decoding steps' projections too, and the trained weight is back when the gates go). Over a split,
+teacher forced, in nats per target token without label smoothing (the dev loss of training):
 
 - **ablation**: the loss with ξ_h = 0 (head h masked, the others as trained) less the loss with every head;
 - **gradient**: I_h = Σ_batches |∂L/∂ξ_h| at ξ = 1 over the split's tokens (Michel et al., eq. 2, per batch of
   about 30 sentences rather than per sentence), one backward pass for every head at once;
-- **pruning**: the loss with the least important heads (by ablation) masked together, a growing share of them.
+- **pruning**: the loss, and with ``heads.bleu`` the BLEU of the split's sources decoded as ``decode.*`` says (their
+  Figure 2), with the least important heads (by ablation) masked together, a growing share of them.
 """
 
 from __future__ import annotations
@@ -22,13 +24,16 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+from torch import nn
+from torch.nn.utils import parametrize
 from tqdm import tqdm
 
-from app.config.schema import Config
+from app.config.schema import Config, target_language
 from app.data.corpus import ParallelData, load_split
 from app.data.sources import SPLITS
-from app.decode.trained import load_trained
-from app.evaluation.split import mean_loss
+from app.decode.trained import TrainedModel, load_trained
+from app.evaluation.metrics import bleu_tokenizer
+from app.evaluation.split import Asked, evaluate_split, mean_loss
 from app.models.attention import MultiHeadAttention
 from app.models.transformer import Transformer
 from app.run.checkpoint import checkpoint_path
@@ -56,9 +61,20 @@ def attentions(model: torch.nn.Module) -> dict[str, list[MultiHeadAttention]]:
     return {kind: [getattr(layer, name) for layer in getattr(model, stack)] for kind, (stack, name) in KINDS.items()}
 
 
+class GatedColumns(nn.Module):
+    """W^O with each head's columns multiplied by its gate (a parametrization of ``out_proj.weight``)."""
+
+    def __init__(self, gates: dict[str, torch.Tensor], kind: str, layer: int, d_head: int):
+        super().__init__()
+        self.gates, self.kind, self.layer, self.d_head = gates, kind, layer, d_head
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight * self.gates[self.kind][self.layer].repeat_interleave(self.d_head).to(weight.dtype)
+
+
 class HeadGates:
     """A gate per head of every attention of ``model`` (``gates[kind]``: (layers, heads), ones), multiplying the head's
-    slice of its out_proj's input while ``applied``."""
+    columns of its W^O while ``applied``."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device):
         self.modules = attentions(model)
@@ -76,22 +92,17 @@ class HeadGates:
 
     @contextmanager
     def applied(self) -> Iterator[None]:
-        handles = []
-        for kind, layers in self.modules.items():
-            for layer, module in enumerate(layers):
-                handles.append(module.out_proj.register_forward_pre_hook(self._hook(kind, layer, module.d_head)))
+        gated = []
         try:
+            for kind, layers in self.modules.items():
+                for layer, module in enumerate(layers):
+                    gate = GatedColumns(self.gates, kind, layer, module.d_head)
+                    parametrize.register_parametrization(module.out_proj, "weight", gate)
+                    gated.append(module.out_proj)
             yield
         finally:
-            for handle in handles:
-                handle.remove()
-
-    def _hook(self, kind: str, layer: int, d_head: int) -> Callable:
-        def gate(_module, args):
-            (x,) = args
-            return (x * self.gates[kind][layer].repeat_interleave(d_head).to(x.dtype),)
-
-        return gate
+            for out_proj in gated:  # the trained weight back as the parameter it was
+                parametrize.remove_parametrizations(out_proj, "weight", leave_parametrized=False)
 
 
 @dataclass
@@ -99,7 +110,7 @@ class HeadImportance:
     base_loss: float
     ablation: dict[Head, float]  # loss with the head masked, less base_loss
     gradient: dict[Head, float]  # Σ |∂L/∂ξ| per target token
-    pruning: list[dict]  # {"heads_masked", "share", "loss"}, from none to all but one per attention
+    pruning: list[dict]  # {"heads_masked", "share", "loss"[, "bleu"]}, from none to all but one per attention
     tokens: int
     sentences: int
 
@@ -147,14 +158,31 @@ def measure_heads(cfg: Config) -> MeasuredHeads:
         )
     data = load_split(trained.config.data.dir, h.split, trained.tokenizer, first=h.max_sentences)
     model = trained.config.model
+    bleu = split_bleu(trained, data, cfg) if h.bleu and h.prune_steps else None
     print(
         f"heads of {checkpoint_path(cfg.run_dir, h.checkpoint)} (step {trained.step}) on {h.split}, {len(data)} "
         f"pairs: {len(KINDS)} kinds of attention × {model.enc_layers}/{model.dec_layers} layers × {model.heads} "
         "heads, a teacher-forced pass each"
+        + (f"; the pruning curve's BLEU decodes the {len(data)} sources at each of its steps" if bleu else "")
     )
     batch_tokens = cfg.decode.batch_tokens
-    found = head_importance(trained.model, data, batch_tokens, trained.device, trained.dtype, h.prune_steps)
+    found = head_importance(trained.model, data, batch_tokens, trained.device, trained.dtype, h.prune_steps, bleu=bleu)
     return MeasuredHeads(found, cfg, trained.step, time.perf_counter() - started)
+
+
+def split_bleu(trained: TrainedModel, data: ParallelData, cfg: Config) -> Callable[[], float]:
+    """The BLEU of ``data``'s sources decoded as ``decode.*`` says, by the heads as gated when it is called: the
+    evaluation of a split that validation and make eval run, scores only."""
+    trained.check_decoding(cfg.decode)
+    asked = Asked(bleu_tokenizer(cfg.eval.bleu_tokenize, target_language(trained.config.data)), records=())
+    search = lambda src, _every, _progress: trained.translate(src, cfg.decode)  # noqa: E731
+    tokens = cfg.decode.batch_tokens
+
+    def bleu() -> float:
+        result = evaluate_split(trained.model, data, trained.tokenizer, search, asked, tokens, trained.dtype)
+        return float(result.finish()["bleu"])
+
+    return bleu
 
 
 def head_importance(
@@ -165,9 +193,10 @@ def head_importance(
     dtype: Optional[torch.dtype],
     prune_steps: int,
     progress: bool = True,
+    bleu: Optional[Callable[[], float]] = None,
 ) -> HeadImportance:
     """Every head's ablation and gradient importance over ``data``, and the pruning curve in ``prune_steps``
-    steps (0: none)."""
+    steps (0: none), with ``bleu``'s figure at each step where given."""
     was_training = model.training
     model.eval()
     gates = HeadGates(model, device)
@@ -189,20 +218,27 @@ def head_importance(
                 gates.gates[h.kind][h.layer, h.head] = 0.0
                 ablation[h] = loss() - base
                 gates.gates[h.kind][h.layer, h.head] = 1.0
-            pruning = pruning_curve(gates, sorted(heads, key=lambda h: ablation[h]), prune_steps, loss, progress)
+            least_first = sorted(heads, key=lambda h: ablation[h])
+            pruning = pruning_curve(gates, least_first, prune_steps, loss, progress, bleu)
     finally:
         model.train(was_training)
     return HeadImportance(base, ablation, gradient, pruning, tokens, len(data))
 
 
 def pruning_curve(
-    gates: HeadGates, least_first: list[Head], steps: int, loss: Callable[[], float], progress: bool
+    gates: HeadGates,
+    least_first: list[Head],
+    steps: int,
+    loss: Callable[[], float],
+    progress: bool,
+    bleu: Optional[Callable[[], float]] = None,
 ) -> list[dict]:
-    """The loss with the first k heads of ``least_first`` masked together, k growing in ``steps`` even steps to all
-    but the most important head of each attention (an attention with no head left would output only its bias)."""
+    """The loss (and ``bleu``'s figure, where given) with the first k heads of ``least_first`` masked together, k
+    growing in ``steps`` even steps to all but the most important head of each attention (an attention with no head
+    left would output only its bias)."""
     if not steps:
         return []
-    keep = {(h.kind, h.layer): h for h in reversed(least_first)}  # each attention's most important head
+    keep = {(h.kind, h.layer): h for h in least_first}  # each attention's most important head: its last
     prunable = [h for h in least_first if keep[(h.kind, h.layer)] != h]
     counts = sorted({math.ceil(len(prunable) * i / steps) for i in range(steps + 1)})
     curve, masked = [], 0
@@ -210,7 +246,8 @@ def pruning_curve(
         for h in prunable[masked:k]:
             gates.gates[h.kind][h.layer, h.head] = 0.0
         masked = k
-        curve.append({"heads_masked": k, "share": round(k / len(least_first), 4), "loss": loss()})
+        point = {"heads_masked": k, "share": round(k / len(least_first), 4), "loss": loss()}
+        curve.append(point if bleu is None else {**point, "bleu": bleu()})
     for g in gates.gates.values():
         g.fill_(1.0)
     return curve

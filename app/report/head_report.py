@@ -53,7 +53,10 @@ def as_dict(found: HeadImportance, cfg: Config, step: int, seconds: float) -> di
             }
             for rank, head in enumerate(found.ranked(), start=1)
         ],
-        "pruning": [{**p, "loss": round(p["loss"], 5)} for p in found.pruning],
+        "pruning": [
+            {**p, "loss": round(p["loss"], 5), **({"bleu": round(p["bleu"], 2)} if "bleu" in p else {})}
+            for p in found.pruning
+        ],
         "seconds": round(seconds, 1),
     }
 
@@ -81,8 +84,12 @@ def text(found: HeadImportance) -> str:
         f"{found.agreement():.2f}"
     )
     if found.pruning:
-        curve = ", ".join(f"{p['share']:.0%}: {p['loss']:.4f}" for p in found.pruning)
-        lines.append(f"masking the least important heads together (share of all heads: loss): {curve}")
+        bleu = "bleu" in found.pruning[0]
+        curve = ", ".join(
+            f"{p['share']:.0%}: {p['loss']:.4f}" + (f" / {p['bleu']:.2f}" if bleu else "") for p in found.pruning
+        )
+        figures = "loss / BLEU" if bleu else "loss"
+        lines.append(f"masking the least important heads together (share of all heads: {figures}): {curve}")
     return "\n".join(lines)
 
 
@@ -112,8 +119,14 @@ def figure(found: HeadImportance, title: str, across: bool) -> tuple[bytes, tupl
     fig.colorbar(image, ax=axes[: len(kinds)], label="loss increase (nats/token)", shrink=0.8)
     if found.pruning:
         ax = axes[-1]
-        ax.plot([100 * p["share"] for p in found.pruning], [p["loss"] for p in found.pruning], marker="o")
+        shares = [100 * p["share"] for p in found.pruning]
+        ax.plot(shares, [p["loss"] for p in found.pruning], marker="o", label="loss")
         ax.set(title="least important heads masked", xlabel="% of heads masked", ylabel="loss (nats/token)")
+        if "bleu" in found.pruning[0]:  # Michel et al.'s figure: BLEU on a second axis
+            right = ax.twinx()
+            right.plot(shares, [p["bleu"] for p in found.pruning], marker="s", color="tab:orange", label="BLEU")
+            right.set_ylabel("BLEU", color="tab:orange")
+            ax.legend(handles=ax.get_lines() + right.get_lines(), fontsize=7, loc="center left")
     fig.suptitle(title, fontsize=10 if across else 8)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
