@@ -12,12 +12,13 @@ from conftest import TINY, run_cli
 
 from app.config.schema import Config, TrainConfig
 from app.run.errors import UserError
+from app.train.decay_end import budget_end
 from app.train.summary import decay_beyond_budget
-from app.train.update import cut_on_plateau, learning_rate_factor, make_optimizer
+from app.train.update import LearningRate, cut_on_plateau, make_optimizer
 
 
 def rates(schedule: str, steps, floor: float = 0.1) -> list[float]:
-    factor = learning_rate_factor(TrainConfig(warmup_steps=10, max_steps=110, lr_schedule=schedule, lr_floor=floor))
+    factor = LearningRate(TrainConfig(warmup_steps=10, max_steps=110, lr_schedule=schedule, lr_floor=floor))
     return [factor(step - 1) for step in steps]  # update n is step n - 1 of LambdaLR's count
 
 
@@ -58,19 +59,49 @@ def test_a_floor_outside_zero_to_one_is_refused():
         TrainConfig(lr_floor=1.5)
 
 
-def test_a_limit_that_ends_the_run_long_before_the_decay_is_a_warning():
-    t = TrainConfig(max_minutes=7, max_steps=100_000, warmup_steps=1000, lr_schedule="cosine")
-    assert decay_beyond_budget(t, 12_000, "train.max_minutes=7") == (
-        "train.lr_schedule=cosine decays over train.max_steps=100000, but train.max_minutes=7 ends near step 12000: "
-        "the learning rate would still be 97% of train.lr there; train.max_steps=12000 decays within it"
+def test_the_decay_ends_where_the_first_limit_ends_and_a_resumed_scheduler_keeps_it():
+    """The decay's end is the first of train.max_steps, the step train.max_epochs ends at and the step the time
+    budget ends at (estimated at validations); LambdaLR's state_dict carries them to a resumed run."""
+    t = TrainConfig(lr=1e-3, warmup_steps=10, max_steps=1010, lr_schedule="linear", lr_floor=0.0)
+    rate = LearningRate(t)
+    assert rate.end == 1010 and rate(509) == pytest.approx(0.5)
+    rate.epochs_end = 510
+    assert rate.end == 510 and rate(259) == pytest.approx(0.5) and rate(509) == 0.0
+    rate.budget_end = 210
+    assert rate.end == 210 and rate(109) == pytest.approx(0.5) and rate(209) == 0.0
+    rate.max_steps = 110
+    assert rate.end == 110
+    model = torch.nn.Linear(4, 4)
+    optimizer, scheduler = make_optimizer(model, Config(train=t))
+    scheduler.lr_lambdas[0].budget_end = 210
+    for _ in range(110):
+        optimizer.step()
+        scheduler.step()
+    _, restored = make_optimizer(model, Config(train=t))
+    restored.load_state_dict(scheduler.state_dict())
+    assert restored.lr_lambdas[0].budget_end == 210 and restored.get_last_lr() == pytest.approx(
+        [1e-3 * (1 - 101 / 200)]
     )
-    linear = TrainConfig(max_epochs=3, max_steps=10_000, warmup_steps=0, lr_schedule="linear")
-    assert decay_beyond_budget(linear, 2_500, "train.max_epochs=3") == (
-        "train.lr_schedule=linear decays over train.max_steps=10000, but train.max_epochs=3 ends near step 2500: "
-        "the learning rate would still be 75% of train.lr there; train.max_steps=2500 decays within it"
+
+
+def test_where_the_time_budget_ends():
+    # 10 s left at 0.1 s a step: 100 steps; with a validation of 2 s every 20 steps, 0.2 s a step: 50 steps
+    assert budget_end(400, 0.1, 10.0, 0.0, 0) == 500
+    assert budget_end(400, 0.1, 10.0, 2.0, 20) == 450
+    assert budget_end(400, 0.1, -3.0, 2.0, 20) == 400
+
+
+def test_a_time_budget_without_validations_that_ends_long_before_the_decay_is_a_warning():
+    t = TrainConfig(max_minutes=7, max_steps=100_000, warmup_steps=1000, lr_schedule="cosine", eval_every=0)
+    assert decay_beyond_budget(t, 12_000) == (
+        "train.lr_schedule=cosine decays over train.max_steps=100000, but train.max_minutes=7 ends near step 12000, "
+        "and without validations (train.eval_every=0) the decay cannot follow it: the learning rate would still be "
+        "97% of train.lr there; train.max_steps=12000 decays within it"
     )
-    assert decay_beyond_budget(TrainConfig(max_steps=13_000, lr_schedule="cosine"), 12_000, "a limit") is None
-    assert decay_beyond_budget(TrainConfig(max_minutes=7), 12_000, "a limit") is None  # inverse_sqrt: it has no end
+    validated = TrainConfig(max_minutes=7, max_steps=100_000, warmup_steps=1000, lr_schedule="cosine")
+    assert decay_beyond_budget(validated, 12_000) is None  # its validations move the decay's end (decay_end.py)
+    assert decay_beyond_budget(TrainConfig(max_steps=13_000, lr_schedule="cosine", eval_every=0), 12_000) is None
+    assert decay_beyond_budget(TrainConfig(max_minutes=7, eval_every=0), 12_000) is None  # inverse_sqrt: no end
 
 
 def test_a_plateau_cuts_the_rate_after_its_patience_down_to_the_floor():
@@ -144,3 +175,29 @@ def test_a_run_ends_its_linear_decay_at_the_floor(tmp_path, corpus_tsv):
     state = torch.load(tmp_path / "checkpoints" / "linear" / "last.pt", weights_only=True)
     assert state["progress"]["step"] == 30
     assert state["scheduler"]["_last_lr"] == pytest.approx([2e-3 * 0.1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("limit", ["train.max_epochs=3", "train.max_minutes=0.3"])
+def test_a_run_ends_its_decay_with_the_limit_that_stops_it(tmp_path, corpus_tsv, limit):
+    """Under the default train.max_steps=100000, a run stopped by its epochs, or by its time budget, still ends its
+    decay: at the floor where the epochs end (their step known at the start), near it where the time budget ends
+    (its step estimated at each validation)."""
+    shutil.copy(corpus_tsv, tmp_path / "corpus.tsv")
+    args = ["train.lr=2e-3", "train.lr_schedule=linear", "train.lr_floor=0.1", "train.eval_every=10", "name=limit"]
+    args.append("train.patience=0")  # no early stopping: the limit stops it
+    result = run_cli(tmp_path, "command=train", *[a for a in TINY if not a.startswith("name=")], *args, limit)
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = torch.load(tmp_path / "checkpoints" / "limit" / "last.pt", weights_only=True)
+    step, (rate,) = state["progress"]["step"], state["scheduler"]["lr_lambdas"]
+    assert rate["max_steps"] == 100_000 and step < 5000
+    summary = json.loads((tmp_path / "checkpoints" / "limit" / "train_summary.json").read_text())
+    assert summary["stopped"] == ("max_epochs (3)" if "epochs" in limit else "time budget of 0.3 min"), summary
+    if limit.startswith("train.max_epochs"):
+        assert rate["epochs_end"] == step and state["scheduler"]["_last_lr"] == pytest.approx([2e-3 * 0.1])
+    else:  # the last estimate, at the last validation before the closing one, is within a few steps of the end
+        assert 0.8 * step <= rate["budget_end"] <= 1.25 * step, (rate, step)
+        # near the floor (0.1) where the last estimates were right; under train.max_steps alone it would be 0.99
+        assert state["scheduler"]["_last_lr"][0] <= 2e-3 * 0.6
+        log = (tmp_path / "checkpoints" / "limit" / "train.log").read_text()
+        assert "train.lr_schedule=linear decays to where train.max_minutes=0.3 ends: near step " in log

@@ -85,6 +85,15 @@ def from_main(flag: bool, device: torch.device) -> bool:
     return bool(t.item())
 
 
+def int_from_main(value: int, device: torch.device) -> int:
+    """Rank 0's ``value`` on every rank (estimates only rank 0 makes: where the time budget ends)."""
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor(value, dtype=torch.int64, device=device)
+    dist.broadcast(t, src=0)
+    return int(t.item())
+
+
 def sum_all(t: torch.Tensor) -> torch.Tensor:
     """Sum of a tensor over ranks (logged training loss)."""
     if dist.is_initialized():

@@ -21,7 +21,7 @@ from app.config.schema import Config, TrainConfig
 from app.models import count_parameters
 from app.run.files import atomic_write_text
 from app.train.stop_rules import abortable
-from app.train.update import learning_rate_factor
+from app.train.update import DECAYS, LearningRate
 from app.train.validation import sampled_seconds
 
 log = logging.getLogger(__name__)
@@ -176,16 +176,17 @@ def short_budget(
     )
 
 
-def decay_beyond_budget(t: TrainConfig, end: int, limit: str) -> Optional[str]:
-    """Where train.lr_schedule decays over train.max_steps and another limit (``limit``: the time budget or
-    train.max_epochs) ends the run well before (near step ``end``), the warning to give at once: the learning rate
-    would still be high where the run stops."""
-    if t.lr_schedule not in ("cosine", "linear") or end >= 0.9 * t.max_steps:
+def decay_beyond_budget(t: TrainConfig, end: int) -> Optional[str]:
+    """Where train.lr_schedule decays to an end and the time budget ends the run well before train.max_steps (near
+    step ``end``) with no validation to estimate that end again (train.eval_every=0: app/train/decay_end.py), the
+    warning to give at once: the learning rate would still be high where the run stops."""
+    if t.lr_schedule not in DECAYS or end >= 0.9 * t.max_steps or t.eval_every > 0:
         return None
     return (
-        f"train.lr_schedule={t.lr_schedule} decays over train.max_steps={t.max_steps}, but {limit} ends near step "
-        f"{end}: the learning rate would still be {learning_rate_factor(t)(end):.0%} of train.lr there; "
-        f"train.max_steps={end} decays within it"
+        f"train.lr_schedule={t.lr_schedule} decays over train.max_steps={t.max_steps}, but train.max_minutes="
+        f"{t.max_minutes:g} ends near step {end}, and without validations (train.eval_every=0) the decay cannot follow "
+        f"it: the learning rate would still be {LearningRate(t)(end):.0%} of train.lr there; train.max_steps={end} "
+        "decays within it"
     )
 
 
@@ -207,16 +208,12 @@ def first_estimate(trainer, seconds_per_step: float) -> None:
         )
     left, epoch_end = trainer.time_left(), trainer.schedule.step_of_epochs(p.step, t.max_epochs)
     tqdm.write(duration_hint(cfg, trainer.device, trainer.model, p.step, seconds_per_step, left, epoch_end))
-    ends = []  # the limits besides train.max_steps, and near which step each ends the run
     if left is not None:
         warning = short_budget(t, p.step, seconds_per_step, left, trainer.closing_reserve(), trainer.elapsed())
         if warning:
             log.warning(warning)
-        ends.append((reach(p.step, seconds_per_step, left), f"train.max_minutes={t.max_minutes:g}"))
-    if epoch_end is not None:
-        ends.append((epoch_end, f"train.max_epochs={t.max_epochs}"))
-    if ends and (decay := decay_beyond_budget(t, *min(ends))):
-        log.warning(decay)
+        if decay := decay_beyond_budget(t, reach(p.step, seconds_per_step, left)):
+            log.warning(decay)
 
 
 class CompileWatch:

@@ -1,13 +1,13 @@
-"""The training run: ``build_trainer`` assembles its parts (device, data, model, optimizer, batch schedule)
-and a ``Trainer`` runs them: set-up or exact resume, ``for update in schedule: train on it``, validation and
-checkpoints (last, best, rotated snapshots), early stopping and a wall-clock budget that includes the closing
-validation, a stop on SIGINT/SIGTERM, out-of-memory handling, DDP under torchrun, and a progress bar.
+"""The training run: ``build_trainer`` assembles its parts (device, data, model, optimizer, batch schedule) and a
+``Trainer`` runs them: set-up or exact resume, ``for update in schedule: train on it``, validation and checkpoints
+(last, best, rotated snapshots), early stopping and a wall-clock budget that includes the closing validation, a stop
+on SIGINT/SIGTERM, out-of-memory handling, DDP under torchrun, and a progress bar.
 
-The math of one update is in app/train/update.py (on CUDA replayed from a graph: app/train/capture.py), the batch
-order in app/data/schedule.py, what a checkpoint holds in app/train/state.py, validation in app/train/validation.py.
-The loop's own host work is kept off the device's way: the next update's batches are padded and copied in a
-background thread (app/data/prefetch.py), its counts come from the host's lengths, and the numbers stay on the
-device between log lines."""
+The math of one update is in app/train/update.py (on CUDA replayed from a graph: app/train/capture.py), the batch order
+in app/data/schedule.py, what a checkpoint holds in app/train/state.py, validation in app/train/validation.py, where the
+learning rate's decay ends in app/train/decay_end.py. The loop's own host work is kept off the device's way: the next
+update's batches are padded and copied in a background thread (app/data/prefetch.py), its counts come from the host's
+lengths, and the numbers stay on the device between log lines."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from app.run.errors import TrainingInterrupted, UserError
 from app.run.files import atomic_write_text
 from app.train.capture import CapturedUpdates, capture_in_force
 from app.train.closing_average import average_at_end, kept_snapshots, reserve_seconds
+from app.train.decay_end import DecayEnd
 from app.train.ema import ExponentialAverage
 from app.train.init_from import starting_point
 from app.train.master_weights import MasterWeights
@@ -109,6 +110,7 @@ class Trainer:
         self.train_loss: Optional[float] = None  # of the last logged window, for the validation history
         self.postfix_at = 0.0  # when its time_left was last set
         self.estimate, self.saved_step = RunEstimate(self.progress.step), self.progress.step  # last.pt's step
+        self.decay_end = DecayEnd(self)  # where a decaying learning rate ends: with the run
         self.parameters = count_parameters(model)
         self.keep_last, self.keep_best = kept_snapshots(cfg.train)
         self.average: Optional[dict] = None  # what the closing average kept (train.average_snapshots)
@@ -142,8 +144,7 @@ class Trainer:
         """Validate on rank 0, keep the best checkpoint; returns on every rank whether early stopping says stop."""
         stop, t = False, self.cfg.train
         if self.main:
-            d = self.data
-            model = self.state.served_model
+            d, model = self.data, self.state.served_model
             metrics = validate(model, d.dev, d.dev_links, d.tokenizer, self.cfg, self.writer, self.progress, closing)
             p, lr = self.progress, float(self.scheduler.get_last_lr()[0])
             p.history.append(history_entry(p.step, self.elapsed() / 60, p.tgt_tokens, lr, self.train_loss, metrics))
@@ -154,6 +155,7 @@ class Trainer:
                 self.snapshot()
             stop = bool(t.patience) and self.progress.bad_evals >= t.patience
         cut_on_plateau(self.scheduler, t, self.progress.bad_evals, self.progress.step, self.device, self.main)
+        self.decay_end.follow_budget()
         return distributed.from_main(stop, self.device)
 
     # --- updates ----------------------------------------------------------------------------------
@@ -388,8 +390,7 @@ def train(cfg: Config, model: Optional[Family] = None) -> dict:
         with StopRequest(deferred=False):
             summary = build_trainer(cfg, model).run()
     except StopNow as now:
-        last_path = os.path.join(cfg.run_dir, "last.pt")
-        stopped_by = TrainingInterrupted(stopped(now.signum, last_path), now.signum)
+        stopped_by = TrainingInterrupted(stopped(now.signum, os.path.join(cfg.run_dir, "last.pt")), now.signum)
     except TrainingInterrupted as err:  # every rank stops at the same step
         stopped_by = err.with_traceback(None)  # its frames hold the DDP model, which must go before the group
     gc.collect()

@@ -25,7 +25,10 @@ from app.train.master_weights import MasterWeights
 log = logging.getLogger(__name__)
 
 
-def learning_rate_factor(t: TrainConfig) -> Callable[[int], float]:
+DECAYS = ("cosine", "linear")  # the schedules that decay to an end
+
+
+class LearningRate:
     """The learning rate of update ``step`` (0-based), as a fraction of train.lr: a linear warm-up to 1 over
     train.warmup_steps, then train.lr_schedule's
 
@@ -34,24 +37,31 @@ def learning_rate_factor(t: TrainConfig) -> Callable[[int], float]:
     - linear:       f + (1 - f) · (1 - p);
     - constant:     1 (and plateau's, which ``cut_on_plateau`` lowers after validations),
 
-    where p ∈ [0, 1] is how far the run is from the warm-up's end to train.max_steps and f is train.lr_floor."""
-    warmup, end, floor = max(t.warmup_steps, 1), t.max_steps, t.lr_floor
-    decays = {
-        "inverse_sqrt": lambda n, p: math.sqrt(warmup / n),
-        "cosine": lambda n, p: floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * p)),
-        "linear": lambda n, p: floor + (1 - floor) * (1 - p),
-        "constant": lambda n, p: 1.0,
-        "plateau": lambda n, p: 1.0,
-    }
-    decay = decays[t.lr_schedule]
+    where f is train.lr_floor and p ∈ [0, 1] is how far the run is from the warm-up's end to ``end``: the first of
+    train.max_steps, the step train.max_epochs ends at (``epochs_end``) and the step the time budget ends at
+    (``budget_end``, estimated at each validation: app/train/decay_end.py). LambdaLR's state_dict keeps these
+    attributes (a callable object's ``__dict__``), so that a resumed run decays to the end it was decaying to."""
 
-    def factor(step: int) -> float:
-        n = step + 1
+    def __init__(self, t: TrainConfig):
+        self.schedule, self.warmup, self.floor = t.lr_schedule, max(t.warmup_steps, 1), t.lr_floor
+        self.max_steps, self.epochs_end, self.budget_end = t.max_steps, 0, 0  # 0: no such limit
+
+    @property
+    def end(self) -> int:
+        return min(e for e in (self.max_steps, self.epochs_end, self.budget_end) if e > 0)
+
+    def __call__(self, step: int) -> float:
+        n, warmup, floor = step + 1, self.warmup, self.floor
         if n < warmup:
             return n / warmup
-        return decay(n, min(max((n - warmup) / max(end - warmup, 1), 0.0), 1.0))
-
-    return factor
+        p = min(max((n - warmup) / max(self.end - warmup, 1), 0.0), 1.0)
+        if self.schedule == "inverse_sqrt":
+            return math.sqrt(warmup / n)
+        if self.schedule == "cosine":
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * p))
+        if self.schedule == "linear":
+            return floor + (1 - floor) * (1 - p)
+        return 1.0  # constant, plateau
 
 
 def cut_on_plateau(scheduler: Any, t: TrainConfig, bad_evals: int, step: int, device: torch.device, main: bool) -> None:
@@ -88,7 +98,7 @@ def make_optimizer(
     model: torch.nn.Module, cfg: Config
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW (fused: one kernel for all parameters, which can skip an update on the device) with train.lr_schedule
-    (``learning_rate_factor``)."""
+    (``LearningRate``)."""
     beta1, beta2 = cfg.train.adam_betas  # two (TrainConfig checks)
     optimizer = torch.optim.AdamW(
         model.parameters(),
@@ -97,7 +107,7 @@ def make_optimizer(
         weight_decay=cfg.train.weight_decay,
         fused=cfg.train.fused_optimizer,
     )
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_factor(cfg.train))
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, LearningRate(cfg.train))
 
 
 def compiled_for_training(module: torch.nn.Module, cfg: Config) -> torch.nn.Module:
