@@ -3,7 +3,8 @@
 #   bash scripts/capture_h100.sh check   # the capture tests of the gpu tier (captured losses = eager ones step by
 #                                        # step, a shape that cannot be recorded runs eagerly, SIGKILL + resume), then
 #                                        # make bench eager (train.capture=false) against captured, one after the other
-#   bash scripts/capture_h100.sh train   # the default make train for TRAIN_MINUTES (7) captured, then make eval
+#   bash scripts/capture_h100.sh train   # the default make train for TRAIN_MINUTES (7) captured, then make eval;
+#                                        # TRAIN_ARGS adds settings (TRAIN_ARGS=train.compile=true: compiled layers)
 #   bash scripts/capture_h100.sh fused   # the capture tests with eager and with compiled kernels, then make bench
 #                                        # captured against captured with train.compile=true (both profiled)
 # Results in $OUT (default checkpoints/capture_h100): logs, junit XML, the bench JSONs, train_summary.json,
@@ -71,7 +72,8 @@ EOF
 train)
     name=capture_train
     rm -rf "checkpoints/$name"
-    timeout "${TRAIN_SECONDS:-500}" python3 -m app command=train name=$name train.max_minutes="${TRAIN_MINUTES:-7}" \
+    # shellcheck disable=SC2086 # TRAIN_ARGS: settings, split at spaces
+    timeout "${TRAIN_SECONDS:-500}" python3 -m app command=train name=$name train.max_minutes="${TRAIN_MINUTES:-7}" ${TRAIN_ARGS:-} \
         2>&1 | tee "$OUT/train.log" | grep -E "capture|shapes|training stopped|Error" | cut -c1-400 || status=1
     cp "checkpoints/$name/train_summary.json" "checkpoints/$name/validations.jsonl" "$OUT/" 2>/dev/null || status=1
     timeout "${EVAL_SECONDS:-90}" python3 -m app command=eval name=$name >"$OUT/eval.log" 2>&1 || status=1

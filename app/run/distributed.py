@@ -78,15 +78,12 @@ def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
 
 def from_main(flag: bool, device: torch.device) -> bool:
     """Rank 0's value of ``flag`` on every rank (decisions only rank 0 can make: early stopping)."""
-    if not dist.is_initialized():
-        return flag
-    t = torch.tensor(int(flag), device=device)
-    dist.broadcast(t, src=0)
-    return bool(t.item())
+    return bool(int_from_main(int(flag), device))
 
 
 def int_from_main(value: int, device: torch.device) -> int:
-    """Rank 0's ``value`` on every rank (estimates only rank 0 makes: where the time budget ends)."""
+    """Rank 0's ``value`` on every rank (what only rank 0 decides or estimates: early stopping, where the time budget
+    ends)."""
     if not dist.is_initialized():
         return value
     t = torch.tensor(value, dtype=torch.int64, device=device)
