@@ -38,11 +38,11 @@ class DecayEnd:
         """The loop's seconds so far, its validations' left out."""
         return self.trainer.elapsed() - self.trainer.progress.eval_seconds
 
-    def follow_budget(self) -> None:
+    def follow_budget(self, closing: bool = False) -> None:
         """At a validation (every rank, after it): the time budget's end estimated again, where it comes before
-        train.max_steps."""
+        train.max_steps; not at the closing validation, after the last update."""
         trainer, t = self.trainer, self.trainer.cfg.train
-        if self.rate is None or not t.max_minutes:
+        if self.rate is None or not t.max_minutes or closing:
             return
         p, end = trainer.progress, 0
         (seconds, step), now = self.mark, self.trained_seconds()

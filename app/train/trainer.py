@@ -155,7 +155,7 @@ class Trainer:
                 self.snapshot()
             stop = bool(t.patience) and self.progress.bad_evals >= t.patience
         cut_on_plateau(self.scheduler, t, self.progress.bad_evals, self.progress.step, self.device, self.main)
-        self.decay_end.follow_budget()
+        self.decay_end.follow_budget(closing)
         return distributed.from_main(stop, self.device)
 
     # --- updates ----------------------------------------------------------------------------------
