@@ -134,3 +134,18 @@ def test_oom_retry_is_refused_with_several_ranks(runs):
     result = torchrun(root, *EXACT, "name=oom", "train.max_steps=2", "train.oom_retry=true")
     assert result.returncode != 0
     assert "error: train.oom_retry=true works in a single process only" in result.stderr
+
+
+def test_a_time_budget_decay_ends_alike_on_every_rank(tmp_path, corpus_tsv):
+    """Where the time budget ends is rank 0's estimate, broadcast at each validation (app/train/decay_end.py): every
+    rank takes part (a rank left out would hang the run), and the decay ends with the budget."""
+    shutil.copy(corpus_tsv, tmp_path / "corpus.tsv")
+    args = ["train.max_minutes=0.3", "train.max_steps=100000", "train.eval_every=5", "train.patience=0"]
+    args += ["train.lr=2e-3", "train.lr_schedule=linear", "train.lr_floor=0.1", "name=budget"]
+    result = torchrun(tmp_path, *EXACT, *args, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "checkpoints" / "budget" / "train_summary.json").read_text())
+    assert summary["stopped"] == "time budget of 0.3 min" and summary["ranks"] == 2, summary
+    state = torch.load(tmp_path / "checkpoints" / "budget" / "last.pt", weights_only=True)
+    (rate,) = state["scheduler"]["lr_lambdas"]
+    assert 0 < rate["budget_end"] < 100_000 and state["scheduler"]["_last_lr"][0] <= 2e-3 * 0.6, (rate, summary)
