@@ -21,12 +21,15 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TQDM_DISABL
 { date -u +%FT%TZ; git rev-parse HEAD 2>/dev/null; nvidia-smi -L; python3 -c 'import torch; print(torch.__version__)'; } \
     >"$OUT/${part}_provenance.txt" 2>&1
 status=0
+gpu_tests() {  # gpu_tests NAME KEYWORDS: the gpu tier's tests matching KEYWORDS, their log and junit XML as NAME.*
+    timeout --signal=INT --kill-after=15 "${TESTS_SECONDS:-240}" python3 -m pytest -v -m gpu tests/test_gpu.py \
+        -k "$2" -p no:cacheprovider --tb=short -o junit_family=legacy \
+        --junitxml="$OUT/$1.xml" >"$OUT/$1.log" 2>&1 || status=1
+    grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/$1.log" | tail -n 8
+}
 case $part in
 check)
-    timeout --signal=INT --kill-after=15 "${TESTS_SECONDS:-240}" python3 -m pytest -v -m gpu tests/test_gpu.py \
-        -k "captured or recorded or sigkill" -p no:cacheprovider --tb=short -o junit_family=legacy \
-        --junitxml="$OUT/capture_tests.xml" >"$OUT/capture_tests.log" 2>&1 || status=1
-    grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/capture_tests.log" | tail -n 8
+    gpu_tests capture_tests "captured or recorded or sigkill"
     for capture in false true; do
         timeout "${BENCH_SECONDS:-150}" python3 -m app command=bench name="bench_capture_$capture" \
             "train.capture=$capture" bench.steps="${BENCH_STEPS:-40}" bench.decode_sentences=20 \
@@ -46,10 +49,7 @@ for capture in ("false", "true"):
 EOF
     ;;
 fused)
-    timeout --signal=INT --kill-after=15 "${TESTS_SECONDS:-240}" python3 -m pytest -v -m gpu tests/test_gpu.py \
-        -k "captured or recorded" -p no:cacheprovider --tb=short -o junit_family=legacy \
-        --junitxml="$OUT/fused_tests.xml" >"$OUT/fused_tests.log" 2>&1 || status=1
-    grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/fused_tests.log" | tail -n 8
+    gpu_tests fused_tests "captured or recorded"
     for compiled in false true; do
         name=bench_fused_compile_$compiled
         timeout "${BENCH_SECONDS:-200}" python3 -m app command=bench name=$name train.capture=true \
