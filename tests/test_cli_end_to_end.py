@@ -165,6 +165,62 @@ def test_translate_samples_the_same_translations_for_the_same_seed(workdir):
     assert ": sampling top-k 1, temperature 0.5, seed 0\n" in top1.stderr and top1.stdout == greedy.stdout
 
 
+def test_translate_and_eval_choose_by_minimum_bayes_risk(workdir):
+    """decode.mbr_candidates: the n-best list ranks the distinct samples by expected chrF, its first the 1-best's
+    translation; make eval says what it chose among and where its seconds went, and links the chosen translations'
+    words; the CTranslate2 engine and make serve refuse it in one line."""
+    lines = "En el principio.\nY dijo Dios.\nY fue la tarde y la mañana.\n"
+    mbr = ("name=tiny", "device=cpu", "decode.beam_size=1", "decode.sampling=true", "decode.mbr_candidates=6")
+    ranked = run_cli(workdir, "command=translate", *mbr, "decode.n_best=3", "translate.alignments=true", stdin=lines)
+    assert ranked.returncode == 0, ranked.stderr[-3000:]
+    said = ": minimum Bayes risk (chrF) of 6 candidates, the samples: sampling the whole distribution, seed 0\n"
+    assert said in ranked.stderr
+    assert re.search(
+        r"; minimum Bayes risk: the candidates \d+\.\d s, chrF of [\d.]+ distinct a sentence", ranked.stderr
+    )
+    rows = [line.split(" ||| ") for line in ranked.stdout.splitlines()]
+    firsts = {}
+    for index, text, _, links in rows:
+        firsts.setdefault(index, text)
+        assert [j for _, j in (map(int, link.split("-")) for link in links.split())] == list(range(len(text.split())))
+    for k in range(3):
+        scores = [float(score) for index, _, score, _ in rows if index == str(k)]
+        assert 1 <= len(scores) <= 3 and scores == sorted(scores, reverse=True) and all(0 < s <= 100 for s in scores)
+    best = run_cli(workdir, "command=translate", *mbr, stdin=lines)  # the same seed draws the same candidates
+    assert best.returncode == 0 and best.stdout.splitlines() == [firsts[str(k)] for k in range(3)]
+    rows = [line.rstrip("\n").split("\t") for line in open(workdir / "data" / "tiny" / "test.tsv", encoding="utf-8")]
+    (workdir / "mbr.es").write_text("".join(r[1] + "\n" for r in rows[:5]), encoding="utf-8")
+    (workdir / "mbr.en").write_text("".join(r[2] + "\n" for r in rows[:5]), encoding="utf-8")
+    files = ("eval.source=mbr.es", "eval.target=mbr.en", "viz.self_attention=false")
+    beam = ("name=tiny", "device=cpu", "decode.beam_size=4", "decode.mbr_candidates=4", "decode.mbr_utility=bleu")
+    evaluated = run_cli(workdir, "command=eval", *beam, *files)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert re.search(r"decoded 5 mbr.es sentences in [\d.]+ s \(the candidates [\d.]+ s, BLEU of", evaluated.stdout)
+    out = workdir / "checkpoints" / "tiny" / "eval" / "mbr.es"
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (
+        metrics["decoding"]
+        == "minimum Bayes risk (BLEU) of 4 candidates, the best of the beam: beam 4, length penalty 1.0"
+    )
+    assert metrics["mbr"]["candidates"] == 4 and metrics["mbr"]["sentences"] == 5
+    hyps = (out / "hyp.txt").read_text(encoding="utf-8").splitlines()
+    links = (out / "hyp.align").read_text(encoding="utf-8").splitlines()
+    assert len(hyps) == len(links) == 5
+    for line, hyp in zip(links, hyps):  # the chosen translation's own attention: a link for each of its words
+        assert [j for _, j in (map(int, link.split("-")) for link in line.split())] == list(range(len(hyp.split())))
+    for command, settings, message in [
+        ("translate", (*mbr, "translate.engine=ct2"), "minimum Bayes risk decoding runs on the torch engine; set"),
+        (
+            "serve",
+            (*mbr[:2], "decode.beam_size=6", "decode.mbr_candidates=6"),
+            "make serve decodes each request as it asks (beam size,",
+        ),
+    ]:
+        refused = run_cli(workdir, f"command={command}", *settings, stdin=lines)
+        assert refused.returncode == 2 and refused.stderr.startswith(f"error: decode.mbr_candidates=6: {message}")
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+
+
 def test_translate_begins_each_translation_with_its_prefix(workdir, tmp_path):
     """translate.prefix: a line per input line, each translation begins with its line (an empty one leaves it free),
     in the n-best list too; a prefix file of another length is refused in one line."""

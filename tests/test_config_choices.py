@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from app.config.commands import ExportConfig
+from app.config.commands import DecodeConfig, ExportConfig
 from app.config.load import config_from_dict
 from app.config.schema import RNNConfig, TrainConfig, TransformerConfig, check_choices
 from app.run.errors import UserError
@@ -32,6 +32,7 @@ CHOICES = [
         "model.pos='relative' is not a choice: choose sinusoidal, learned, rope or alibi",
     ),
     (RNNConfig, "cell", "rnn", "model.cell='rnn' is not a choice: choose gru or lstm"),
+    (DecodeConfig, "mbr_utility", "comet", "decode.mbr_utility='comet' is not a choice: choose chrf or bleu"),
 ]
 
 

@@ -183,6 +183,17 @@ OUT_OF_RANGE = [
         "data.filters.max_ratio=-1.0 must be 0 (off) or at least 1: the longer side's length over the shorter's",
     ),
     (["decode.n_best=0"], "decode.n_best=0 must be >= 1: hypotheses per input"),
+    (["decode.mbr_candidates=1"], "decode.mbr_candidates=1 must be 0 (off) or >= 2: the candidates to choose among"),
+    (
+        ["decode.mbr_candidates=8"],
+        "decode.mbr_candidates=8 chooses among the beam's 8 best: decode.beam_size must be >= 8 (it is 5), or "
+        "decode.sampling=true draws 8 samples",
+    ),
+    (
+        ["decode.beam_size=1", "decode.sampling=true", "decode.mbr_candidates=4", "decode.n_best=5"],
+        "decode.n_best=5 must be <= decode.mbr_candidates=4: the candidates ranked",
+    ),
+    (["decode.sampling_epsilon=1"], "decode.sampling_epsilon=1.0 must be in [0, 1) (0: no cut)"),
     (["decode.max_len_extra=-1"], "decode.max_len_extra=-1 must be >= 0: pieces the output may have beyond the ratio"),
     (["decode.batch_tokens=0"], "decode.batch_tokens=0 must be >= 1: tokens of a decoding batch"),
 ]

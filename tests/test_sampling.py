@@ -11,7 +11,7 @@ from test_beam_search import FAMILIES, SRC, MarkovModel, real_model
 from app.config.commands import DecodeConfig
 from app.data.tokenizer import BOS, EOS, PAD
 from app.decode.passes import decode_corpus
-from app.decode.sampling import Sampler, make_sampler, top_p_filter
+from app.decode.sampling import Sampler, epsilon_filter, make_sampler, top_p_filter
 from app.decode.search import describe
 
 A, B, C = 4, 5, 6
@@ -23,9 +23,11 @@ def kept(logp: torch.Tensor) -> list[int]:
     return [i for i, v in enumerate(logp[0].tolist()) if v != float("-inf")]
 
 
-def narrowed(logp: torch.Tensor, topk: int = 0, topp: float = 1.0, temperature: float = 1.0) -> dict[int, float]:
+def narrowed(
+    logp: torch.Tensor, topk: int = 0, topp: float = 1.0, temperature: float = 1.0, epsilon: float = 0.0
+) -> dict[int, float]:
     """The sampling distribution of ``Sampler.narrowed``: token -> probability, for one row."""
-    scores, ids = Sampler(topk, topp, temperature, torch.Generator()).narrowed(logp)
+    scores, ids = Sampler(topk, topp, temperature, torch.Generator(), epsilon).narrowed(logp)
     ids = torch.arange(scores.size(-1))[None] if ids is None else ids
     return {i: p for i, p in zip(ids[0].tolist(), scores.softmax(-1)[0].tolist()) if p > 0}
 
@@ -55,6 +57,21 @@ def test_top_p_keeps_the_fewest_most_probable_tokens_that_reach_p():
     cut = top_p_filter(rows, 0.6)
     assert (cut[0] > float("-inf")).tolist() == [True, False, False, False]
     assert (cut[1] > float("-inf")).sum() == 3 and torch.equal(cut[1][cut[1] > float("-inf")], rows[1, :3])
+
+
+def test_epsilon_drops_the_tokens_less_probable_than_it_but_never_the_most_probable():
+    logp = PROBS.log()  # 0.05, 0.5, 0.15, 0.3
+    assert kept(epsilon_filter(logp, 0.1)) == [1, 2, 3]
+    assert kept(epsilon_filter(logp, 0.2)) == [1, 3]
+    assert kept(epsilon_filter(logp, 0.9)) == [1]
+    assert narrowed(logp, epsilon=0.2) == pytest.approx({1: 0.5 / 0.8, 3: 0.3 / 0.8})
+    # after the temperature: p² renormalized is 0.007, 0.685, 0.062, 0.247; then top-k among what is left
+    assert narrowed(logp, temperature=0.5, epsilon=0.1) == pytest.approx({1: 0.25 / 0.34, 3: 0.09 / 0.34})
+    assert narrowed(logp, topk=1, epsilon=0.1) == {1: 1.0}
+    draws = Sampler(0, 1.0, 1.0, torch.Generator().manual_seed(0), 0.2)(logp.expand(100_000, -1).contiguous())
+    assert (torch.bincount(draws, minlength=4) / draws.numel()).tolist() == pytest.approx(
+        [0, 0.625, 0, 0.375], abs=0.01
+    )
 
 
 @pytest.mark.parametrize(

@@ -13,9 +13,12 @@ from app.config.choices import Checked, choice
 from app.config.ranges import check_rules
 from app.run.errors import UserError
 
+# minimum Bayes risk's utilities (app/decode/mbr.py): decode.mbr_utility's values, and their names in print
+MBR_UTILITIES = {"chrf": "chrF", "bleu": "BLEU"}
+
 
 @dataclass
-class DecodeConfig:
+class DecodeConfig(Checked, section="decode"):
     beam_size: int = 5  # 1 = greedy; validation during training is always greedy
     length_penalty: float = 1.0  # GNMT α: hypotheses scored log p / ((5 + |Y|) / 6)^α
     # GNMT β: a beam search's ended hypotheses also scored β Σ_i log min(attention source piece i got, 1), which
@@ -30,8 +33,13 @@ class DecodeConfig:
     sampling: bool = False  # draw each next token at random (beam_size 1), e.g. for back-translation, from:
     sampling_topk: int = 0  # the k most probable (0: all),
     sampling_topp: float = 1.0  # then the fewest of them holding this probability,
-    sampling_temperature: float = 1.0  # of softmax(log p / temperature)
+    sampling_temperature: float = 1.0  # of softmax(log p / temperature),
+    sampling_epsilon: float = 0.0  # without the tokens below this probability (epsilon sampling; 0: none)
     sampling_seed: int = 0  # the same seed, settings and device draw the same samples
+    # minimum Bayes risk (app/decode/mbr.py): the translation is the one of this many candidates that agrees most
+    # with the others by decode.mbr_utility; they are decode.sampling's samples, else the beam's best; 0 = off
+    mbr_candidates: int = 0
+    mbr_utility: str = choice(*MBR_UTILITIES)  # sacrebleu's sentence chrF, or sentence BLEU (exponential smoothing)
     max_len_ratio: float = 1.5  # output length limit = ratio * source length + max_len_extra
     max_len_extra: int = 10
     # tokens per decoding batch after the beam: sentences × beam_size × their padded source length (on a CPU)
@@ -43,8 +51,16 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         beam, ngram, topk, topp = self.beam_size, self.no_repeat_ngram_size, self.sampling_topk, self.sampling_topp
         ratio, extra = self.max_len_ratio, self.max_len_extra
+        super().__post_init__()
+        mbr, n_best, epsilon = self.mbr_candidates, self.n_best, self.sampling_epsilon
         rules = {  # the first one broken is the error
-            f"decode.beam_size={beam} must be >= 1 and >= decode.n_best={self.n_best}": beam < 1 or self.n_best > beam,
+            f"decode.mbr_candidates={mbr} must be 0 (off) or >= 2: the candidates to choose among": mbr < 0 or mbr == 1,
+            f"decode.mbr_candidates={mbr} chooses among the beam's {mbr} best: decode.beam_size must be >= {mbr} (it "
+            f"is {beam}), or decode.sampling=true draws {mbr} samples": mbr > beam and not self.sampling,
+            # n-best lists rank minimum Bayes risk's candidates where it chooses, else the beam's hypotheses
+            f"decode.n_best={n_best} must be <= decode.mbr_candidates={mbr}: the candidates ranked": 0 < mbr < n_best,
+            f"decode.beam_size={beam} must be >= 1 and >= decode.n_best={n_best}": beam < 1
+            or (beam < n_best and not mbr),
             f"decode.n_best={self.n_best} must be >= 1: hypotheses per input": self.n_best < 1,
             f"decode.no_repeat_ngram_size={ngram} must be >= 0 (0: off)": ngram < 0,
             f"decode.min_len={self.min_len} must be >= 0: the fewest pieces of a translation": self.min_len < 0,
@@ -54,6 +70,7 @@ class DecodeConfig:
             f"decode.sampling_topk={topk} must be >= 0 (0: the whole vocabulary)": topk < 0,
             f"decode.sampling_topp={topp} must be in (0, 1] (1: no cut)": not 0 < topp <= 1,
             f"decode.sampling_temperature={self.sampling_temperature} must be > 0": self.sampling_temperature <= 0,
+            f"decode.sampling_epsilon={epsilon} must be in [0, 1) (0: no cut)": not 0 <= epsilon < 1,
             # an output's length limit: ratio × its source's length + extra pieces
             f"decode.max_len_ratio={ratio} must be >= 0: the output's length limit per source piece": not ratio >= 0,
             f"decode.max_len_extra={extra} must be >= 0: pieces the output may have beyond the ratio": extra < 0,
@@ -69,7 +86,7 @@ class DecodeConfig:
         return max(self.batch_tokens // self.beam_size, 1)
 
     def greedy(self) -> DecodeConfig:
-        return dataclasses.replace(self, beam_size=1, n_best=1, sampling=False)
+        return dataclasses.replace(self, beam_size=1, n_best=1, sampling=False, mbr_candidates=0)
 
 
 @dataclass

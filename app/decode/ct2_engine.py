@@ -107,6 +107,16 @@ class CT2Translator:
         has none."""
         if constraints is not None and any(constraints):
             raise UserError("constraints: CTranslate2 has no constrained decoding; translate.engine=torch has")
+        if decode.sampling and decode.sampling_epsilon:
+            raise UserError(
+                f"decode.sampling_epsilon={decode.sampling_epsilon}: CTranslate2 has no epsilon sampling; the torch "
+                "engine has"
+            )
+        if decode.mbr_candidates:
+            raise UserError(
+                f"decode.mbr_candidates={decode.mbr_candidates}: minimum Bayes risk decoding runs on the torch engine "
+                "(eval.engine=torch, translate.engine=torch), not on a CTranslate2 export"
+            )
         if prefix is not None:
             check_lengths(self.max_positions, prefix, "translation prefix")
         pieces = None if prefix is None else [[self.tgt_vocab[i] for i in p] for p in prefix]

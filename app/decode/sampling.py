@@ -2,7 +2,9 @@
 back-translation by sampling uses (Edunov et al. 2018, "Understanding Back-Translation at Scale": sampled
 source sides train a better model than beam search's), with the usual ways to narrow the draw, in the order
 CTranslate2 applies them: a temperature, the k most probable tokens (top-k; Fan et al. 2018), the smallest
-set of tokens holding probability p (nucleus, top-p; Holtzman et al. 2020).
+set of tokens holding probability p (nucleus, top-p; Holtzman et al. 2020); before those, the tokens less probable
+than ε are dropped (epsilon sampling; Hewitt et al. 2022, "Truncation Sampling as Language Model Desmoothing"),
+the candidates minimum Bayes risk decoding chooses best among (Freitag et al. 2023, "Epsilon Sampling Rocks").
 
 The draw is inverse transform sampling: one uniform number u per row, and the first token whose cumulative
 probability passes u × their sum (in float64). It stays on the device (no host sync), costs one random number a
@@ -30,16 +32,29 @@ def top_p_filter(logp: torch.Tensor, p: float) -> torch.Tensor:
     return logp.masked_fill(drop, float("-inf"))
 
 
+def epsilon_filter(scores: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """``scores`` (rows, vocab) without, per row, the tokens whose probability softmax(scores) is below ``epsilon``;
+    the most probable is always kept."""
+    probs = scores.softmax(-1)
+    drop = (probs < epsilon) & (probs < probs.amax(-1, keepdim=True))
+    return scores.masked_fill(drop, float("-inf"))
+
+
 class Sampler:
     """Draws one token per row of next-token log-probabilities, as ``decode.sampling_*`` say."""
 
-    def __init__(self, topk: int, topp: float, temperature: float, generator: torch.Generator):
+    def __init__(
+        self, topk: int, topp: float, temperature: float, generator: torch.Generator, epsilon: float = 0.0
+    ) -> None:
         self.topk, self.topp, self.temperature, self.generator = topk, topp, temperature, generator
+        self.epsilon = epsilon
 
     def narrowed(self, logp: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """What a token is drawn from: scores whose softmax is the sampling distribution, (rows, k) of the k most
         probable tokens with their ids (rows, k), or (rows, vocab) with None."""
         scores, ids = logp / self.temperature, None
+        if self.epsilon > 0:
+            scores = epsilon_filter(scores, self.epsilon)
         if 0 < self.topk < scores.size(-1):
             scores, ids = scores.topk(self.topk, dim=-1)
         return top_p_filter(scores, self.topp), ids
@@ -59,4 +74,5 @@ def make_sampler(decode: DecodeConfig, device: torch.device) -> Sampler | None:
     if not decode.sampling:
         return None
     generator = torch.Generator(device=device).manual_seed(decode.sampling_seed)
-    return Sampler(decode.sampling_topk, decode.sampling_topp, decode.sampling_temperature, generator)
+    d = decode
+    return Sampler(d.sampling_topk, d.sampling_topp, d.sampling_temperature, generator, d.sampling_epsilon)

@@ -15,7 +15,7 @@ from typing import Generic, Optional
 
 import torch
 
-from app.config.commands import DecodeConfig
+from app.config.commands import MBR_UTILITIES, DecodeConfig
 from app.data.tokenizer import BOS, EOS, PAD
 from app.decode.constraints import PhraseConstraints
 from app.models.api import AnySeq2Seq, DecodingState, KVCached, MemoryT, Seq2Seq, StateT
@@ -28,6 +28,7 @@ class Hypotheses:
     attention: Optional[list[torch.Tensor]] = None  # per sentence: (..., len(tokens) + 1, src_len), EOS row included
     nbest: Optional[list[list[tuple[list[int], float]]]] = None  # beam search: per sentence, (tokens, score) best first
     kv_cache_bytes: Optional[int] = None  # largest key/value cache of a decoding batch; None: the model has none
+    mbr: Optional[dict] = None  # minimum Bayes risk decoding's figures (app/decode/mbr.py); None: none
 
 
 def cache_bytes(state: DecodingState) -> Optional[int]:
@@ -44,17 +45,18 @@ def describe(decode: DecodeConfig) -> str:
     if d.beam_size > 1 and d.coverage_penalty:
         search += f", coverage penalty {d.coverage_penalty}"
     if d.sampling:
-        narrowed = []
-        if d.sampling_topk > 0:
-            narrowed.append(f"top-k {d.sampling_topk}")
-        if d.sampling_topp < 1:
-            narrowed.append(f"top-p {d.sampling_topp}")
-        if d.sampling_temperature != 1:
-            narrowed.append(f"temperature {d.sampling_temperature}")
+        cuts = [("top-k", d.sampling_topk, d.sampling_topk > 0), ("top-p", d.sampling_topp, d.sampling_topp < 1)]
+        cuts += [("temperature", d.sampling_temperature, d.sampling_temperature != 1)]
+        cuts += [("epsilon", d.sampling_epsilon, d.sampling_epsilon > 0)]
+        narrowed = [f"{name} {value}" for name, value, used in cuts if used]
         search = f"sampling {', '.join(narrowed) or 'the whole distribution'}, seed {d.sampling_seed}"
     search += f", no repeated {d.no_repeat_ngram_size}-grams" if d.no_repeat_ngram_size else ""
     if d.min_len != 1:  # the default (no empty translation) goes unsaid
         search += ", empty translations allowed" if not d.min_len else f", at least {d.min_len} pieces"
+    if d.mbr_candidates:
+        drawn = "samples" if d.sampling else "best of the beam"
+        utility = MBR_UTILITIES[d.mbr_utility]
+        search = f"minimum Bayes risk ({utility}) of {d.mbr_candidates} candidates, the {drawn}: {search}"
     return search
 
 

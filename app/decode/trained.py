@@ -18,6 +18,7 @@ from app.data.corpus import load_tokenizer
 from app.data.tokenizer import Tokenizer
 from app.decode.ct2_engine import EXPORT_INFO, CT2Translator, export_command, export_dir
 from app.decode.ensemble import Ensemble
+from app.decode.mbr import Search, minimum_bayes_risk
 from app.decode.passes import decode_corpus, forced_attention, forced_pass
 from app.decode.search import Hypotheses
 from app.models import Family, build_model, has_attention
@@ -61,11 +62,21 @@ class TrainedModel:
         constraints: Optional[list[list[list[int]]]] = None,
     ) -> Hypotheses:
         """Hypotheses of ``src`` under ``decode``; each begins with its ``prefix`` pieces where given and contains
-        each of its ``constraints`` (target phrases' pieces)."""
+        each of its ``constraints`` (target phrases' pieces). With ``decode.mbr_candidates``, the candidates' choice
+        by minimum Bayes risk (app/decode/mbr.py), its attention read while forcing it through the decoder."""
         self.check_decoding(decode)
-        return decode_corpus(
-            self.model, src, self.device, decode, self.dtype, need_attention, progress, prefix, constraints
+        if not decode.mbr_candidates:
+            return decode_corpus(
+                self.model, src, self.device, decode, self.dtype, need_attention, progress, prefix, constraints
+            )
+        search: Search = lambda s, d, p, c: decode_corpus(  # noqa: E731
+            self.model, s, self.device, d, self.dtype, False, progress, p, c
         )
+        hyps = minimum_bayes_risk(search, src, decode, self.tokenizer.decode_tgt, prefix, constraints, progress)
+        if need_attention:
+            maps = dict(forced_attention(self.model, src, hyps.tokens, self.device, decode.batch_tokens, self.dtype))
+            hyps.attention = [maps[i] for i in range(len(src))] if maps else None
+        return hyps
 
     def nbest_attention(self, src: list[list[int]], hyps: Hypotheses, batch_tokens: int) -> list[list[torch.Tensor]]:
         """Per sentence, the attention (..., target + EOS, source + EOS) of each of its hypotheses of ``hyps``,

@@ -23,6 +23,7 @@ from app.decode.constraints import encode_phrases, forced_lengths
 from app.decode.ct2_engine import CT2Translator
 from app.decode.ensemble import ensemble_of
 from app.decode.line_files import LineFile, open_line_file, open_output, resume_point, windows
+from app.decode.mbr import mbr_seconds, merged
 from app.decode.search import check_lengths, describe
 from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.models import has_attention
@@ -43,6 +44,11 @@ def translate_lines(cfg: Config) -> None:
         raise UserError(
             f"translate.alignments=true with decode.n_best={cfg.decode.n_best}: a CTranslate2 export returns the best "
             "hypothesis' attention only; translate.engine=torch links every hypothesis"
+        )
+    if cfg.decode.mbr_candidates and t.engine == "ct2":
+        raise UserError(
+            f"decode.mbr_candidates={cfg.decode.mbr_candidates}: minimum Bayes risk decoding runs on the torch engine; "
+            "set translate.engine=torch"
         )
     if t.constraints and t.engine == "ct2":
         raise UserError(
@@ -77,6 +83,7 @@ def translate_lines(cfg: Config) -> None:
         elif t.resume:
             print(f"resuming {t.output} at line {first + 1} (window {first // t.window + 1})", file=sys.stderr)
         started = time.perf_counter()
+        mbr: list[dict] = []  # minimum Bayes risk's figures of each window
         bar = tqdm(total=source.lines, initial=first, desc="translating", unit="line", file=sys.stderr, leave=False)
         streams = [
             windows(f, t.window, first) if f else itertools.repeat(None) for f in (source, prefixes, constraints)
@@ -86,7 +93,7 @@ def translate_lines(cfg: Config) -> None:
             for k, (lines, begin, phrases) in enumerate(zip(*streams), start=first // t.window):
                 at = k * t.window
                 pieces = phrase_pieces(tokenizer, phrases, at, constraints)
-                out.write(translate_window(cfg, engine, tokenizer, lines, begin, pieces, k).encode("utf-8"))
+                out.write(translate_window(cfg, engine, tokenizer, lines, begin, pieces, k, mbr).encode("utf-8"))
                 out.flush()
                 bar.update(len(lines))
         finally:
@@ -96,7 +103,8 @@ def translate_lines(cfg: Config) -> None:
     seconds, done = time.perf_counter() - started, source.lines - first
     where, lines = t.output or "standard output", f"{done} line{'s' * (done != 1)}"
     rate = f"{done / max(seconds, 1e-9):.1f} lines/s"
-    print(f"translated {lines} in {seconds:.1f} s ({rate}) into {where}", file=sys.stderr)
+    spent = f"; minimum Bayes risk: {mbr_seconds(merged(mbr))}" if mbr else ""
+    print(f"translated {lines} in {seconds:.1f} s ({rate}) into {where}{spent}", file=sys.stderr)
 
 
 def check_lines(given: LineFile, source: LineFile, rule: str) -> None:
@@ -172,6 +180,7 @@ def translate_window(
     prefixes: Optional[list[str]],
     constraints: Optional[list[list[list[int]]]],
     k: int,
+    mbr: Optional[list[dict]] = None,
 ) -> str:
     """The output text of window ``k`` (its ``lines``, beginning at line k × translate.window): decoded in batches
     sorted by length, written in input order. Sampling draws window k with seed decode.sampling_seed + k, so a
@@ -183,6 +192,8 @@ def translate_window(
     prefix = None if prefixes is None else tokenizer.encode_tgt(prefixes)
     need_attention = cfg.translate.alignments
     hyps = engine.translate(src, decode, need_attention=need_attention, prefix=prefix, constraints=constraints)
+    if hyps.mbr and mbr is not None:
+        mbr.append(hyps.mbr)
     if decode.n_best > 1:
         assert hyps.nbest is not None  # a beam search's (beam_size >= n_best)
         at = k * cfg.translate.window

@@ -19,7 +19,8 @@ from app.data.sources import SPLITS
 from app.decode.ct2_engine import CT2Translator
 from app.decode.ensemble import ensemble_of
 from app.decode.line_files import read_lines, read_parallel
-from app.decode.search import check_lengths, describe
+from app.decode.mbr import mbr_seconds
+from app.decode.search import Hypotheses, check_lengths, describe
 from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.evaluation.alignment import align_scope
 from app.evaluation.metrics import bleu_tokenizer
@@ -133,7 +134,7 @@ def evaluate_run(cfg: Config) -> EvaluatedRun:
         progress=True,
     )
     worker = host_worker(preload=("app.evaluation.metrics",)) if cfg.viz.worker else None
-    plan = lambda hyps: print_plan(cfg, data, split_size, hyps.attention is not None, own, alignment, clock)  # noqa: E731
+    plan = lambda hyps: print_plan(cfg, data, split_size, hyps, own, alignment, clock)  # noqa: E731
     model, batch = trained.model, cfg.decode.batch_tokens
     result = evaluate_split(model, data, trained.tokenizer, search, asked, batch, trained.dtype, worker, clock, plan)
     if alignment is not None and result.alignment is None and cfg.eval.gold_align:
@@ -263,21 +264,23 @@ def print_plan(
     cfg: Config,
     data: ParallelData,
     split_size: int,
-    has_attention: bool,
+    hyps: Hypotheses,
     own: bool,
     alignment: Optional[Alignment],
     clock: Stopwatch,
 ) -> None:
     """What is left once the hypotheses exist (``own``: the self-attention too): long work shows its own progress
     bar."""
+    has_attention = hyps.attention is not None
     what = ["scores (TER in a worker process)"] + ["AER against the reference links"] * bool(alignment)
     what += ["the self-attention of every hypothesis (viz.self_attention)"] * own
     if has_attention:
         plots = min(cfg.viz.eval_plots, len(data))
         what += [f"attention files, {plots} heatmap{'s' * (plots != 1)}, the explorer"]
     subset = f" (first {len(data)} of {split_size})" if len(data) < split_size else ""
+    mbr = hyps.mbr and f" ({mbr_seconds(hyps.mbr)})"
     print(
-        f"decoded {len(data)} {cfg.eval.set_name()} sentences{subset} in {clock.seconds['decode']:.1f} s; "
+        f"decoded {len(data)} {cfg.eval.set_name()} sentences{subset} in {clock.seconds['decode']:.1f} s{mbr or ''}; "
         f"now {', '.join(what)} and TensorBoard",
         flush=True,
     )
@@ -299,4 +302,5 @@ def decoding_stats(run: EvaluatedRun) -> dict:
         "device": torch.cuda.get_device_name(trained.device) if trained.device.type == "cuda" else "cpu",
         "engine": f"ctranslate2 {ct2.info['ctranslate2_version']}, {ct2.info['quantization']}" if ct2 else "torch",
         **({"ensemble": trained.members} if trained.members else {}),
+        **({"mbr": hyps.mbr} if hyps.mbr else {}),
     }

@@ -52,6 +52,11 @@ def serve(cfg: Config) -> None:
         raise UserError(
             "decode.sampling=true: make serve does not sample (make translate and make eval do); leave it out"
         )
+    if cfg.decode.mbr_candidates:  # nor chooses among candidates: a request's beam size and n-best are its own
+        raise UserError(
+            f"decode.mbr_candidates={cfg.decode.mbr_candidates}: make serve decodes each request as it asks (beam "
+            "size, n-best); minimum Bayes risk decoding is make translate's and make eval's: leave it out"
+        )
     check_settings(cfg)
     engine = load_engine(cfg)  # a run that does not load fails before the port is taken
     sock = bind(cfg.serve.host, cfg.serve.port)
