@@ -175,9 +175,8 @@ def test_translate_and_eval_choose_by_minimum_bayes_risk(workdir):
     assert ranked.returncode == 0, ranked.stderr[-3000:]
     said = ": minimum Bayes risk (chrF) of 6 candidates, the samples: sampling the whole distribution, seed 0\n"
     assert said in ranked.stderr
-    assert re.search(
-        r"; minimum Bayes risk: the candidates \d+\.\d s, chrF of [\d.]+ distinct a sentence", ranked.stderr
-    )
+    spent = r"; minimum Bayes risk: the candidates \d+\.\d s, chrF of [\d.]+ distinct a sentence [\d.]+ s, the chosen"
+    assert re.search(spent + r" ones' attention [\d.]+ s\n", ranked.stderr)  # translate.alignments: a forced pass
     rows = [line.split(" ||| ") for line in ranked.stdout.splitlines()]
     firsts = {}
     for index, text, _, links in rows:
@@ -210,6 +209,7 @@ def test_translate_and_eval_choose_by_minimum_bayes_risk(workdir):
         assert [j for _, j in (map(int, link.split("-")) for link in line.split())] == list(range(len(hyp.split())))
     for command, settings, message in [
         ("translate", (*mbr, "translate.engine=ct2"), "minimum Bayes risk decoding runs on the torch engine; set"),
+        ("eval", (*mbr, "eval.engine=ct2"), "minimum Bayes risk decoding runs on the torch engine; set eval.engine="),
         (
             "serve",
             (*mbr[:2], "decode.beam_size=6", "decode.mbr_candidates=6"),
@@ -219,6 +219,10 @@ def test_translate_and_eval_choose_by_minimum_bayes_risk(workdir):
         refused = run_cli(workdir, f"command={command}", *settings, stdin=lines)
         assert refused.returncode == 2 and refused.stderr.startswith(f"error: decode.mbr_candidates=6: {message}")
         assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    epsilon = run_cli(workdir, "command=translate", *mbr[:4], "decode.sampling_epsilon=0.1", "translate.engine=ct2")
+    assert epsilon.returncode == 2 and epsilon.stderr == (
+        "error: decode.sampling_epsilon=0.1: CTranslate2 has no epsilon sampling; set translate.engine=torch\n"
+    )
 
 
 def test_translate_begins_each_translation_with_its_prefix(workdir, tmp_path):

@@ -41,6 +41,21 @@ def export_command(cfg: Config, checkpoint: str = "best") -> str:
     return f'make export ARGS="{" ".join(settings)}"'
 
 
+def check_ct2_decoding(decode: DecodeConfig, setting: str) -> None:
+    """A decoding that only the torch engine does is a UserError naming ``setting`` (the engine's): epsilon sampling,
+    which CTranslate2 has not, and minimum Bayes risk (app/decode/mbr.py), which reads the torch model."""
+    if decode.sampling and decode.sampling_epsilon:
+        raise UserError(
+            f"decode.sampling_epsilon={decode.sampling_epsilon}: CTranslate2 has no epsilon sampling; set "
+            f"{setting}=torch"
+        )
+    if decode.mbr_candidates:
+        raise UserError(
+            f"decode.mbr_candidates={decode.mbr_candidates}: minimum Bayes risk decoding runs on the torch engine; "
+            f"set {setting}=torch"
+        )
+
+
 class CT2Translator:
     """A CTranslate2 export behind the project's decoding settings; results as app.decode.search.Hypotheses.
 
@@ -107,16 +122,7 @@ class CT2Translator:
         has none."""
         if constraints is not None and any(constraints):
             raise UserError("constraints: CTranslate2 has no constrained decoding; translate.engine=torch has")
-        if decode.sampling and decode.sampling_epsilon:
-            raise UserError(
-                f"decode.sampling_epsilon={decode.sampling_epsilon}: CTranslate2 has no epsilon sampling; the torch "
-                "engine has"
-            )
-        if decode.mbr_candidates:
-            raise UserError(
-                f"decode.mbr_candidates={decode.mbr_candidates}: minimum Bayes risk decoding runs on the torch engine "
-                "(eval.engine=torch, translate.engine=torch), not on a CTranslate2 export"
-            )
+        check_ct2_decoding(decode, "translate.engine")
         if prefix is not None:
             check_lengths(self.max_positions, prefix, "translation prefix")
         pieces = None if prefix is None else [[self.tgt_vocab[i] for i in p] for p in prefix]

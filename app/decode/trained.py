@@ -4,6 +4,7 @@ CTranslate2 export (``make export``) behind the same ``translate`` and ``score``
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Optional
@@ -74,8 +75,11 @@ class TrainedModel:
         )
         hyps = minimum_bayes_risk(search, src, decode, self.tokenizer.decode_tgt, prefix, constraints, progress)
         if need_attention:
+            start = time.perf_counter()
             maps = dict(forced_attention(self.model, src, hyps.tokens, self.device, decode.batch_tokens, self.dtype))
             hyps.attention = [maps[i] for i in range(len(src))] if maps else None
+            assert hyps.mbr is not None  # minimum_bayes_risk's figures
+            hyps.mbr["attention_seconds"] = round(time.perf_counter() - start, 2)
         return hyps
 
     def nbest_attention(self, src: list[list[int]], hyps: Hypotheses, batch_tokens: int) -> list[list[torch.Tensor]]:

@@ -20,7 +20,7 @@ from app.config.schema import Config
 from app.data.links import hard_alignment, pharaoh_line
 from app.data.tokenizer import EOS
 from app.decode.constraints import encode_phrases, forced_lengths
-from app.decode.ct2_engine import CT2Translator
+from app.decode.ct2_engine import CT2Translator, check_ct2_decoding
 from app.decode.ensemble import ensemble_of
 from app.decode.line_files import LineFile, open_line_file, open_output, resume_point, windows
 from app.decode.mbr import mbr_seconds, merged
@@ -45,11 +45,8 @@ def translate_lines(cfg: Config) -> None:
             f"translate.alignments=true with decode.n_best={cfg.decode.n_best}: a CTranslate2 export returns the best "
             "hypothesis' attention only; translate.engine=torch links every hypothesis"
         )
-    if cfg.decode.mbr_candidates and t.engine == "ct2":
-        raise UserError(
-            f"decode.mbr_candidates={cfg.decode.mbr_candidates}: minimum Bayes risk decoding runs on the torch engine; "
-            "set translate.engine=torch"
-        )
+    if t.engine == "ct2":  # before the model loads
+        check_ct2_decoding(cfg.decode, "translate.engine")
     if t.constraints and t.engine == "ct2":
         raise UserError(
             f"translate.constraints={t.constraints!r}: CTranslate2 has no constrained decoding; translate.engine=torch "

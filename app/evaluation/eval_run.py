@@ -16,7 +16,7 @@ from app.config.schema import Config, target_language
 from app.data.corpus import ParallelData, load_split
 from app.data.links import check_within, read_pharaoh, reference_links
 from app.data.sources import SPLITS
-from app.decode.ct2_engine import CT2Translator
+from app.decode.ct2_engine import CT2Translator, check_ct2_decoding
 from app.decode.ensemble import ensemble_of
 from app.decode.line_files import read_lines, read_parallel
 from app.decode.mbr import mbr_seconds
@@ -210,6 +210,8 @@ def check_settings(cfg: Config) -> None:
             f"eval.source={cfg.eval.source!r}: its files would go to eval/{cfg.eval.set_name()}/, where the "
             f"{cfg.eval.set_name()} split's are: give the file another name"
         )
+    if cfg.eval.engine == "ct2":
+        check_ct2_decoding(cfg.decode, "eval.engine")
     if cfg.eval.max_sentences < 0:
         raise UserError(f"eval.max_sentences={cfg.eval.max_sentences}: the first N sentences of the split, 0 for all")
 
