@@ -183,6 +183,16 @@ OUT_OF_RANGE = [
         "data.filters.max_ratio=-1.0 must be 0 (off) or at least 1: the longer side's length over the shorter's",
     ),
     (["decode.n_best=0"], "decode.n_best=0 must be >= 1: hypotheses per input"),
+    (
+        ["model=rnn_luong", "model.local_alignment=monotonic"],
+        "model.local_alignment=monotonic places a local window: set model.local_window (0: global attention)",
+    ),
+    (["model=rnn_luong", "model.local_window=-1"], "model.local_window=-1 must be >= 0 (0: global attention)"),
+    (
+        ["model=rnn_bahdanau", "model.local_window=5"],
+        "model.local_window=5: local attention is Luong's (model.attention=luong); model.attention=bahdanau attends "
+        "globally",
+    ),
     (["decode.mbr_candidates=1"], "decode.mbr_candidates=1 must be 0 (off) or >= 2: the candidates to choose among"),
     (
         ["decode.mbr_candidates=8"],

@@ -219,6 +219,12 @@ class RNNConfig(Checked, section="model"):
     attention: str = choice("bahdanau", "none", "luong")
     score: str = choice("general", "dot", "concat")  # Luong's score
     input_feeding: bool = True  # Luong: feed h̃_{t-1} into the next step
+    # Luong's local attention: each target word attends within this many source words of its aligned position
+    # (app/models/attention.py); 0: global, every source word
+    local_window: int = 0
+    # where the window is: local-p (predictive), a position each target word predicts, Gaussian-weighted; local-m
+    # (monotonic), the target word's own position
+    local_alignment: str = choice("predictive", "monotonic")
     cell: str = choice("gru", "lstm")
     emb_dim: int = 512
     hidden: int = 1024  # encoder output size (split over both directions) and decoder state size
@@ -235,6 +241,17 @@ class RNNConfig(Checked, section="model"):
         check_model_ranges(self, ("emb_dim", "hidden", "enc_layers", "dec_layers"))
         if self.attention == "none" and self.attention_dropout:
             raise UserError(f"model.attention_dropout={self.attention_dropout}: model.attention=none has no attention")
+        if self.local_window < 0:
+            raise UserError(f"model.local_window={self.local_window} must be >= 0 (0: global attention)")
+        if self.local_window and self.attention != "luong":
+            raise UserError(
+                f"model.local_window={self.local_window}: local attention is Luong's (model.attention=luong); "
+                f"model.attention={self.attention} attends globally"
+            )
+        if self.local_alignment == "monotonic" and not self.local_window:
+            raise UserError(
+                "model.local_alignment=monotonic places a local window: set model.local_window (0: global attention)"
+            )
 
 
 MODEL_SCHEMAS = {"transformer": TransformerConfig, "rnn": RNNConfig}

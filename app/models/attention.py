@@ -206,8 +206,9 @@ class RNNAttention(nn.Module):
     def score(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:  # (B, T, S)
         raise NotImplementedError
 
-    def forward(self, query, keys, values, mask):
-        """query (B, T, Dq), keys from prepare (B, S, ·), values (B, S, Dv), mask (B, S) True at tokens."""
+    def forward(self, query, keys, values, mask, positions=None):
+        """query (B, T, Dq), keys from prepare (B, S, ·), values (B, S, Dv), mask (B, S) True at tokens; ``positions``
+        (T,): the queries' target positions, which local-m attention reads (LocalAttention)."""
         weights = attention_weights(self.score(query, keys), mask[:, None, :])
         return F.dropout(weights, self.dropout, self.training) @ values, weights
 
@@ -265,7 +266,65 @@ class ConcatAttention(AdditiveAttention):
     difference from Bahdanau is the query: the current state h_t, not the previous one."""
 
 
-def rnn_attention(kind: str, query_dim: int, key_dim: int, attn_dim: int, dropout: float = 0.0) -> RNNAttention:
+class LocalAttention(RNNAttention):
+    """Luong et al. 2015, §3.2: each target word attends to a window of 2D + 1 source words around an aligned
+    position p_t, with the scores of any global ``inner`` score within it.
+
+    local-m (monotonic alignment): p_t = t, the target word's own position, and a_t = softmax of the scores over
+    the window (eq. 7). local-p (predictive alignment), the position predicted (eq. 9) and the scores weighted by
+    a Gaussian centred there (eq. 10):
+
+        p_t = (S_x - 1) · sigmoid(v_pᵀ tanh(W_p h_t))
+        a_t(s) ∝ exp(score(h_t, h̄_s)) · exp(-(s - p_t)² / 2σ²)   for |s - p_t| <= D, else 0;  σ = D / 2
+
+    S_x is the sentence's source length, its EOS included (the paper's S, less one so that the window always holds
+    a source position; local-m's p_t stops there too). The paper multiplies the window's softmax by the Gaussian;
+    here the product is renormalized over the window, so that a row is a distribution as every attention of the
+    model API is. p_t is learned through the Gaussian, which is differentiable in it."""
+
+    def __init__(self, inner: RNNAttention, query_dim: int, window: int, monotonic: bool = False):
+        super().__init__()
+        self.inner, self.window, self.monotonic = inner, window, monotonic
+        if not monotonic:
+            self.W_p = nn.Linear(query_dim, query_dim, bias=False)
+            self.v_p = nn.Linear(query_dim, 1, bias=False)
+
+    def prepare(self, states):
+        return self.inner.prepare(states)
+
+    def aligned_positions(self, query: torch.Tensor, mask: torch.Tensor, positions: Optional[torch.Tensor]):
+        """p_t (B, T, 1) of queries (B, T, Dq) at target ``positions`` (T,) over sources whose tokens ``mask``
+        (B, S) marks."""
+        last = (mask.sum(-1) - 1)[:, None, None]
+        if self.monotonic:
+            if positions is None:
+                raise ValueError("local-m attention needs the target positions of its queries")
+            return torch.minimum(positions[None, :, None], last)
+        return last.to(query.dtype) * torch.sigmoid(self.v_p(torch.tanh(self.W_p(query))))
+
+    def forward(self, query, keys, values, mask, positions=None):
+        dtype = torch.promote_types(query.dtype, torch.float32)  # positions and the Gaussian in at least fp32
+        p = self.aligned_positions(query, mask, positions).to(dtype)
+        distance = torch.arange(mask.size(-1), device=mask.device, dtype=dtype) - p  # (B, T, S)
+        scores = self.inner.score(query, keys).to(dtype)
+        if not self.monotonic:
+            scores = scores - distance.square() / (2 * (self.window / 2) ** 2)
+        weights = attention_weights(scores, mask[:, None, :] & (distance.abs() <= self.window)).to(values.dtype)
+        return F.dropout(weights, self.dropout, self.training) @ values, weights
+
+
+def rnn_attention(
+    kind: str,
+    query_dim: int,
+    key_dim: int,
+    attn_dim: int,
+    dropout: float = 0.0,
+    local_window: int = 0,
+    monotonic: bool = False,
+) -> RNNAttention:
+    """The attention ``kind`` (bahdanau, or Luong's dot, general, concat) for queries of ``query_dim`` over keys of
+    ``key_dim``; with ``local_window`` D > 0, Luong's local attention within D of its aligned positions
+    (LocalAttention: local-m when ``monotonic``, else local-p)."""
     attention: RNNAttention
     if kind == "bahdanau" or kind == "concat":
         attention = (AdditiveAttention if kind == "bahdanau" else ConcatAttention)(query_dim, key_dim, attn_dim)
@@ -277,5 +336,7 @@ def rnn_attention(kind: str, query_dim: int, key_dim: int, attn_dim: int, dropou
         attention = GeneralAttention(query_dim, key_dim)
     else:
         raise ValueError(f"attention score {kind!r} is unknown; choose bahdanau, dot, general or concat")
+    if local_window:
+        attention = LocalAttention(attention, query_dim, local_window, monotonic)
     attention.dropout = dropout
     return attention

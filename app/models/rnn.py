@@ -4,7 +4,8 @@
   sees one fixed summary of the source, fed at every step.
 - ``attention=bahdanau``: Bahdanau et al. 2014: additive attention queried by the previous state.
 - ``attention=luong``: Luong et al. 2015: dot / general / concat scores queried by the current state,
-  attentional state h̃_t = tanh(W_c [c_t; h_t]), optional input feeding.
+  attentional state h̃_t = tanh(W_c [c_t; h_t]), optional input feeding; global, or local-p within a window
+  around a predicted source position (``model.local_window``).
 
 Every decoder has one ``forward(memory, tokens, state)`` that runs T >= 1 steps: ``decode`` calls it
 on the whole target, ``step`` on one token. Decoders whose inputs do not depend on earlier outputs
@@ -55,6 +56,7 @@ class RNNState:
     hidden: Hidden
     feed: Optional[torch.Tensor] = None  # Luong input feeding: h̃_{t-1} (B, H)
     memory: Optional[RNNMemory] = None  # decoding (``start``): the encoder memory of every row
+    position: int = 0  # target positions decoded so far: where local-m attention's window is (Luong's p_t = t)
 
     def select(self, index: torch.Tensor) -> RNNState:
         """Rows ``index`` of the batch (beam search: follow the surviving beams); hidden is batch-second. Fewer
@@ -67,7 +69,8 @@ class RNNState:
         memory = self.memory
         if memory is not None and index.size(0) != memory.states.size(0):
             memory = memory.select(index)
-        return RNNState(hidden, None if self.feed is None else self.feed.index_select(0, index), memory)
+        feed = None if self.feed is None else self.feed.index_select(0, index)
+        return RNNState(hidden, feed, memory, self.position)
 
 
 def _rnn(cell: str, *args, **kwargs) -> nn.RNNBase:
@@ -241,12 +244,15 @@ class LuongDecoder(RNNDecoder):
     """Luong et al. 2015: h_t = RNN(E y_{t-1} [; h̃_{t-1}]), α_t from score(h_t, h̄_s),
     h̃_t = tanh(W_c [c_t; h_t]), p(y_t) = softmax(W_s h̃_t)."""
 
-    loop_dims = ((0,), (0,), (1,), (0, 1), (0, 1), (0, 1))  # y_t, feed, hidden, keys, states, src_mask
+    loop_dims = ((0,), (0,), (1,), (0, 1), (0, 1), (0, 1), ())  # y_t, feed, hidden, keys, states, src_mask, position
 
     def __init__(self, cfg: RNNConfig, embed: nn.Embedding, vocab: int):
         feed = cfg.hidden if cfg.input_feeding else 0
         super().__init__(cfg, embed, cfg.emb_dim + feed, cfg.hidden, vocab)
-        self.attention = rnn_attention(cfg.score, cfg.hidden, cfg.hidden, cfg.hidden, cfg.attention_dropout)
+        monotonic = cfg.local_alignment == "monotonic"
+        self.attention = rnn_attention(
+            cfg.score, cfg.hidden, cfg.hidden, cfg.hidden, cfg.attention_dropout, cfg.local_window, monotonic
+        )
         self.W_c = nn.Linear(2 * cfg.hidden, cfg.hidden, bias=False)
 
     def initial_state(self, memory: RNNMemory) -> RNNState:
@@ -260,30 +266,40 @@ class LuongDecoder(RNNDecoder):
     def loops(self) -> bool:
         return self.cfg.input_feeding
 
-    def attend(self, h: torch.Tensor, keys, states, src_mask):
-        """h̃ = tanh(W_c [c; h]) for queries h (B, T, H), with the weights α."""
-        c, alpha = self.attention(h, keys, states, src_mask)
+    def attend(self, h: torch.Tensor, keys, states, src_mask, positions: torch.Tensor):
+        """h̃ = tanh(W_c [c; h]) for queries h (B, T, H) at target ``positions`` (T,), with the weights α."""
+        c, alpha = self.attention(h, keys, states, src_mask, positions)
         return self.output_dropout(torch.tanh(self.W_c(torch.cat([c, h], -1)))), alpha
 
     def forward(self, memory: RNNMemory, tokens: torch.Tensor, state: RNNState, need_attention: bool = False):
-        y = self.dropout(self.embed(tokens))
+        y, steps = self.dropout(self.embed(tokens)), tokens.size(1)
+        positions = torch.arange(state.position, state.position + steps, device=tokens.device)
         if not self.loops:  # all T steps in one RNN call and one batched attention
             h, hidden = self.run_rnn(y, state.hidden)
-            h_tilde, alpha = self.attend(h, memory.keys, memory.states, memory.src_mask)
-            return h_tilde, alpha if need_attention else None, RNNState(hidden)
+            h_tilde, alpha = self.attend(h, memory.keys, memory.states, memory.src_mask, positions)
+            return h_tilde, alpha if need_attention else None, RNNState(hidden, position=state.position + steps)
         hidden, feed, outputs, weights = state.hidden, state.feed, [], []
-        for t in range(tokens.size(1)):
+        for t in range(steps):
             feed, alpha, hidden = self.loop_step(
-                y[:, t], feed, hidden, memory.keys, memory.states, memory.src_mask, self.rnn.all_weights
+                y[:, t],
+                feed,
+                hidden,
+                memory.keys,
+                memory.states,
+                memory.src_mask,
+                positions[t : t + 1],
+                self.rnn.all_weights,
             )
             outputs.append(feed)
             weights.append(alpha)
-        return torch.stack(outputs, 1), torch.cat(weights, 1) if need_attention else None, RNNState(hidden, feed)
+        out, attention = torch.stack(outputs, 1), torch.cat(weights, 1) if need_attention else None
+        return out, attention, RNNState(hidden, feed, position=state.position + steps)
 
-    def loop_step(self, y_t, feed, hidden, keys, states, src_mask, weights):
-        """One target position with input feeding: h_t from [E y_{t-1}; h̃_{t-1}], then h̃_t (the next feed)."""
+    def loop_step(self, y_t, feed, hidden, keys, states, src_mask, position, weights):
+        """One target position (``position``, (1,)) with input feeding: h_t from [E y_{t-1}; h̃_{t-1}], then h̃_t (the
+        next feed)."""
         h, hidden = cell_step(weights, torch.cat([y_t, feed], -1), hidden, self.rnn_dropout, self.training)
-        h_tilde, alpha = self.attend(h[:, None], keys, states, src_mask)
+        h_tilde, alpha = self.attend(h[:, None], keys, states, src_mask, position)
         return h_tilde[:, 0], alpha, hidden
 
 
