@@ -92,7 +92,13 @@ FAMILIES = {
     "rnn_bahdanau": dict(arch="rnn", emb_dim=16, hidden=32, attention="bahdanau"),
     "rnn_luong_lstm": dict(arch="rnn", emb_dim=16, hidden=32, attention="luong", cell="lstm", tie_embeddings=False),
     "rnn_luong_local_p": dict(
-        arch="rnn", emb_dim=16, hidden=32, attention="luong", local_window=2, tie_embeddings=False
+        arch="rnn",
+        emb_dim=16,
+        hidden=32,
+        attention="luong",
+        local_window=2,
+        local_alignment="predictive",
+        tie_embeddings=False,
     ),
     "rnn_luong_local_m": dict(
         arch="rnn",
@@ -100,7 +106,6 @@ FAMILIES = {
         hidden=32,
         attention="luong",
         local_window=1,
-        local_alignment="monotonic",
         input_feeding=False,
         tie_embeddings=False,
     ),

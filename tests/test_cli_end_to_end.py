@@ -525,13 +525,18 @@ def test_a_command_ends_without_collecting_what_its_imports_made(tmp_path, corpu
         assert torch_imported == "False" and len(result.stderr.splitlines()) == 1, result.stderr
 
 
-@pytest.mark.parametrize("preset", ["rnn_plain", "rnn_bahdanau", "rnn_luong"])
-def test_rnn_presets_train_and_evaluate_through_the_cli(workdir, preset):
-    name = f"tiny_{preset}"
+@pytest.mark.parametrize(
+    "preset, settings",
+    [("rnn_plain", ()), ("rnn_bahdanau", ()), ("rnn_luong", ()), ("rnn_luong", ("model.local_window=3",))],
+    ids=["rnn_plain", "rnn_bahdanau", "rnn_luong", "rnn_luong_local"],
+)
+def test_rnn_presets_train_and_evaluate_through_the_cli(workdir, preset, settings):
+    name = f"tiny_{preset}{'_local' * bool(settings)}"
     overrides = [a for a in TINY if not a.startswith(("model", "name="))] + [
         f"model={preset}",
         "model.emb_dim=16",
         "model.hidden=32",
+        *settings,
         f"name={name}",
         "train.max_steps=10",
         "train.eval_every=10",

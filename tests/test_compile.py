@@ -111,6 +111,8 @@ RNN = dict(arch="rnn", emb_dim=8, hidden=8, enc_layers=1, dec_layers=2)
         dict(attention="bahdanau"),
         dict(attention="luong", score="general", cell="lstm"),
         dict(attention="luong", score="dot"),
+        dict(attention="luong", score="general", local_window=2),  # local-m: the position a tensor, not a constant
+        dict(attention="luong", score="dot", local_window=2, local_alignment="predictive"),
     ],
 )
 def test_compiled_rnn_loop_step_matches_eager_and_compiles_once_for_all_shapes(decoder):

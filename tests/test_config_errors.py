@@ -184,8 +184,8 @@ OUT_OF_RANGE = [
     ),
     (["decode.n_best=0"], "decode.n_best=0 must be >= 1: hypotheses per input"),
     (
-        ["model=rnn_luong", "model.local_alignment=monotonic"],
-        "model.local_alignment=monotonic places a local window: set model.local_window (0: global attention)",
+        ["model=rnn_luong", "model.local_alignment=predictive"],
+        "model.local_alignment=predictive places a local window: set model.local_window (0: global attention)",
     ),
     (["model=rnn_luong", "model.local_window=-1"], "model.local_window=-1 must be >= 0 (0: global attention)"),
     (
