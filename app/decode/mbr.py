@@ -38,7 +38,9 @@ class PairwiseUtility:
 
     The counts are what sacrebleu's ``sentence_score`` would count, made once per candidate instead of twice per
     pair, and the clipped matches once per unordered pair: h's matches against y are y's against h. The same
-    scores (tests/test_mbr.py), 9.6 times faster for chrF and 5.4 for BLEU (docs/configuration.md)."""
+    scores, 9.6 times faster for chrF and 5.4 for BLEU (docs/configuration.md). It calls two of sacrebleu's
+    private methods (``_preprocess_segment``, ``_compute_score_from_stats``): tests/test_mbr.py holds every pair's
+    score to the public ``sentence_score``, so that a sacrebleu that changes them fails there."""
 
     def __init__(self, name: str) -> None:
         self.chrf = name == "chrf"

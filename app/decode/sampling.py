@@ -2,9 +2,10 @@
 back-translation by sampling uses (Edunov et al. 2018, "Understanding Back-Translation at Scale": sampled
 source sides train a better model than beam search's), with the usual ways to narrow the draw, in the order
 CTranslate2 applies them: a temperature, the k most probable tokens (top-k; Fan et al. 2018), the smallest
-set of tokens holding probability p (nucleus, top-p; Holtzman et al. 2020); before those, the tokens less probable
-than ε are dropped (epsilon sampling; Hewitt et al. 2022, "Truncation Sampling as Language Model Desmoothing"),
-the candidates minimum Bayes risk decoding chooses best among (Freitag et al. 2023, "Epsilon Sampling Rocks").
+set of tokens holding probability p (nucleus, top-p; Holtzman et al. 2020). Between the temperature and the two
+cuts, the tokens less probable than ε can be dropped (epsilon sampling; Hewitt et al. 2022, "Truncation Sampling
+as Language Model Desmoothing"): the candidates minimum Bayes risk decoding chooses best among (Freitag et al.
+2023, "Epsilon Sampling Rocks"). CTranslate2 has no epsilon.
 
 The draw is inverse transform sampling: one uniform number u per row, and the first token whose cumulative
 probability passes u × their sum (in float64). It stays on the device (no host sync), costs one random number a

@@ -4,8 +4,8 @@
   sees one fixed summary of the source, fed at every step.
 - ``attention=bahdanau``: Bahdanau et al. 2014: additive attention queried by the previous state.
 - ``attention=luong``: Luong et al. 2015: dot / general / concat scores queried by the current state,
-  attentional state h̃_t = tanh(W_c [c_t; h_t]), optional input feeding; global, or local-p within a window
-  around a predicted source position (``model.local_window``).
+  attentional state h̃_t = tanh(W_c [c_t; h_t]), optional input feeding; global, or local within a window around
+  the target word's own position (local-m) or a position it predicts (local-p) (``model.local_window``).
 
 Every decoder has one ``forward(memory, tokens, state)`` that runs T >= 1 steps: ``decode`` calls it
 on the whole target, ``step`` on one token. Decoders whose inputs do not depend on earlier outputs
