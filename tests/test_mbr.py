@@ -10,7 +10,8 @@ from sacrebleu.metrics import BLEU, CHRF
 from test_beam_search import real_model, sources
 
 from app.config.commands import DecodeConfig
-from app.decode.mbr import PairwiseUtility, draw_candidates, merged, minimum_bayes_risk, ranked
+from app.decode.mbr import draw_candidates, merged, minimum_bayes_risk
+from app.decode.mbr_utility import PairwiseUtility, ranked
 from app.decode.passes import decode_corpus
 from app.decode.search import describe
 from app.run.errors import UserError
@@ -85,6 +86,15 @@ def test_the_candidates_of_a_beam_are_its_n_best():
     assert draw_candidates(corpus_search(model), src, decode) == [[t for t, _ in n] for n in beam.nbest]
     hyps = minimum_bayes_risk(corpus_search(model), src, decode, words)
     assert hyps.nbest is None and all(t in [c for c, _ in n] for t, n in zip(hyps.tokens, beam.nbest))
+
+
+def test_the_host_worker_ranks_half_of_the_sentences_as_this_process_would():
+    model, src = real_model("transformer"), [row[row > 3].tolist() for row in sources()]
+    decode = DecodeConfig(beam_size=1, sampling=True, mbr_candidates=5, n_best=2, max_len_extra=4)
+    alone = minimum_bayes_risk(corpus_search(model), src, decode, words, worker_from=len(src) + 1)
+    shared = minimum_bayes_risk(corpus_search(model), src, decode, words, worker_from=len(src))
+    assert (alone.mbr["utility_processes"], shared.mbr["utility_processes"]) == (1, 2)
+    assert shared.tokens == alone.tokens and shared.nbest == alone.nbest
 
 
 def test_the_settings_say_how_it_decodes_and_greedy_validation_turns_it_off():
