@@ -292,19 +292,23 @@ class LocalAttention(RNNAttention):
     def prepare(self, states):
         return self.inner.prepare(states)
 
-    def aligned_positions(self, query: torch.Tensor, mask: torch.Tensor, positions: Optional[torch.Tensor]):
-        """p_t (B, T, 1) of queries (B, T, Dq) at target ``positions`` (T,) over sources whose tokens ``mask``
-        (B, S) marks."""
+    def aligned_positions(
+        self, query: torch.Tensor, mask: torch.Tensor, positions: Optional[torch.Tensor], dtype: torch.dtype
+    ) -> torch.Tensor:
+        """p_t (B, T, 1) in ``dtype`` of queries (B, T, Dq) at target ``positions`` (T,) over sources whose tokens
+        ``mask`` (B, S) marks."""
         last = (mask.sum(-1) - 1)[:, None, None]
         if self.monotonic:
             if positions is None:
                 raise ValueError("local-m attention needs the target positions of its queries")
-            return torch.minimum(positions[None, :, None], last)
-        return last.to(query.dtype) * torch.sigmoid(self.v_p(torch.tanh(self.W_p(query))))
+            return torch.minimum(positions[None, :, None], last).to(dtype)
+        # the sigmoid in dtype too: under bf16 autocast its output's 8 significant bits would round p_t to steps of
+        # up to 0.4 source words in a 100-word sentence
+        return last.to(dtype) * torch.sigmoid(self.v_p(torch.tanh(self.W_p(query))).to(dtype))
 
     def forward(self, query, keys, values, mask, positions=None):
         dtype = torch.promote_types(query.dtype, torch.float32)  # positions and the Gaussian in at least fp32
-        p = self.aligned_positions(query, mask, positions).to(dtype)
+        p = self.aligned_positions(query, mask, positions, dtype)
         distance = torch.arange(mask.size(-1), device=mask.device, dtype=dtype) - p  # (B, T, S)
         scores = self.inner.score(query, keys).to(dtype)
         if not self.monotonic:
