@@ -250,6 +250,7 @@ class LuongDecoder(RNNDecoder):
         feed = cfg.hidden if cfg.input_feeding else 0
         super().__init__(cfg, embed, cfg.emb_dim + feed, cfg.hidden, vocab)
         monotonic = cfg.local_alignment == "monotonic"
+        self.reads_positions = bool(cfg.local_window) and monotonic  # local-m: its window sits at the position
         self.attention = rnn_attention(
             cfg.score, cfg.hidden, cfg.hidden, cfg.hidden, cfg.attention_dropout, cfg.local_window, monotonic
         )
@@ -266,14 +267,17 @@ class LuongDecoder(RNNDecoder):
     def loops(self) -> bool:
         return self.cfg.input_feeding
 
-    def attend(self, h: torch.Tensor, keys, states, src_mask, positions: torch.Tensor):
-        """h̃ = tanh(W_c [c; h]) for queries h (B, T, H) at target ``positions`` (T,), with the weights α."""
+    def attend(self, h: torch.Tensor, keys, states, src_mask, positions: Optional[torch.Tensor]):
+        """h̃ = tanh(W_c [c; h]) for queries h (B, T, H) at target ``positions`` (T,; None where the attention does
+        not read them), with the weights α."""
         c, alpha = self.attention(h, keys, states, src_mask, positions)
         return self.output_dropout(torch.tanh(self.W_c(torch.cat([c, h], -1)))), alpha
 
     def forward(self, memory: RNNMemory, tokens: torch.Tensor, state: RNNState, need_attention: bool = False):
         y, steps = self.dropout(self.embed(tokens)), tokens.size(1)
-        positions = torch.arange(state.position, state.position + steps, device=tokens.device)
+        positions = None  # only local-m reads them: no op per step for the others
+        if self.reads_positions:
+            positions = torch.arange(state.position, state.position + steps, device=tokens.device)
         if not self.loops:  # all T steps in one RNN call and one batched attention
             h, hidden = self.run_rnn(y, state.hidden)
             h_tilde, alpha = self.attend(h, memory.keys, memory.states, memory.src_mask, positions)
@@ -287,7 +291,7 @@ class LuongDecoder(RNNDecoder):
                 memory.keys,
                 memory.states,
                 memory.src_mask,
-                positions[t : t + 1],
+                None if positions is None else positions[t : t + 1],
                 self.rnn.all_weights,
             )
             outputs.append(feed)
@@ -296,8 +300,8 @@ class LuongDecoder(RNNDecoder):
         return out, attention, RNNState(hidden, feed, position=state.position + steps)
 
     def loop_step(self, y_t, feed, hidden, keys, states, src_mask, position, weights):
-        """One target position (``position``, (1,)) with input feeding: h_t from [E y_{t-1}; h̃_{t-1}], then h̃_t (the
-        next feed)."""
+        """One target position (``position``, (1,), or None) with input feeding: h_t from [E y_{t-1}; h̃_{t-1}],
+        then h̃_t (the next feed)."""
         h, hidden = cell_step(weights, torch.cat([y_t, feed], -1), hidden, self.rnn_dropout, self.training)
         h_tilde, alpha = self.attend(h[:, None], keys, states, src_mask, position)
         return h_tilde[:, 0], alpha, hidden
