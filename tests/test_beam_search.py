@@ -110,6 +110,18 @@ FAMILIES = {
         tie_embeddings=False,
     ),
     "rnn_plain": dict(arch="rnn", emb_dim=16, hidden=32, attention="none"),
+    # the pointer-generator (model.copy_attention): log P in place of logits, per row its sentence's source
+    "transformer_copy": dict(
+        arch="transformer",
+        d_model=16,
+        heads=2,
+        enc_layers=2,
+        dec_layers=2,
+        ff_dim=32,
+        attention_dropout=0.0,
+        copy_attention=True,
+    ),
+    "rnn_bahdanau_copy": dict(arch="rnn", emb_dim=16, hidden=32, attention="bahdanau", copy_attention=True),
 }
 
 

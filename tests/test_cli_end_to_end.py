@@ -567,6 +567,31 @@ def test_rnn_presets_train_and_evaluate_through_the_cli(workdir, preset, setting
     )
 
 
+def test_copy_attention_trains_evaluates_translates_and_is_not_exported_through_the_cli(workdir):
+    """model.copy_attention=true through the real commands: train, eval (scores, word links, the explorer), a
+    beam-search translation with its word links, then make export's one-line refusal."""
+    name = "tiny_copy"
+    overrides = [a for a in TINY if not a.startswith("name=")]
+    overrides += ["model.copy_attention=true", f"name={name}", "train.max_steps=10", "train.eval_every=10"]
+    result = run_cli(workdir, "command=train", *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_cli(workdir, "command=eval", f"name={name}", "device=cpu")
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = workdir / "checkpoints" / name / "eval" / "test"
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert metrics["sentences"] > 0 and metrics["copy"]["pieces"] > 0 and 0 <= metrics["copy"]["mean_share"] <= 1
+    assert "copy shares" in metrics["seconds"] and "what each hypothesis copied" in result.stdout
+    assert (folder / "hyp.align").exists() and '"copied": [' in (folder / "alignments.html").read_text()
+    result = run_cli(
+        workdir, "command=translate", f"name={name}", "device=cpu", "translate.alignments=true", stdin="Y dijo\n"
+    )
+    assert result.returncode == 0 and result.stdout.count(" ||| ") == 1, result.stderr[-3000:]
+    refused = run_cli(workdir, "command=export", f"name={name}")
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        "error: model.copy_attention=true: CTranslate2's decoder cannot copy source pieces (no pointer-generator)"
+    )
+
+
 def test_heads_masks_each_head_of_the_transformer_and_writes_what_it_found(workdir):
     result = run_cli(
         workdir, "command=heads", "name=tiny", "device=cpu", "heads.max_sentences=8", "heads.prune_steps=2"

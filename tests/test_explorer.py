@@ -733,6 +733,39 @@ def test_rnn_map_in_chromium(browser, tmp_path):
             assert close(pixel(png, *cell_center(browser, t, s)), VIRIDIS[255 if weights[t, s] else 0]), (t, s)
 
 
+def test_a_copying_models_shares_are_listed_sorted_and_read_out_per_row(browser, tmp_path):
+    """model.copy_attention's shares (app.evaluation.records.add_copy_shares): per sentence their mean over the
+    pieces (EOS left out) in the list, as a sort key, and each hypothesis row's in the readout when hovered."""
+    path = tmp_path / "copy.html"
+    weights = torch.eye(3)[[2, 0, 1]]
+    records = [
+        ExplorerRecord("1", ["▁Abram", "▁dijo", "</s>"], ["▁Abram", "▁said", "</s>"], weights, copied=[0.9, 0.1, 0.4]),
+        ExplorerRecord("2", ["▁a", "▁b", "</s>"], ["▁x", "▁y", "</s>"], weights, copied=[0.0, 0.2, 0.0]),
+        ExplorerRecord("3", ["▁a", "▁b", "</s>"], ["▁x", "▁y", "</s>"], weights),  # a model that does not copy
+    ]
+    write_explorer(str(path), records, "copy", {})
+    _, _, sentences = read_explorer(path)
+    assert [(s.get("copy"), s.get("copied")) for s in sentences] == [
+        (0.5, [0.9, 0.1, 0.4]),
+        (0.1, [0.0, 0.2, 0.0]),
+        (None, None),
+    ]
+    browser.open(path)
+    shown(browser, "0,0,mean,hypothesis")
+    assert [line.split(" · ")[-1] for line in texts(browser, ".item .line span")] == ["C 0.50", "C 0.10", "3×3"]
+    browser.evaluate("document.getElementById('sort').value = 'copy'; renderList()")
+    assert browser.evaluate("state.order") == [1, 0, 2]  # ascending; the sentence without shares last
+    browser.hover(*browser.center("#ylabels .tok:nth-child(1)"))
+    assert texts(browser, "#readout") == ["‘▁Abram’ attends most to ‘</s>’ (1.000) · copied 0.90 of its probability"]
+    with pytest.raises(ValueError, match="sentence 1: 2 copy shares for 3 target pieces"):
+        write_explorer(
+            str(path),
+            [ExplorerRecord("1", ["▁a", "</s>"], ["▁x", "▁y", "</s>"], weights[:, :2], copied=[0, 1])],
+            "x",
+            {},
+        )
+
+
 @pytest.mark.slow
 def test_screenshot_for_the_readme(browser, tmp_path):
     """A README picture of a synthetic explorer, its reference rows with their links; $EXPLORER_SCREENSHOT

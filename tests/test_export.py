@@ -200,6 +200,7 @@ def test_separate_vocabularies_export_both(genesis, tmp_path):
     [
         (model_cfg(window=2), "model.window=2"),
         (RNNConfig(emb_dim=16, hidden=32), "model.arch=rnn"),
+        (model_cfg(copy_attention=True), "model.copy_attention=true"),
     ],
 )
 def test_refused_settings_name_themselves_in_one_line(cfg, setting, genesis, tmp_path):

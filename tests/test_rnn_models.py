@@ -7,7 +7,7 @@ from toy_tasks import evaluate_reversal, heldout_loss, train_on_reversal
 
 from app.data.tokenizer import BOS, EOS, PAD
 from app.models import build_model
-from app.models.rnn import rnn_step
+from app.models.rnn_layers import rnn_step
 
 VARIANTS = {
     "plain": dict(attention="none"),

@@ -203,6 +203,7 @@ class TransformerConfig(Checked, section="model"):
     max_len: int = 1024
     tie_embeddings: bool = True  # decoder input/output (and encoder input with a joint vocab)
     align_layer: int = -2  # the decoder layer whose head 0 train.align_weight guides (Garg et al.: the penultimate)
+    copy_attention: bool = False  # the pointer-generator (app/models/copy.py) through align_layer's mean of heads
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -235,10 +236,13 @@ class RNNConfig(Checked, section="model"):
     attention_dropout: float = 0.0  # on the attention weights that make the context (as a Transformer's)
     activation_dropout: Optional[float] = None  # on the output layer's tanh activations; unset: model.dropout
     tie_embeddings: bool = True  # decoder input/output (and encoder input with a joint vocab)
+    copy_attention: bool = False  # the pointer-generator (app/models/copy.py) through the attention (tokenizer.joint)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_model_ranges(self, ("emb_dim", "hidden", "enc_layers", "dec_layers"))
+        if self.copy_attention and self.attention == "none":
+            raise UserError("model.copy_attention=true copies through the attention: model.attention=none has none")
         if self.attention == "none" and self.attention_dropout:
             raise UserError(f"model.attention_dropout={self.attention_dropout}: model.attention=none has no attention")
         if self.local_window < 0:
@@ -389,3 +393,7 @@ class Config:
 
     def __post_init__(self) -> None:
         self.run_dir = self.run_dir or os.path.join("checkpoints", self.name)
+        if getattr(self.model, "copy_attention", False) and not self.tokenizer.joint:
+            raise UserError(
+                "model.copy_attention=true copies source pieces as target pieces: it needs tokenizer.joint=true"
+            )

@@ -21,7 +21,8 @@ TransformerEncoderSpec and a TransformerDecoderSpec); what each of our settings 
                                   head h // (heads / kv_heads) in both (CTranslate2's replicate_heads)
     model.activation              RELU | GELU (the erf form, as torch's nn.GELU)
 
-Refused with a one-line UserError: model.arch=rnn and model.window > 0 (sliding-window encoder).
+Refused with a one-line UserError: model.arch=rnn, model.window > 0 (sliding-window encoder) and
+model.copy_attention (CTranslate2's decoder has no pointer-generator).
 """
 
 from __future__ import annotations
@@ -109,6 +110,10 @@ def check_exportable(model: torch.nn.Module, model_cfg) -> None:
     if _field(model_cfg, "window", 0):
         raise UserError(
             f"model.window={_field(model_cfg, 'window')}: CTranslate2 has no sliding-window encoder attention"
+        )
+    if _field(model_cfg, "copy_attention", False):
+        raise UserError(
+            "model.copy_attention=true: CTranslate2's decoder cannot copy source pieces (no pointer-generator)"
         )
     for name, allowed in (
         ("activation", ("relu", "gelu")),

@@ -17,7 +17,7 @@ from app.decode.beam import BeamSearch
 from app.decode.constraints import forced_lengths, phrase_constraints
 from app.decode.sampling import Sampler, make_sampler
 from app.decode.search import GreedySearch, Hypotheses, Search, check_lengths, prefix_tensor
-from app.models.api import AnySeq2Seq, SelfAttending
+from app.models.api import AnySeq2Seq, Copying, SelfAttending
 from app.run.device import autocast
 
 log = logging.getLogger(__name__)
@@ -280,6 +280,27 @@ def forced_self_attention(
         for j, i in enumerate(batch.index.tolist()):
             s, t = len(src[i]) + 1, len(tgt[i]) + 1
             yield i, encoder[j, ..., :s, :s], decoder[j, ..., :t, :t]
+
+
+def forced_copy_shares(
+    model: Copying,
+    src: list[list[int]],
+    tgt: list[list[int]],
+    device: torch.device,
+    batch_tokens: int,
+    amp_dtype: Optional[torch.dtype] = None,
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """(index, shares) of every pair whose model copies (``model.copy_shares``), the target fed: per target token
+    and EOS the share of its probability that came through copying, on the host (model.copy_attention)."""
+    for batch, on_device in teacher_forced(model, src, tgt, device, batch_tokens):
+        with autocast(device, amp_dtype):
+            memory = model.encode(on_device.src)
+            shares = model.copy_shares(memory, *on_device.targets)
+        if shares is None:  # built without model.copy_attention
+            return
+        shares = shares.float().cpu()
+        for j, i in enumerate(batch.index.tolist()):
+            yield i, shares[j, : len(tgt[i]) + 1]
 
 
 def teacher_forced(

@@ -27,7 +27,7 @@ from app.evaluation.metrics import bleu_tokenizer
 from app.evaluation.significance import in_words, paired_significance
 from app.evaluation.split import Alignment, Asked, SplitResult, evaluate_split, with_ter
 from app.models import count_parameters, has_attention
-from app.models.api import SelfAttending
+from app.models.api import Copying, SelfAttending
 from app.run.checkpoint import checkpoint_path, run_folder
 from app.run.device import resolve_device
 from app.run.errors import UserError, required
@@ -118,7 +118,9 @@ def evaluate_run(cfg: Config) -> EvaluatedRun:
         )
     alignment = alignment_asked(cfg, trained, data, split_size)
     own = cfg.viz.self_attention and cfg.eval.engine == "torch" and isinstance(trained.model, SelfAttending)
-    forced = own or (alignment is not None and has_attention(trained.config.model))  # a teacher-forced pass
+    copying = cfg.eval.engine == "torch" and getattr(trained.config.model, "copy_attention", False)
+    copying = copying and isinstance(trained.model, Copying)  # an ensemble's members are not asked
+    forced = own or copying or (alignment is not None and has_attention(trained.config.model))  # a forced pass
     asked = Asked(
         bleu_tokenizer(cfg.eval.bleu_tokenize, target_language(trained.config.data)),
         scores="split",
@@ -130,11 +132,12 @@ def evaluate_run(cfg: Config) -> EvaluatedRun:
         references=alignment is not None,
         links=True,
         self_attention=own,
+        copy_shares=copying,
         alignment=alignment,
         progress=True,
     )
     worker = host_worker(preload=("app.evaluation.metrics",)) if cfg.viz.worker else None
-    plan = lambda hyps: print_plan(cfg, data, split_size, hyps, own, alignment, clock)  # noqa: E731
+    plan = lambda hyps: print_plan(cfg, data, split_size, hyps, own, copying, alignment, clock)  # noqa: E731
     model, batch = trained.model, cfg.decode.batch_tokens
     result = evaluate_split(model, data, trained.tokenizer, search, asked, batch, trained.dtype, worker, clock, plan)
     if alignment is not None and result.alignment is None and cfg.eval.gold_align:
@@ -148,6 +151,8 @@ def evaluate_run(cfg: Config) -> EvaluatedRun:
         run.metrics["attention"] = result.attention
     if result.links_view is not None:
         run.metrics["hyp_align_view"] = result.links_view
+    if result.copy is not None:
+        run.metrics["copy"] = result.copy
     if result.heads:
         run.metrics["self_attention_heads"] = {kind: heads.result() for kind, heads in result.heads.items()}
     if baseline is not None:
@@ -268,14 +273,16 @@ def print_plan(
     split_size: int,
     hyps: Hypotheses,
     own: bool,
+    copying: bool,
     alignment: Optional[Alignment],
     clock: Stopwatch,
 ) -> None:
-    """What is left once the hypotheses exist (``own``: the self-attention too): long work shows its own progress
-    bar."""
+    """What is left once the hypotheses exist (``own``: the self-attention too; ``copying``: how much of each
+    hypothesis was copied): long work shows its own progress bar."""
     has_attention = hyps.attention is not None
     what = ["scores (TER in a worker process)"] + ["AER against the reference links"] * bool(alignment)
     what += ["the self-attention of every hypothesis (viz.self_attention)"] * own
+    what += ["what each hypothesis copied (model.copy_attention)"] * copying
     if has_attention:
         plots = min(cfg.viz.eval_plots, len(data))
         what += [f"attention files, {plots} heatmap{'s' * (plots != 1)}, the explorer"]

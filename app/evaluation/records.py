@@ -13,10 +13,10 @@ import torch
 from tqdm import tqdm
 
 from app.data.tokenizer import EOS
-from app.decode.passes import forced_self_attention
+from app.decode.passes import forced_copy_shares, forced_self_attention
 from app.evaluation.head_roles import HeadRoles
 from app.evaluation.views import SELF_ATTENTION, StoredAttention, store_attention
-from app.models.api import SelfAttending
+from app.models.api import Copying, SelfAttending
 
 
 @dataclass
@@ -26,7 +26,9 @@ class SentenceRecord:
     ``stored``: the views of it the attention files and the explorer keep; ``ref_pieces``: the reference's
     pieces, the rows of its forced attention (both when asked for); ``self_attention``: the views kept of a
     Transformer's encoder and decoder self-attention over the sentence and its hypothesis ({"encoder": ...,
-    "decoder": ...}, when asked for: ``add_self_attention``); ``hyp_links``: the word links hyp.align holds for it."""
+    "decoder": ...}, when asked for: ``add_self_attention``); ``hyp_links``: the word links hyp.align holds for it;
+    ``copied``: a copying model's share of each hypothesis piece's probability that came through copying
+    (``add_copy_shares``)."""
 
     index: int
     id: str
@@ -37,6 +39,7 @@ class SentenceRecord:
     ref_pieces: Optional[list[str]] = None
     self_attention: Optional[dict[str, StoredAttention]] = None
     hyp_links: Optional[set[tuple[int, int]]] = None  # hyp.align's (source word, hypothesis word) links
+    copied: Optional[list[float]] = None  # per hypothesis piece and EOS, the share of its probability copied
 
 
 def sentence_records(
@@ -97,3 +100,31 @@ def add_self_attention(
             own[kind] = store_attention(w, layer, keep)
             heads.add(w)
     return roles
+
+
+def add_copy_shares(
+    records: list[SentenceRecord],
+    model: Copying,
+    src: list[list[int]],
+    hyps: list[list[int]],
+    device: torch.device,
+    batch_tokens: int,
+    amp_dtype: Optional[torch.dtype] = None,
+) -> Optional[dict]:
+    """Fill each record's ``copied`` with the share of each of its hypothesis pieces' probability (``hyps[n]``, in
+    the order of ``records``, and EOS) that came through copying, one teacher-forced pass; what ``metrics.json``
+    says of them: the mean share over the pieces and the fraction of pieces mostly copied. None (and no record
+    filled) for a model that does not copy."""
+    sources = [src[r.index] for r in records]
+    everything = []
+    for n, shares in forced_copy_shares(model, sources, hyps, device, batch_tokens, amp_dtype):
+        records[n].copied = [round(x, 4) for x in shares.tolist()]
+        everything.append(shares[:-1])  # the pieces: EOS, which ends the source too, left out
+    if not everything:
+        return None
+    pieces = torch.cat(everything)
+    return {
+        "pieces": pieces.numel(),
+        "mean_share": round(pieces.mean().item(), 4) if pieces.numel() else 0.0,
+        "mostly_copied": round((pieces > 0.5).float().mean().item(), 4) if pieces.numel() else 0.0,
+    }

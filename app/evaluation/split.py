@@ -29,10 +29,10 @@ from app.evaluation.alignment import LinkCandidates, link_candidates, links_view
 from app.evaluation.extraction import Method, has_reading, read_links, read_probabilities
 from app.evaluation.head_roles import HeadRoles
 from app.evaluation.metrics import score, split_scores, ter_of_statistics, ter_statistics
-from app.evaluation.records import SentenceRecord, add_self_attention, sentence_records
+from app.evaluation.records import SentenceRecord, add_copy_shares, add_self_attention, sentence_records
 from app.evaluation.views import attention_shape
 from app.models import Family, sequence_loss
-from app.models.api import AnySeq2Seq, SelfAttending
+from app.models.api import AnySeq2Seq, Copying, SelfAttending
 from app.run.device import autocast
 from app.run.host_worker import HostWorker, Job, submit
 from app.run.stopwatch import Stopwatch
@@ -68,7 +68,8 @@ class Asked:
     one, from the hypotheses' own decoding; a list for those sentences only, decoded again with their attention
     (validation's TensorBoard sentences). ``keep`` and ``layer``: the views a record stores (eval.attention,
     viz.layer); ``references``: the reference's pieces in each record; ``links``: each record's word links
-    (hyp.align). ``self_attention``: a Transformer's, into the records, with what each head does. ``loss``: the
+    (hyp.align). ``self_attention``: a Transformer's, into the records, with what each head does. ``copy_shares``: a
+    copying model's share of each hypothesis piece that came through copying, into the records. ``loss``: the
     teacher-forced loss and perplexity. ``on_records``: called with the records once they exist. ``bleu_tokenize``:
     the words BLEU counts (app/evaluation/metrics.py's bleu_tokenizer)."""
 
@@ -82,6 +83,7 @@ class Asked:
     references: bool = False
     links: bool = False
     self_attention: bool = False
+    copy_shares: bool = False
     alignment: Optional[Alignment] = None
     loss: bool = False
     progress: bool = False
@@ -95,7 +97,7 @@ class SplitResult:
     (``samples``), the entropy and monotonicity of their attention (``attention``) and the view their word links
     were read from (``links_view``); AER's result (``alignment``) with the forced attention kept for plots
     (``forced``, by pair index) and the method AER chose (``method``, what hyp.align reads too); what each
-    self-attention head does (``heads``)."""
+    self-attention head does (``heads``); how much of the hypotheses a copying model copied (``copy``)."""
 
     hypotheses: Hypotheses
     texts: list[str]
@@ -110,6 +112,7 @@ class SplitResult:
     method: Optional[Method] = None
     forced: dict[int, torch.Tensor] = field(default_factory=dict)
     heads: dict[str, HeadRoles] = field(default_factory=dict)
+    copy: Optional[dict] = None
     pending: Optional[Job] = None  # scores in the worker
     in_worker: bool = False  # whether a worker process took its share
     ter_from: int = 0  # where this process's share of TER begins (the worker counts the sentences before)
@@ -250,6 +253,9 @@ def records_of(
             progress = "self-attention" if asked.progress else ""
             keep = asked.keep or "layer"
             result.heads = add_self_attention(records, *passes, keep=keep, layer=asked.layer, progress=progress)
+    if asked.copy_shares and isinstance(model, Copying):
+        with clock("copy shares"):  # one teacher-forced pass of every hypothesis
+            result.copy = add_copy_shares(records, model, data.src, sampled.tokens, device, batch_tokens, dtype)
     result.records = records
     if asked.on_records is not None:
         asked.on_records(records)

@@ -14,7 +14,8 @@ only hands it back). Greedy and beam search (app/decode/search.py, beam.py), the
 (app/models/rnn.py) and the ensemble (app/decode/ensemble.py) are checked against it by mypy where each is defined.
 
 Members that only some families have, each a small protocol of its own: ``self_attention`` (``SelfAttending``,
-the Transformer's), a state's ``cache_bytes`` (``KVCached``). A family whose inputs and outputs are bounded says so
+the Transformer's), ``copy_shares`` (``Copying``, the families', None unless model.copy_attention), a state's
+``cache_bytes`` (``KVCached``). A family whose inputs and outputs are bounded says so
 in ``max_positions`` (an int; absent: any length), read with ``getattr(model, "max_positions", None)``.
 """
 
@@ -108,4 +109,14 @@ class SelfAttending(Seq2Seq[Any, Any], Protocol):
 
     def self_attention(self, src: torch.Tensor, tgt_in: torch.Tensor) -> SelfAttention:
         """The encoder's self-attention over ``src`` (B, S) and the decoder's fed ``tgt_in`` (B, T); no logits."""
+        ...
+
+
+@runtime_checkable
+class Copying(Seq2Seq[Any, Any], Protocol):
+    """A family that can copy source pieces through its attention (the pointer-generator, app/models/copy.py)."""
+
+    def copy_shares(self, memory: Any, tgt_in: torch.Tensor, tgt_out: torch.Tensor) -> Optional[torch.Tensor]:
+        """(B, T): the share of each ``tgt_out`` piece's probability that came through copying, teacher-forced
+        on ``tgt_in``; None where the model was built without model.copy_attention."""
         ...

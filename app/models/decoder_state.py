@@ -103,8 +103,10 @@ class DecoderState:
         embedding: torch.Tensor,
         output: Projection,
         exact: bool = False,
+        source: Optional[torch.Tensor] = None,
     ):
         self.cross, self.key_mask = cross, key_mask  # key_mask (sentences, 1, 1, S): True at real source tokens
+        self.source = source  # (sentences, S) the source pieces, where the model copies them (model.copy_attention)
         self.layer_count, self.d_head = layers, cross.size(-1)
         self.beam = beam
         self.weights = weights  # per layer its projections (DecoderLayer.step_weights)
@@ -164,6 +166,8 @@ class DecoderState:
         if compacted:
             sentences = index[:: self.beam] // self.beam
             self.cross, self.key_mask = self.cross.index_select(2, sentences), self.key_mask.index_select(0, sentences)
+            if self.source is not None:
+                self.source = self.source.index_select(0, sentences)
             self.cross_views()
         return self
 

@@ -33,6 +33,7 @@ from app.config.schema import TransformerConfig
 from app.data.tokenizer import PAD
 from app.models.api import SelfAttention, Seq2Seq
 from app.models.attention import MultiHeadAttention, band_mask
+from app.models.copy import PointerGenerator
 from app.models.decoder_state import DecoderState, Projection
 from app.models.positions import ALiBi, LearnedPositions, Rotary, Rotation, SinusoidalPositions
 from app.models.transformer_layers import DecoderLayer, EncoderLayer, make_norm
@@ -42,10 +43,11 @@ from app.models.transformer_layers import DecoderLayer, EncoderLayer, make_norm
 class Memory:
     states: torch.Tensor  # (B, S, D) encoder output
     src_mask: torch.Tensor  # (B, S) True at real tokens
+    src: torch.Tensor  # (B, S) the source pieces (what model.copy_attention copies)
 
     def select(self, index: torch.Tensor) -> Memory:
         """Rows ``index`` of the batch (beam search: expand per beam)."""
-        return Memory(self.states.index_select(0, index), self.src_mask.index_select(0, index))
+        return Memory(*(t.index_select(0, index) for t in (self.states, self.src_mask, self.src)))
 
 
 class Transformer(nn.Module):
@@ -72,6 +74,13 @@ class Transformer(nn.Module):
         self.enc_norm = make_norm(cfg) if cfg.norm == "pre" else nn.Identity()
         self.dec_norm = make_norm(cfg) if cfg.norm == "pre" else nn.Identity()
         self.out_proj = nn.Linear(cfg.d_model, tgt_vocab, bias=False)
+        if cfg.copy_attention and not joint_vocab:
+            raise ValueError(
+                "model.copy_attention=true copies source pieces as target pieces: set tokenizer.joint=true"
+            )
+        # the pointer-generator reads model.align_layer's cross-attention, its heads averaged
+        self.pointer = PointerGenerator(cfg.d_model, cfg.d_model) if cfg.copy_attention else None
+        self.pointer_layer = cfg.align_layer % cfg.dec_layers
         self._init_weights()
         if cfg.tie_embeddings:
             self.out_proj.weight = self.tgt_embed.weight
@@ -130,7 +139,7 @@ class Transformer(nn.Module):
         for layer in self.encoder:
             x, layer_weights = layer(x, src.size(0), mask, rotation, bias, need_weights=need_weights)
             weights.append(layer_weights)
-        memory = Memory(self.enc_norm(x).view(src.shape + (-1,)), src_mask)
+        memory = Memory(self.enc_norm(x).view(src.shape + (-1,)), src_mask, src)
         return memory, torch.stack(weights, dim=1) if need_weights else None
 
     def decode(
@@ -143,13 +152,46 @@ class Transformer(nn.Module):
     ) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         """Teacher-forced logits and, with ``need_attention``, every layer's cross-attention; with
         ``layer`` instead, that layer's alone (batch, heads, tgt, src): the others keep the fast kernels.
-        ``need_logits=False``: the attention alone, without the output layer (logits None)."""
+        ``need_logits=False``: the attention alone, without the output layer (logits None). With
+        ``model.copy_attention`` the logits are log P of the pointer-generator (app/models/copy.py)."""
         only = None if layer is None else layer % len(self.decoder)
-        x, attention, _ = self.decoder_pass(memory, tgt_in, lambda i: need_attention or i == only)
-        logits = self.out_proj(self.dec_norm(x)).view(tgt_in.shape + (-1,)) if need_logits else None
+        copying = self.pointer is not None and need_logits
+        x, attention, _ = self.decoder_pass(
+            memory, tgt_in, lambda i: need_attention or i == only or (copying and i == self.pointer_layer)
+        )
+        logits = None
+        if need_logits:
+            logits, *copying_inputs = self.outputs(x, tgt_in, attention)
+            if self.pointer is not None:
+                logits = self.pointer(logits, *copying_inputs, memory.src)
         if need_attention:
             return logits, stack_layers(attention)
         return logits, None if only is None else attention[only]
+
+    def outputs(
+        self, x: torch.Tensor, tgt_in: torch.Tensor, attention: list[Optional[torch.Tensor]]
+    ) -> tuple[torch.Tensor, ...]:
+        """The logits (B, T, V) of the decoder's last (B·T, D) rows ``x``, fed ``tgt_in`` (B, T); with the
+        pointer-generator also what it reads besides: those rows normalized (B, T, D), the embedded inputs
+        E y_{t-1} · √d_model and model.align_layer's cross-attention, its heads averaged (B, T, S)."""
+        output = self.dec_norm(x)
+        logits = self.out_proj(output).view(tgt_in.shape + (-1,))
+        if self.pointer is None:
+            return (logits,)
+        copied = attention[self.pointer_layer]
+        assert copied is not None  # asked for
+        embedded = self.tgt_embed(tgt_in) * math.sqrt(self.d_model)
+        return logits, output.view(embedded.shape), embedded, copied.mean(1)
+
+    @torch.no_grad()
+    def copy_shares(self, memory: Memory, tgt_in: torch.Tensor, tgt_out: torch.Tensor) -> Optional[torch.Tensor]:
+        """(B, T): the share of each ``tgt_out`` piece's probability that came through copying, teacher-forced on
+        ``tgt_in`` (app/models/copy.py); None for a model that does not copy."""
+        if self.pointer is None:
+            return None
+        x, attention, _ = self.decoder_pass(memory, tgt_in, lambda i: i == self.pointer_layer)
+        logits, output, embedded, copied = self.outputs(x, tgt_in, attention)
+        return self.pointer.copied_share(logits, output, embedded, copied, memory.src, tgt_out)
 
     def decoder_pass(
         self,
@@ -211,6 +253,7 @@ class Transformer(nn.Module):
             output=Projection(self.out_proj.weight, None, onednn, dtype),
             embedding=self.tgt_embed.weight * math.sqrt(self.d_model),
             exact=beam > 1 and steps is not None,
+            source=memory.src if self.pointer is not None else None,
         )
         state.cross_views()
         return state
@@ -227,7 +270,7 @@ class Transformer(nn.Module):
         if state.length == state.capacity:
             state.make_room()
         span = state.length + 1
-        x = F.embedding(prev_tokens, state.embedding)  # E y · √d_model
+        x = embedded = F.embedding(prev_tokens, state.embedding)  # E y · √d_model
         if self.positions is not None:
             x = x + self.positions.at(state.position)
         rotation = self.rotary.at(state.position) if self.rotary is not None else None
@@ -235,14 +278,29 @@ class Transformer(nn.Module):
         if self.alibi is not None:  # heads grouped as the queries are (grouped_queries)
             self_mask = self.alibi.at(state.position, span).view(decoder[0].self_attn.kv_heads, -1, span)
         attention = []
-        for layer, cache, cross, weights in zip(decoder, state.layers, state.cross_layers, state.weights):
-            x, layer_attention = layer.step(
-                x, cache, cross, state, weights, span, self_mask, rotation, need_weights=need_attention
-            )
+        for i, (layer, cache, cross, weights) in enumerate(
+            zip(decoder, state.layers, state.cross_layers, state.weights)
+        ):
+            weighed = need_attention or (self.pointer is not None and i == self.pointer_layer)
+            x, layer_attention = layer.step(x, cache, cross, state, weights, span, self_mask, rotation, weighed)
             attention.append(layer_attention)
         state.position += 1
         state.length += 1
-        logits = state.output(self.dec_norm(x))
+        output = self.dec_norm(x)
+        logits = state.output(output)
+        if self.pointer is not None:
+            copied, source = attention[self.pointer_layer], state.source
+            assert copied is not None and source is not None  # asked for; start keeps the source when copying
+            # rows are ``beam`` consecutive rows per sentence: (sentences, beam, ...) against each sentence's source
+            per_sentence = lambda t: t.view(source.size(0), -1, t.size(-1))  # noqa: E731
+            mixed = self.pointer(
+                per_sentence(logits),
+                per_sentence(output),
+                per_sentence(embedded),
+                per_sentence(copied[:, :, 0].mean(1)),
+                source,
+            )
+            logits = mixed.view(logits.shape)
         return logits, stack_layers(attention) if need_attention else None, state
 
     def forward(

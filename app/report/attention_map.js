@@ -122,10 +122,13 @@ class AttentionMap {
   // Draw one view. info: { src, rnn, layers, heads, headLayers } (the sentence; src: the column tokens); rows: the
   // row tokens; maps: the uint8 maps of those rows; l, h: the layer and head (or 'mean'); links: { kind: [[row,
   // column], ...] } or null; rowsName, columnsName: what the rows and columns are (corner label); hint: the readout
-  // when nothing is hovered; legend: HTML below
-  draw({ info, rows, maps, l, h, links = null, rowsName = 'target', columnsName = 'source', hint = '', legend = '' }) {
+  // when nothing is hovered; legend: HTML below; rowNotes: per row a note the readout adds when it is hovered, or null
+  draw({
+    info, rows, maps, l, h, links = null, rowsName = 'target', columnsName = 'source', hint = '', legend = '',
+    rowNotes = null,
+  }) {
     const S = info.src.length, T = rows.length;
-    Object.assign(this, { src: info.src, rows, links, focus: null, hint, l, h });
+    Object.assign(this, { src: info.src, rows, links, focus: null, hint, l, h, rowNotes });
     this.view = viewOf(maps, info, T, S, l, h);
     const layers = [...Array(info.layers).keys()];
     const heads = ['mean', ...(hasHeads(info, l) ? Array(info.heads).keys() : [])];
@@ -219,14 +222,15 @@ class AttentionMap {
   describe(focus) {
     const S = this.src.length, view = this.view, rows = this.rows, src = this.src, q = tok => `‘${tok}’`;
     if (focus == null) return this.hint;
+    const note = focus.row != null && this.rowNotes?.[focus.row] ? ` · ${this.rowNotes[focus.row]}` : '';
     if (focus.cell != null) {
       const link = Object.keys(LINK_KINDS).find(k => this.links?.[k]?.some(([t, s]) => t === focus.row && s === focus.cell));
       return `${q(rows[focus.row])} → ${q(src[focus.cell])}: ${view[focus.row * S + focus.cell].toFixed(3)}` +
-        (link ? ` (${LINK_KINDS[link].name})` : '');
+        (link ? ` (${LINK_KINDS[link].name})` : '') + note;
     }
     if (focus.row != null) {
       const row = view.subarray(focus.row * S, (focus.row + 1) * S), best = row.indexOf(Math.max(...row));
-      return `${q(rows[focus.row])} attends most to ${q(src[best])} (${row[best].toFixed(3)})`;
+      return `${q(rows[focus.row])} attends most to ${q(src[best])} (${row[best].toFixed(3)})${note}`;
     }
     const col = rows.map((_, t) => view[t * S + focus.col]), best = col.indexOf(Math.max(...col));
     return `${q(src[focus.col])} is attended most by ${q(rows[best])} (${col[best].toFixed(3)})`;

@@ -76,6 +76,7 @@ class ExplorerRecord:
     encoder_attention: Any = None  # a Transformer's encoder self-attention (layers, heads, src, src), or its views
     decoder_attention: Any = None  # its decoder self-attention (layers, heads, tgt, tgt): rows as tgt_tokens
     hyp_links: Any = None  # (source word, hypothesis word) links of the hypothesis (make eval's hyp.align), outlined
+    copied: Optional[list[float]] = None  # per tgt_tokens piece, the share of its probability copied (copy_attention)
 
 
 def _stored(record_id: str, attention, rows: list[str], cols: list[str], name: str, layer: int, keep: str):
@@ -214,6 +215,14 @@ def write_explorer(
         }
         if record.hyp_links is not None:  # hyp.align's links, as the cells of their pieces
             sent["hypLinks"] = [list(c) for c in piece_links(record.hyp_links, record.src_tokens, record.tgt_tokens)]
+        if record.copied is not None:  # a copying model's: per hypothesis row, and their mean over the pieces
+            if len(record.copied) != len(record.tgt_tokens):
+                raise ValueError(
+                    f"sentence {record.id}: {len(record.copied)} copy shares for {len(record.tgt_tokens)} target pieces"
+                )
+            sent["copied"] = [round(float(x), 3) for x in record.copied]
+            pieces = sent["copied"][:-1] or [0.0]  # EOS left out, as metrics.json's copy does
+            sent["copy"] = round(sum(pieces) / len(pieces), 3)
         sent["at"] = place(stored)  # its slice of the maps block
         sent["ref"] = _reference(record, stored, place, layer, keep)  # rows: the reference pieces, forced
         sent["own"] = _self_attention(record, stored, place, layer, keep)  # the encoder's, then the decoder's
@@ -266,6 +275,7 @@ def evaluation_records(
             reference=data.tgt_texts[i],
             bleu=bleu[i],
             hyp_links=r.hyp_links,
+            copied=r.copied,
         )
         own = r.self_attention or {}
         record.encoder_attention, record.decoder_attention = own.get("encoder"), own.get("decoder")
