@@ -233,3 +233,22 @@ def test_a_row_that_raises_is_recorded_and_the_bench_still_writes_the_others(tmp
     assert "train_step_operators" not in table and "profile" not in table  # they need a training step
     out = capsys.readouterr().out
     assert re.search(rf"^decode_beam2 error +{re.escape(error)}$", out, re.M) and "decode_beam1 sentences_per_s" in out
+
+
+def test_a_model_ctranslate2_cannot_express_is_benched_without_its_rows(tmp_path, monkeypatch, corpus_tsv, capsys):
+    """model.copy_attention has no CTranslate2 export: the bench says so in one line and measures the rest
+    (before, the export's refusal stopped the whole bench)."""
+    import json
+    import shutil
+
+    from app.cli import bench_command
+
+    shutil.copy(corpus_tsv, tmp_path / "corpus.tsv")
+    monkeypatch.chdir(tmp_path)
+    settings = ["model.copy_attention=true", "bench.decode_sentences=3", "bench.steps=2", "bench.warmup=1"]
+    bench_command(compose_config(*TINY, *settings, command="bench"))
+    table = json.loads((tmp_path / "checkpoints" / "bench" / "tiny.json").read_text())
+    assert table["decode_beam5"]["seconds"] > 0 and table["train_tgt_tokens_per_s"] > 0
+    assert table["copy_attention"] is True and not [row for row in table if "_ct2_" in row]
+    assert not table["failed_rows"]
+    assert "no CTranslate2 rows: model.copy_attention=true: CTranslate2's decoder cannot copy" in capsys.readouterr().out

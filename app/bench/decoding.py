@@ -13,7 +13,7 @@ import importlib.util
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional
 
 import sacrebleu
 import torch
@@ -23,9 +23,10 @@ from app.bench.rows import attempt
 from app.config.schema import Config
 from app.data.batching import Batcher
 from app.decode.ct2_engine import CT2Translator
-from app.decode.export import convert
+from app.decode.export import check_exportable, convert
 from app.decode.passes import decode_corpus, searcher
 from app.run.device import autocast
+from app.run.errors import UserError
 
 CT2_QUANTIZATIONS = {"float32": "none", "int8": "int8", "float16": "float16"}  # row name -> export.quantization
 COUNTED_STEPS = 5  # decoding steps whose operators are counted, after two not counted
@@ -45,8 +46,11 @@ def decoders(
     ct2 = lambda e, d: lambda src: e.translate(src, d).tokens  # noqa: E731
     for greedy_or_beam in [cfg.decode.greedy()] + ([cfg.decode] if cfg.decode.beam_size > 1 else []):
         runs[f"decode_beam{greedy_or_beam.beam_size}"] = ours(greedy_or_beam)
+    refused = cfg.model.arch == "transformer" and export_refusal(model, cfg.model)
     if cfg.model.arch == "transformer" and importlib.util.find_spec("ctranslate2") is None:
         print("no CTranslate2 rows: ctranslate2 is not installed (a lent GPU machine: see make gpu-wheels)")
+    elif refused:
+        print(f"no CTranslate2 rows: {refused}")
     elif cfg.model.arch == "transformer":
         threads = cfg.bench.ct2_threads if device.type == "cpu" else 0
         # CTranslate2 batches by source tokens before the beam (batch_source_tokens): give it our budget on CUDA
@@ -67,6 +71,15 @@ def decoders(
             if engine is not None:
                 runs[row] = ct2(engine, ct2_decode)
     return runs
+
+
+def export_refusal(model, model_cfg) -> Optional[str]:
+    """Why CTranslate2 cannot express this model (``check_exportable``'s one line), or None."""
+    try:
+        check_exportable(model, model_cfg)
+    except UserError as refusal:
+        return str(refusal)
+    return None
 
 
 def step_operators(model, cfg: Config, test, device: torch.device, dtype) -> dict:

@@ -211,6 +211,8 @@ def bench(cfg: Config) -> dict:
         "compiled": cfg.train.compile,
         "timed_steps": steps,
     }
+    if getattr(cfg.model, "copy_attention", False):
+        result["copy_attention"] = True
     if device.type == "cpu":
         result["threads"] = {"torch": torch.get_num_threads(), "ctranslate2": cfg.bench.ct2_threads}
     failed: dict[str, str] = {}  # row -> its one-line error: the other rows still run (app/bench/rows.py)
