@@ -251,4 +251,6 @@ def test_a_model_ctranslate2_cannot_express_is_benched_without_its_rows(tmp_path
     assert table["decode_beam5"]["seconds"] > 0 and table["train_tgt_tokens_per_s"] > 0
     assert table["copy_attention"] is True and not [row for row in table if "_ct2_" in row]
     assert not table["failed_rows"]
-    assert "no CTranslate2 rows: model.copy_attention=true: CTranslate2's decoder cannot copy" in capsys.readouterr().out
+    assert (
+        "no CTranslate2 rows: model.copy_attention=true: CTranslate2's decoder cannot copy" in capsys.readouterr().out
+    )

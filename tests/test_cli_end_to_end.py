@@ -567,9 +567,10 @@ def test_rnn_presets_train_and_evaluate_through_the_cli(workdir, preset, setting
     )
 
 
-def test_copy_attention_trains_evaluates_translates_and_is_not_exported_through_the_cli(workdir):
+def test_copy_attention_trains_evaluates_translates_and_is_not_exported_through_the_cli(workdir, monkeypatch):
     """model.copy_attention=true through the real commands: train, eval (scores, word links, the explorer), a
-    beam-search translation with its word links, then make export's one-line refusal."""
+    beam-search translation with its word links, make serve's engine (each hypothesis row's copied share, as the
+    model reads it here), then make export's one-line refusal."""
     name = "tiny_copy"
     overrides = [a for a in TINY if not a.startswith("name=")]
     overrides += ["model.copy_attention=true", f"name={name}", "train.max_steps=10", "train.eval_every=10"]
@@ -590,6 +591,28 @@ def test_copy_attention_trains_evaluates_translates_and_is_not_exported_through_
     assert refused.returncode == 2 and refused.stderr.strip() == (
         "error: model.copy_attention=true: CTranslate2's decoder cannot copy source pieces (no pointer-generator)"
     )
+    from app.config.commands import DecodeConfig
+    from app.data.tokenizer import BOS, EOS
+    from app.decode.trained import load_trained
+    from app.serve.engine import Engine
+
+    monkeypatch.chdir(workdir)  # the run's paths are the project's, relative
+    trained = load_trained(str(workdir / "checkpoints" / name), "best", torch.device("cpu"), "serve.checkpoint")
+    engine = Engine(trained, trained.tokenizer, DecodeConfig(), {})
+    src = trained.tokenizer.encode_src(["Y dijo Dios", "En el principio"])
+    translated = engine.translate(src, beam_size=2, n_best=2, attention=True)
+    scored = engine.score(src, [trained.tokenizer.encode_tgt(["And God said"])[0]] * 2, attention=True)
+    for ids, result in zip(src + src, translated + scored):
+        for hypothesis, entry in zip(result["hypotheses"], result["attention"]["hypotheses"]):
+            tokens = [trained.tokenizer.tgt.piece_to_id(p) for p in hypothesis["target_pieces"]]
+            model = trained.model
+            expected = model.copy_shares(
+                model.encode(torch.tensor([ids + [EOS]])),
+                torch.tensor([[BOS] + tokens]),
+                torch.tensor([tokens + [EOS]]),
+            )
+            assert len(entry["copied"]) == len(entry["rows"]) == len(tokens) + 1
+            assert max(abs(a - b) for a, b in zip(entry["copied"], expected[0].tolist())) <= 1e-3
 
 
 def test_heads_masks_each_head_of_the_transformer_and_writes_what_it_found(workdir):

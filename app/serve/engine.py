@@ -11,7 +11,8 @@ A CTranslate2 export returns the best hypothesis' map only (one layer's mean of 
 views app.report.attention_files.store_attention keeps (every head of every layer, each layer's mean), and the
 word links read from each view (app.data.links.hard_alignments: the most attended source word of every target
 word). Self-attention, when asked for (a Transformer on the torch engine): the encoder's over the source, and
-the decoder's over each hypothesis, read while forcing it through the decoder, kept as the same views. Forced
+the decoder's over each hypothesis, read while forcing it through the decoder, kept as the same views. A model that
+copies (model.copy_attention): each hypothesis row's share of its probability that came through copying. Forced
 passes run in ``decode.batch_tokens`` batches on every device, as make eval's: their maps grow with squared
 lengths."""
 
@@ -29,12 +30,12 @@ from app.data.links import hard_alignments, piece_links
 from app.data.tokenizer import Tokenizer
 from app.decode.constraints import encode_phrases
 from app.decode.ensemble import ensemble_of
-from app.decode.passes import forced_self_attention
+from app.decode.passes import forced_copy_shares, forced_self_attention
 from app.decode.search import check_lengths
 from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.evaluation.views import SCALE, self_attention_axes, store_attention
 from app.models import count_parameters
-from app.models.api import SelfAttending
+from app.models.api import Copying, SelfAttending
 from app.run.device import resolve_device
 
 
@@ -105,9 +106,9 @@ class Engine:
             ]
             results.append({"source_pieces": self.tokenizer.src_pieces(ids), "hypotheses": hypotheses})
         if attention:  # None: a model without attention (rnn_plain)
-            maps = self.hypothesis_attention(src, hyps, candidates)
+            maps, copied = self.hypothesis_attention(src, hyps, candidates), self.copy_shares(src, candidates)
             for i, result in enumerate(results):
-                result["attention"] = attention_entry(result, maps[i]) if maps else None
+                result["attention"] = attention_entry(result, maps[i], copied[i] if copied else None) if maps else None
         if self_attention:
             own = self.hypothesis_self_attention(src, candidates)
             for i, result in enumerate(results):
@@ -131,8 +132,10 @@ class Engine:
             }
             results.append({"source_pieces": self.tokenizer.src_pieces(ids), "hypotheses": [hypothesis]})
         if attention:  # maps None: a model without attention
+            copied = self.copy_shares(src, [[tokens] for tokens in tgt])
             for i, result in enumerate(results):
-                result["attention"] = attention_entry(result, [maps[i]]) if maps else None
+                shares = copied[i] if copied else None
+                result["attention"] = attention_entry(result, [maps[i]], shares) if maps else None
         if self_attention:
             own = self.hypothesis_self_attention(src, [[tokens] for tokens in tgt])
             for i, result in enumerate(results):
@@ -156,6 +159,21 @@ class Engine:
             decoders[i][k] = decoder
         return list(zip(encoders, decoders))
 
+    def copy_shares(self, src: list[list[int]], nbest: list[list[list[int]]]) -> list[list[list[float]]]:
+        """Per sentence, per hypothesis: the share of each of its pieces' (and EOS's) probability that came through
+        copying, read while forcing it through the decoder; [] for a model that does not copy (or an export)."""
+        t = self.trained
+        if t is None or not getattr(t.config.model, "copy_attention", False) or not isinstance(t.model, Copying):
+            return []
+        pairs = [(i, k) for i in range(len(src)) for k in range(len(nbest[i]))]
+        batch = ([src[i] for i, _ in pairs], [nbest[i][k] for i, k in pairs], t.device, self.decode.batch_tokens)
+        shares: list[list[list[float]]] = [[[] for _ in hypotheses] for hypotheses in nbest]
+        found = False
+        for j, copied in forced_copy_shares(t.model, *batch, t.dtype):
+            i, k = pairs[j]
+            shares[i][k], found = [round(x, 3) for x in copied.tolist()], True
+        return shares if found else []
+
     def pieces(self, tokens: list[int]) -> list[str]:
         return self.tokenizer.tgt_pieces(tokens)
 
@@ -169,14 +187,17 @@ class Engine:
         return [[hyps.attention[i]] + [None] * (len(nbest[i]) - 1) for i in range(len(src))]
 
 
-def attention_entry(result: dict[str, Any], maps: list[Optional[torch.Tensor]]) -> dict[str, Any]:
+def attention_entry(
+    result: dict[str, Any], maps: list[Optional[torch.Tensor]], copied: Optional[list[list[float]]] = None
+) -> dict[str, Any]:
     """The API's attention of one sentence: its columns (source pieces + EOS), the views kept (every head of every
     layer, then each layer's mean; one map for an RNN or an export), and per hypothesis its rows (target pieces +
     EOS), its maps as integers (weight × scale, rounded: within 1/510), the word links read from each view as
-    [source word, target word] pairs, and those links as the [row, column] cells the page outlines."""
+    [source word, target word] pairs, and those links as the [row, column] cells the page outlines; of a model
+    that copies (``copied``, per hypothesis), each row's share of its probability that came through copying."""
     columns = result["source_pieces"] + ["</s>"]
     entry: dict[str, Any] = {"columns": columns, "scale": SCALE, "hypotheses": []}
-    for hypothesis, weights in zip(result["hypotheses"], maps):
+    for k, (hypothesis, weights) in enumerate(zip(result["hypotheses"], maps)):
         if weights is None:
             entry["hypotheses"].append(None)
             continue
@@ -192,6 +213,8 @@ def attention_entry(result: dict[str, Any], maps: list[Optional[torch.Tensor]]) 
                 "cells": [[list(cell) for cell in piece_links(set(view), columns, rows)] for view in links],
             }
         )
+        if copied is not None:
+            entry["hypotheses"][-1]["copied"] = copied[k]
     return entry
 
 

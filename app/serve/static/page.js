@@ -130,6 +130,7 @@ function drawMap() {
       info, rows: maps.rows, maps: Uint8Array.from(maps.maps.flat(2)), l: page.l, h: page.h,
       links: { read: maps.cells[mapIndex(info, page.l, page.h)] }, rowsName: 'hypothesis',
       hint: `${attention.views[mapIndex(info, page.l, page.h)]} · hover a token or a cell`, legend: LEGEND,
+      rowNotes: maps.copied ? maps.copied.map(c => `copied ${c.toFixed(2)} of its probability`) : null,
     });
   } else {
     const set = own[page.map], encoder = page.map === 'encoder', hypothesis = set.hypotheses?.[page.hyp];
