@@ -122,6 +122,19 @@ FAMILIES = {
         copy_attention=True,
     ),
     "rnn_bahdanau_copy": dict(arch="rnn", emb_dim=16, hidden=32, attention="bahdanau", copy_attention=True),
+    # the coverage mechanism (model.coverage): the state carries each source piece's attention so far
+    "rnn_bahdanau_coverage": dict(arch="rnn", emb_dim=16, hidden=32, attention="bahdanau", coverage=True),
+    "rnn_luong_concat_local_coverage": dict(
+        arch="rnn",
+        emb_dim=16,
+        hidden=32,
+        attention="luong",
+        score="concat",
+        input_feeding=False,
+        local_window=2,
+        coverage=True,
+        tie_embeddings=False,
+    ),
 }
 
 

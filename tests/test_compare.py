@@ -75,7 +75,7 @@ def test_a_run_without_a_differing_setting_is_labelled_by_its_model(tmp_path):
 
 
 def test_report_has_the_columns_the_length_table_and_the_commands(tmp_path):
-    shape = {"view": "attention", "entropy": 1.23456, "monotonicity": 0.875}
+    shape = {"view": "attention", "entropy": 1.23456, "monotonicity": 0.875, "reattention": 0.4321}
     write_run(tmp_path, "plain", ["command=train", "model=rnn_plain"], "2026-11-24T10:00:00", 20.0)
     write_run(tmp_path, "att", ["command=train", "model=rnn_bahdanau"], "2026-11-24T10:01:00", 30.0, attention=shape)
     text = compare_report(str(tmp_path))
@@ -85,6 +85,7 @@ def test_report_has_the_columns_the_length_table_and_the_commands(tmp_path):
     plain, att = (line.split(" | ") for line in text.splitlines() if line.startswith("| model=rnn_"))
     assert att[header.index("updates")] == "1,234"
     assert att[header.index("attention entropy")] == "1.235" and att[header.index("monotonicity")] == "0.875"
+    assert att[header.index("re-attention")] == "0.432" and plain[header.index("re-attention")] == "-"
     assert plain[header.index("attention entropy")] == "-"  # no attention: no figure, not a zero
     assert plain[header.index("positional heads enc, dec")] == "-"  # no self-attention
     assert "| run | 0-10 (3) | 10-20 (5) | 20+ (1) |" in report

@@ -113,6 +113,8 @@ RNN = dict(arch="rnn", emb_dim=8, hidden=8, enc_layers=1, dec_layers=2)
         dict(attention="luong", score="dot"),
         dict(attention="luong", score="general", local_window=2),  # local-m: the position a tensor, not a constant
         dict(attention="luong", score="dot", local_window=2, local_alignment="predictive"),
+        dict(attention="bahdanau", coverage=True),  # the coverage: one more tensor of the state
+        dict(attention="luong", score="concat", input_feeding=False, coverage=True),  # no feed: None each step
     ],
 )
 def test_compiled_rnn_loop_step_matches_eager_and_compiles_once_for_all_shapes(decoder):

@@ -15,7 +15,7 @@ import torch
 from matplotlib import colormaps
 
 from app.data.links import piece_links, word_index
-from app.evaluation.views import attention_entropy
+from app.evaluation.views import attention_entropy, plotted_view, reattention
 from app.report.explorer import ExplorerRecord, link_cells, text7, write_explorer
 
 VIRIDIS = (colormaps["viridis"](np.arange(256))[:, :3] * 255).round().astype(int)
@@ -347,6 +347,11 @@ def test_entropy_is_the_hypothesis_attentions_mean_row_entropy_over_every_head(t
     assert sentences[-1]["entropy"] == pytest.approx(math.log(4) / 2, abs=1e-4)  # heads: 0 and log 4
     for record, sent in zip(records, sentences):
         assert sent["entropy"] == pytest.approx(attention_entropy(torch.as_tensor(record.attention)), abs=1e-4)
+        plotted = plotted_view(torch.as_tensor(record.attention))[1]
+        assert sent["again"] == pytest.approx(reattention(plotted), abs=1e-3)
+    # the mean of the heads (one-hot on pieces 0, 2, 1; uniform) has rows of 0.625 at 0, 2, 1 and 0.125 elsewhere:
+    # the second pays 4 × 0.125 again, the third 0.125 + 0.25 + 0.125 + 0.125: (0.5 + 0.625) / 3 rows
+    assert sentences[-1]["again"] == pytest.approx(0.375, abs=1e-3)
     assert sentences[0]["entropy"] > 0  # a one-hot head among softmax heads: not 0
 
 
@@ -705,7 +710,9 @@ def test_explorer_in_chromium(browser, tmp_path):
     assert texts(b, "#columns")[0].startswith("BLEU: sentence BLEU · H: attention entropy · M: monotonicity")
     assert "1 = a diagonal" in texts(b, "#measures")[0]
     first = texts(b, "#list .item .line span")[0]
-    assert re.fullmatch(r"BLEU [\d.–]+ · H \d\.\d\d · M -?\d\.\d\d · \d+×\d+( · ref)?", first), first
+    assert re.fullmatch(r"BLEU [\d.–]+ · H \d\.\d\d · M -?\d\.\d\d · R \d\.\d\d · \d+×\d+( · ref)?", first), first
+    sort_by("again")
+    assert order() == sorted(range(4), key=lambda i: (-sentences[i]["again"], i))
     sort_by("length")
     b.click(*b.center("#order"))
     assert order() == [3, 1, 0, 2]  # 2, 3, 5, 24 source pieces

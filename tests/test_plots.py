@@ -14,6 +14,7 @@ from app.evaluation.views import (
     figure_views,
     monotonicity,
     plotted_view,
+    reattention,
 )
 from app.report.plots import (
     MAP_LEVELS,
@@ -175,9 +176,25 @@ def test_attention_shape_averages_the_plotted_map_over_sentences():
     assert rnn["view"] == "attention"
     assert rnn["entropy"] == pytest.approx(torch.log(torch.tensor(4.0)).item() / 2, abs=1e-6)
     assert rnn["monotonicity"] == 0.5  # the diagonal's 1 and the uniform map's 0 (no order)
+    # re-attention: the diagonal's 0; the uniform map's second row pays 0.25 to each piece the first did: 1 / 2
+    assert rnn["reattention"] == pytest.approx(0.25)
     layers = torch.stack([torch.eye(3).flip(0).expand(2, 3, 3), torch.eye(3).expand(2, 3, 3)])  # (layers, heads, t, s)
-    assert attention_shape([layers], layer=0) == {"view": "layer 0 mean", "entropy": 0.0, "monotonicity": -1.0}
-    assert attention_shape([layers], layer=-1) == {"view": "layer 1 mean", "entropy": 0.0, "monotonicity": 1.0}
+    plotted = dict(entropy=0.0, reattention=0.0)
+    assert attention_shape([layers], layer=0) == {"view": "layer 0 mean", "monotonicity": -1.0, **plotted}
+    assert attention_shape([layers], layer=-1) == {"view": "layer 1 mean", "monotonicity": 1.0, **plotted}
+
+
+def test_reattention_known_answers():
+    """See et al.'s coverage loss per row: 0 for each piece attended once, in any order; a map stuck on one column
+    pays each later row's whole attention again."""
+    assert reattention(torch.eye(3)) == 0.0
+    assert reattention(torch.eye(4)[[2, 0, 3, 1]]) == 0.0
+    assert reattention(torch.eye(3)[[0, 0, 0, 0]]) == pytest.approx(3 / 4)
+    # rows (0.5, 0.5), (1, 0): the second pays min(1, 0.5) = 0.5 again: 0.5 / 2 rows
+    assert reattention(torch.tensor([[0.5, 0.5], [1.0, 0.0]])) == pytest.approx(0.25)
+    assert reattention(np.zeros((0, 3), dtype=np.float32)) == 0.0
+    with pytest.raises(ValueError, match="expected \\(tgt, src\\)"):
+        reattention(torch.zeros(2, 2, 3))
 
 
 @pytest.mark.parametrize("n_src", [5, 12, tensorboard_tokens()])

@@ -71,7 +71,30 @@ def train_rules(t: Any) -> dict[str, bool]:
         f"train.keep_last={t.keep_last} must be >= 0 (0: no snapshots)": t.keep_last < 0,
         f"train.keep_best={t.keep_best} must be >= 0 (0: none)": t.keep_best < 0,
         f"train.max_bad_steps={t.max_bad_steps} must be >= 0 (0: never abort)": t.max_bad_steps < 0,
+        f"train.coverage_weight={t.coverage_weight} must be >= 0 (0: no coverage loss)": not t.coverage_weight >= 0,
         f"train.max_dev_sentences={t.max_dev_sentences} must be >= 0 (0: the whole dev split)": (
             t.max_dev_sentences < 0
+        ),
+    }
+
+
+def rnn_rules(m: Any) -> dict[str, bool]:
+    """An RNN's settings that only some of its attentions take (each rule's message: whether it is broken)."""
+    additive = m.attention == "bahdanau" or (m.attention == "luong" and m.score == "concat")
+    why = "model.attention=none has none" if m.attention == "none" else f"not model.score={m.score}"
+    return {  # the first one broken is the error
+        "model.copy_attention=true copies through the attention: model.attention=none has none": (
+            m.copy_attention and m.attention == "none"
+        ),
+        "model.coverage=true adds the coverage to an additive score, v·tanh(W s + U h + w_c c): "
+        f"model.attention=bahdanau, or luong with model.score=concat ({why})": m.coverage and not additive,
+        f"model.attention_dropout={m.attention_dropout}: model.attention=none has no attention": (
+            m.attention == "none" and bool(m.attention_dropout)
+        ),
+        f"model.local_window={m.local_window} must be >= 0 (0: global attention)": m.local_window < 0,
+        f"model.local_window={m.local_window}: local attention is Luong's (model.attention=luong); "
+        f"model.attention={m.attention} attends globally": bool(m.local_window) and m.attention != "luong",
+        "model.local_alignment=predictive places a local window: set model.local_window (0: global attention)": (
+            m.local_alignment == "predictive" and not m.local_window
         ),
     }

@@ -28,7 +28,7 @@ from app.config.commands import (
     TranslateConfig,
     VizConfig,
 )
-from app.config.ranges import check_model_ranges, check_rules, train_rules
+from app.config.ranges import check_model_ranges, check_rules, rnn_rules, train_rules
 from app.run.errors import UserError
 
 # A setting left unset (None) in the composed configuration and derived from the others in __post_init__: OmegaConf
@@ -237,25 +237,14 @@ class RNNConfig(Checked, section="model"):
     activation_dropout: Optional[float] = None  # on the output layer's tanh activations; unset: model.dropout
     tie_embeddings: bool = True  # decoder input/output (and encoder input with a joint vocab)
     copy_attention: bool = False  # the pointer-generator (app/models/copy.py) through the attention (tokenizer.joint)
+    # the coverage mechanism (Tu et al. 2016; See et al. 2017): the attention's scores read how much attention each
+    # source piece has had so far (app/models/attention.py); train.coverage_weight adds See's coverage loss
+    coverage: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_model_ranges(self, ("emb_dim", "hidden", "enc_layers", "dec_layers"))
-        if self.copy_attention and self.attention == "none":
-            raise UserError("model.copy_attention=true copies through the attention: model.attention=none has none")
-        if self.attention == "none" and self.attention_dropout:
-            raise UserError(f"model.attention_dropout={self.attention_dropout}: model.attention=none has no attention")
-        if self.local_window < 0:
-            raise UserError(f"model.local_window={self.local_window} must be >= 0 (0: global attention)")
-        if self.local_window and self.attention != "luong":
-            raise UserError(
-                f"model.local_window={self.local_window}: local attention is Luong's (model.attention=luong); "
-                f"model.attention={self.attention} attends globally"
-            )
-        if self.local_alignment == "predictive" and not self.local_window:
-            raise UserError(
-                "model.local_alignment=predictive places a local window: set model.local_window (0: global attention)"
-            )
+        check_rules(rnn_rules(self))
 
 
 MODEL_SCHEMAS = {"transformer": TransformerConfig, "rnn": RNNConfig}
@@ -307,6 +296,9 @@ class TrainConfig(Checked, section="train"):
     compile: bool = False  # torch.compile the Transformer's training step, or an RNN decoder's loop step
     compile_mode: str = choice("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
     align_weight: float = 0.0  # guided alignment (app/train/guided_alignment.py): weight of the loss on reference links
+    # See et al.'s coverage loss (app/models/coverage.py): weight of Σ_j min(α_tj, c_tj) per target piece; needs
+    # model.coverage=true, the mechanism that lets the model lower it
+    coverage_weight: float = 0.0
     fused_optimizer: bool = True  # AdamW in one kernel that skips non-finite updates on the device
     master_weights: bool = True  # bf16: steps on bf16 weights kept from fp32 masters (false: autocast casts each use)
     # on CUDA, the Transformer's whole update recorded as a CUDA graph per batch shape and replayed (app/train/
@@ -393,6 +385,12 @@ class Config:
 
     def __post_init__(self) -> None:
         self.run_dir = self.run_dir or os.path.join("checkpoints", self.name)
+        if self.train.coverage_weight and not getattr(self.model, "coverage", False):
+            raise UserError(
+                f"train.coverage_weight={self.train.coverage_weight} trains the coverage mechanism: set "
+                "model.coverage=true (an RNN with additive attention: model=rnn_bahdanau, or rnn_luong with "
+                "model.score=concat)"
+            )
         if getattr(self.model, "copy_attention", False) and not self.tokenizer.joint:
             raise UserError(
                 "model.copy_attention=true copies source pieces as target pieces: it needs tokenizer.joint=true"

@@ -1,5 +1,5 @@
 """The views of one sentence's attention, named once for every reader (plots, TensorBoard, AER, the
-attention files, the explorer), two numbers read from a view (entropy and monotonicity), and the views an
+attention files, the explorer), three numbers read from a view (entropy, monotonicity, re-attention), and the views an
 evaluation keeps of a sentence's attention (``store_attention``: uint8, what the attention files hold).
 
 An RNN's attention (tgt, src) has one view, ``attention``. A Transformer's cross-attention (layers, heads,
@@ -15,6 +15,8 @@ from typing import Union
 
 import numpy as np
 import torch
+
+from app.models.coverage import coverage_loss
 
 RNN_VIEW = "attention"
 
@@ -136,14 +138,29 @@ def monotonicity(weights) -> float:
     return float(np.triu(order, 1).sum() / np.sqrt(pairs * (pairs - tied)))
 
 
+def reattention(weights) -> float:
+    """How much attention a (tgt, src) map pays again to source pieces earlier rows attended: See et al.'s coverage
+    loss per target piece (app/models/coverage.py), mean over rows of Σ_j min(α_tj, Σ_{t'<t} α_t'j). 0 when each
+    source piece is attended once in all (a diagonal, however long), near 1 when every row attends where earlier
+    ones did (a map stuck on one column; a model that repeats itself)."""
+    w = as_array(weights)
+    if w.ndim != 2:
+        raise ValueError(f"attention map of shape {w.shape}: expected (tgt, src)")
+    if w.shape[0] == 0:
+        return 0.0
+    return float(coverage_loss(torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)))) / w.shape[0]
+
+
 def attention_shape(attentions: list, layer: int = -1) -> dict:
-    """Mean entropy and monotonicity over sentences of the plotted view: how sharp and how diagonal
-    attention is, one number each."""
+    """Mean entropy, monotonicity and re-attention over sentences of the plotted view: how sharp and how diagonal
+    attention is, and how much of it goes back to pieces already attended, one number each."""
     views = [plotted_view(a, layer) for a in attentions]
+    mean = lambda measure: round(sum(measure(m) for _, m in views) / len(views), 6)  # noqa: E731
     return {
         "view": views[0][0],
-        "entropy": round(sum(attention_entropy(m) for _, m in views) / len(views), 6),
-        "monotonicity": round(sum(monotonicity(m) for _, m in views) / len(views), 6),
+        "entropy": mean(attention_entropy),
+        "monotonicity": mean(monotonicity),
+        "reattention": mean(reattention),
     }
 
 
@@ -163,6 +180,7 @@ class StoredAttention:
     head_layers: list[int]  # the layers whose heads are kept
     entropy: float  # mean row entropy (nats) of the whole attention, every head of every layer
     monotonicity: float  # of the plotted view (layer ``layer``'s mean of heads, an RNN's map), before quantizing
+    reattention: float  # of the plotted view, before quantizing
 
 
 def store_attention(attention, layer: int = -1, keep: str = "layer") -> StoredAttention:
@@ -174,5 +192,7 @@ def store_attention(attention, layer: int = -1, keep: str = "layer") -> StoredAt
     kept = (list(range(layers)) if keep == "all" else [layer % layers]) if layers else []
     names, maps = attention_views(attention, kept)
     quantized = np.rint(np.clip(maps, 0.0, 1.0) * SCALE).astype(np.uint8)
-    mono = monotonicity(plotted_view(attention, layer)[1])
-    return StoredAttention(names, quantized, layers, heads, kept, attention_entropy(attention), mono)
+    plotted = plotted_view(attention, layer)[1]
+    return StoredAttention(
+        names, quantized, layers, heads, kept, attention_entropy(attention), monotonicity(plotted), reattention(plotted)
+    )

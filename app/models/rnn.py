@@ -37,9 +37,9 @@ class RNNSeq2Seq(nn.Module):
         for name, p in self.named_parameters():
             if "embed" in name:
                 nn.init.normal_(p, std=cfg.emb_dim**-0.5)
-            elif p.dim() > 1:
+            elif p.dim() > 1 and not name.endswith("w_c.weight"):
                 nn.init.xavier_uniform_(p)
-            else:
+            else:  # biases, and the coverage's w_c: at 0 the model computes what it does without the mechanism
                 nn.init.zeros_(p)
         with torch.no_grad():
             src_embed.weight[PAD].zero_()

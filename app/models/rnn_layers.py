@@ -8,6 +8,9 @@ and decoding state, and the three decoders.
   attentional state h̃_t = tanh(W_c [c_t; h_t]), optional input feeding; global, or local within a window around
   the target word's own position (local-m) or a position it predicts (local-p) (``model.local_window``).
 
+With ``model.coverage`` an additive score (Bahdanau's, Luong's concat) also reads the coverage, the attention each
+source piece has had so far (app/models/attention.py): the state carries it from step to step, so the decoder loops.
+
 Every decoder has one ``forward(memory, tokens, state)`` that runs T >= 1 steps: ``decode`` calls it
 on the whole target, ``step`` on one token. Decoders whose inputs do not depend on earlier outputs
 (plain, Luong without input feeding) run the RNN over all T steps in one cuDNN call; the others loop,
@@ -26,7 +29,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from app.config.schema import RNNConfig
-from app.models.attention import rnn_attention
+from app.models.attention import RNNAttention, rnn_attention
 
 Hidden = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]  # GRU h, or LSTM (h, c): (layers, B, H)
 
@@ -57,6 +60,7 @@ class RNNState:
     feed: Optional[torch.Tensor] = None  # Luong input feeding: h̃_{t-1} (B, H)
     memory: Optional[RNNMemory] = None  # decoding (``start``): the encoder memory of every row
     position: int = 0  # target positions decoded so far: where local-m attention's window is (Luong's p_t = t)
+    coverage: Optional[torch.Tensor] = None  # model.coverage: (B, S) the attention each source piece has had so far
 
     def select(self, index: torch.Tensor) -> RNNState:
         """Rows ``index`` of the batch (beam search: follow the surviving beams); hidden is batch-second. Fewer
@@ -70,7 +74,8 @@ class RNNState:
         if memory is not None and index.size(0) != memory.states.size(0):
             memory = memory.select(index)
         feed = None if self.feed is None else self.feed.index_select(0, index)
-        return RNNState(hidden, feed, memory, self.position)
+        coverage = None if self.coverage is None else self.coverage.index_select(0, index)
+        return RNNState(hidden, feed, memory, self.position, coverage)
 
 
 def _rnn(cell: str, *args, **kwargs) -> nn.RNNBase:
@@ -149,6 +154,7 @@ class RNNDecoder(nn.Module):
 
     loop_dims: tuple = ()
     loop_step: Callable[..., tuple]  # a decoder that loops: one target position
+    attention: RNNAttention  # a decoder with attention (Bahdanau's, Luong's)
 
     def __init__(self, cfg: RNNConfig, embed: nn.Embedding, rnn_input: int, out_dim: int, vocab: int):
         super().__init__()
@@ -189,7 +195,23 @@ class RNNDecoder(nn.Module):
         # zeros that require a gradient while training, as every later state does: a compiled loop step
         # then sees one kind of input at every position (its guards check requires_grad)
         hidden = (h0, torch.zeros_like(h0, requires_grad=h0.requires_grad)) if self.cfg.cell == "lstm" else h0
-        return RNNState(hidden)
+        coverage = None
+        if self.cfg.coverage:  # in at least fp32: a bf16 sum of a hundred weights would lose their last steps
+            states = memory.states
+            dtype = torch.promote_types(states.dtype, torch.float32)
+            coverage = torch.zeros(memory.src_mask.shape, dtype=dtype, device=states.device)
+            coverage.requires_grad_(states.requires_grad)
+        return RNNState(hidden, coverage=coverage)
+
+    def attend_covering(self, query: torch.Tensor, keys, states, src_mask, coverage: Optional[torch.Tensor], **kw):
+        """The context and weights of one target position's ``query`` (B, 1, Dq), and the coverage after it
+        (c_{t+1} = c_t + α_t; None without model.coverage)."""
+        c, alpha = self.attention(
+            query, keys, states, src_mask, coverage=None if coverage is None else coverage[:, None], **kw
+        )
+        if coverage is not None:
+            coverage = coverage + alpha[:, 0].to(coverage.dtype)
+        return c, alpha, coverage
 
 
 class PlainDecoder(RNNDecoder):
@@ -213,38 +235,43 @@ class BahdanauDecoder(RNNDecoder):
     *previous* state, so steps run one after another."""
 
     loops = True
-    loop_dims = ((0,), (1,), (0, 1), (0, 1), (0, 1))  # y_t, hidden (layers, B, H), keys, states, src_mask
+    # y_t, hidden (layers, B, H), coverage (B, S) or None, keys, states, src_mask
+    loop_dims = ((0,), (1,), (0, 1), (0, 1), (0, 1), (0, 1))
 
     def __init__(self, cfg: RNNConfig, embed: nn.Embedding, vocab: int):
         super().__init__(cfg, embed, cfg.emb_dim + cfg.hidden, cfg.emb_dim, vocab)
-        self.attention = rnn_attention("bahdanau", cfg.hidden, cfg.hidden, cfg.hidden, cfg.attention_dropout)
+        self.attention = rnn_attention(
+            "bahdanau", cfg.hidden, cfg.hidden, cfg.hidden, cfg.attention_dropout, coverage=cfg.coverage
+        )
         self.pre_output = nn.Linear(2 * cfg.hidden + cfg.emb_dim, cfg.emb_dim)
 
     def forward(self, memory: RNNMemory, tokens: torch.Tensor, state: RNNState, need_attention: bool = False):
         y = self.dropout(self.embed(tokens))
-        hidden, outputs, weights = state.hidden, [], []
+        hidden, coverage, outputs, weights = state.hidden, state.coverage, [], []
         for t in range(tokens.size(1)):
-            out, alpha, hidden = self.loop_step(
-                y[:, t], hidden, memory.keys, memory.states, memory.src_mask, self.rnn.all_weights
+            out, alpha, hidden, coverage = self.loop_step(
+                y[:, t], hidden, coverage, memory.keys, memory.states, memory.src_mask, self.rnn.all_weights
             )
             outputs.append(out)
             weights.append(alpha)
         out = self.output_dropout(torch.tanh(self.pre_output(torch.stack(outputs, 1))))
-        return out, torch.cat(weights, 1) if need_attention else None, RNNState(hidden)
+        return out, torch.cat(weights, 1) if need_attention else None, RNNState(hidden, coverage=coverage)
 
-    def loop_step(self, y_t, hidden, keys, states, src_mask, weights):
-        """One target position: attend with s_{t-1}, then s_t. Returns [s_t; c_t; E y_{t-1}], α_t, hidden."""
-        c, alpha = self.attention(_top(hidden)[:, None, :], keys, states, src_mask)
+    def loop_step(self, y_t, hidden, coverage, keys, states, src_mask, weights):
+        """One target position: attend with s_{t-1}, then s_t. Returns [s_t; c_t; E y_{t-1}], α_t, hidden and the
+        coverage after it."""
+        c, alpha, coverage = self.attend_covering(_top(hidden)[:, None, :], keys, states, src_mask, coverage)
         c = c[:, 0]
         s, hidden = cell_step(weights, torch.cat([y_t, c], -1), hidden, self.rnn_dropout, self.training)
-        return torch.cat([s, c, y_t], -1), alpha, hidden
+        return torch.cat([s, c, y_t], -1), alpha, hidden, coverage
 
 
 class LuongDecoder(RNNDecoder):
     """Luong et al. 2015: h_t = RNN(E y_{t-1} [; h̃_{t-1}]), α_t from score(h_t, h̄_s),
     h̃_t = tanh(W_c [c_t; h_t]), p(y_t) = softmax(W_s h̃_t)."""
 
-    loop_dims = ((0,), (0,), (1,), (0, 1), (0, 1), (0, 1), ())  # y_t, feed, hidden, keys, states, src_mask, position
+    # y_t, feed, hidden, coverage, keys, states, src_mask, position (feed and coverage: None when off)
+    loop_dims = ((0,), (0,), (1,), (0, 1), (0, 1), (0, 1), (0, 1), ())
 
     def __init__(self, cfg: RNNConfig, embed: nn.Embedding, vocab: int):
         feed = cfg.hidden if cfg.input_feeding else 0
@@ -252,7 +279,14 @@ class LuongDecoder(RNNDecoder):
         monotonic = cfg.local_alignment == "monotonic"
         self.reads_positions = bool(cfg.local_window) and monotonic  # local-m: its window sits at the position
         self.attention = rnn_attention(
-            cfg.score, cfg.hidden, cfg.hidden, cfg.hidden, cfg.attention_dropout, cfg.local_window, monotonic
+            cfg.score,
+            cfg.hidden,
+            cfg.hidden,
+            cfg.hidden,
+            cfg.attention_dropout,
+            cfg.local_window,
+            monotonic,
+            cfg.coverage,
         )
         self.W_c = nn.Linear(2 * cfg.hidden, cfg.hidden, bias=False)
 
@@ -265,13 +299,17 @@ class LuongDecoder(RNNDecoder):
 
     @property
     def loops(self) -> bool:
-        return self.cfg.input_feeding
+        return self.cfg.input_feeding or self.cfg.coverage  # each step reads the last's h̃, or its coverage
+
+    def attentional(self, c: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """h̃ = tanh(W_c [c; h]) of contexts c and queries h."""
+        return self.output_dropout(torch.tanh(self.W_c(torch.cat([c, h], -1))))
 
     def attend(self, h: torch.Tensor, keys, states, src_mask, positions: Optional[torch.Tensor]):
-        """h̃ = tanh(W_c [c; h]) for queries h (B, T, H) at target ``positions`` (T,; None where the attention does
-        not read them), with the weights α."""
+        """h̃ for queries h (B, T, H) at target ``positions`` (T,; None where the attention does not read them), with
+        the weights α."""
         c, alpha = self.attention(h, keys, states, src_mask, positions)
-        return self.output_dropout(torch.tanh(self.W_c(torch.cat([c, h], -1)))), alpha
+        return self.attentional(c, h), alpha
 
     def forward(self, memory: RNNMemory, tokens: torch.Tensor, state: RNNState, need_attention: bool = False):
         y, steps = self.dropout(self.embed(tokens)), tokens.size(1)
@@ -282,29 +320,32 @@ class LuongDecoder(RNNDecoder):
             h, hidden = self.run_rnn(y, state.hidden)
             h_tilde, alpha = self.attend(h, memory.keys, memory.states, memory.src_mask, positions)
             return h_tilde, alpha if need_attention else None, RNNState(hidden, position=state.position + steps)
-        hidden, feed, outputs, weights = state.hidden, state.feed, [], []
+        hidden, feed, coverage, outputs, weights = state.hidden, state.feed, state.coverage, [], []
         for t in range(steps):
-            feed, alpha, hidden = self.loop_step(
+            h_tilde, alpha, hidden, coverage = self.loop_step(
                 y[:, t],
                 feed,
                 hidden,
+                coverage,
                 memory.keys,
                 memory.states,
                 memory.src_mask,
                 None if positions is None else positions[t : t + 1],
                 self.rnn.all_weights,
             )
-            outputs.append(feed)
+            outputs.append(h_tilde)
             weights.append(alpha)
+            feed = h_tilde if self.cfg.input_feeding else None
         out, attention = torch.stack(outputs, 1), torch.cat(weights, 1) if need_attention else None
-        return out, attention, RNNState(hidden, feed, position=state.position + steps)
+        return out, attention, RNNState(hidden, feed, position=state.position + steps, coverage=coverage)
 
-    def loop_step(self, y_t, feed, hidden, keys, states, src_mask, position, weights):
-        """One target position (``position``, (1,), or None) with input feeding: h_t from [E y_{t-1}; h̃_{t-1}],
-        then h̃_t (the next feed)."""
-        h, hidden = cell_step(weights, torch.cat([y_t, feed], -1), hidden, self.rnn_dropout, self.training)
-        h_tilde, alpha = self.attend(h[:, None], keys, states, src_mask, position)
-        return h_tilde[:, 0], alpha, hidden
+    def loop_step(self, y_t, feed, hidden, coverage, keys, states, src_mask, position, weights):
+        """One target position (``position``, (1,), or None): h_t from [E y_{t-1}; h̃_{t-1}] with input feeding (from
+        E y_{t-1} alone without: ``feed`` None), then h̃_t (the next feed), with the coverage after it."""
+        x = y_t if feed is None else torch.cat([y_t, feed], -1)
+        h, hidden = cell_step(weights, x, hidden, self.rnn_dropout, self.training)
+        c, alpha, coverage = self.attend_covering(h[:, None], keys, states, src_mask, coverage, positions=position)
+        return self.attentional(c, h[:, None])[:, 0], alpha, hidden, coverage
 
 
 DECODERS = {"none": PlainDecoder, "bahdanau": BahdanauDecoder, "luong": LuongDecoder}

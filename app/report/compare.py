@@ -115,6 +115,7 @@ COLUMNS = [  # (header, cell of a run)
     ("BLEU longest 10 %", lambda r: _cell(r["metrics"].get("bleu_longest_10pct"), ".2f")),
     ("attention entropy", lambda r: _cell(r["metrics"].get("attention", {}).get("entropy"), ".3f")),
     ("monotonicity", lambda r: _cell(r["metrics"].get("attention", {}).get("monotonicity"), ".3f")),
+    ("re-attention", lambda r: _cell(r["metrics"].get("attention", {}).get("reattention"), ".3f")),
     ("positional heads enc, dec", lambda r: positional_heads(r["metrics"].get("self_attention_heads"))),
     ("decoding", lambda r: r["metrics"]["decoding"]),
     ("decode s", lambda r: f"{r['metrics']['decode_seconds']}"),

@@ -208,6 +208,7 @@ def write_explorer(
             "bleu": None if record.bleu is None else round(float(record.bleu), 2),
             "entropy": round(stored.entropy, 4),  # of the whole hypothesis attention
             "mono": round(stored.monotonicity, 3),  # of the map the plots show
+            "again": round(stored.reattention, 3),  # of the map the plots show
             "layers": max(stored.layers, 1),
             "heads": max(stored.heads, 1),
             "headLayers": stored.head_layers,  # maps: these layers' heads, then each layer's mean

@@ -39,7 +39,7 @@ def history_entry(
         "dev_bleu": metrics["bleu"],
         "dev_chrf": metrics["chrf"],
     }
-    for key in ("aer", "attention_entropy", "attention_monotonicity"):
+    for key in ("aer", "attention_entropy", "attention_monotonicity", "attention_reattention"):
         if key in metrics:
             entry[key if key.startswith("attention") else f"dev_{key}"] = round(metrics[key], 4)
     entry.update(best=bool(metrics["improved"]), seconds=metrics["seconds"]["total"])

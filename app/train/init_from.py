@@ -5,7 +5,9 @@ What it takes from the run it starts from: the weights users get (``model`` of t
 average where there is one) and the tokenizer (its SentencePiece model tokenizes this run's corpus:
 ``tokenizer.dir``). What starts afresh: AdamW's moments, the learning-rate warm-up and schedule, the step
 count, the best dev BLEU and early stopping, the batch order. The model settings must be the same, but for
-the dropouts and the guided-alignment layer, which a fine-tuning run often changes."""
+the dropouts and the guided-alignment layer, which a fine-tuning run often changes, and the coverage mechanism, which
+a fine-tuning run may add (See et al. 2017 add it to a trained model): its weight starts at 0, so the model starts
+computing what it did."""
 
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ log = logging.getLogger(__name__)
 
 # model settings a fine-tuning run may change: they shape no weight
 FREE_SETTINGS = ("dropout", "attention_dropout", "activation_dropout", "align_layer")
+# model settings a fine-tuning run may turn on, with the names of the weights each adds: they start at 0, where the
+# model computes what it did without them (model.coverage: w_c, app/models/attention.py)
+ADDABLE_SETTINGS = {"coverage": "w_c.weight"}
 
 
 def start_checkpoint(init_from: str) -> str:
@@ -48,6 +53,7 @@ class StartingPoint:
             raise UserError(f"train.init_from={init_from}: {err}") from None
         self.config = config_from_dict(self.state["config"])
         self.step = checkpoint_step(self.state)
+        self.added: list[str] = []  # the ADDABLE_SETTINGS this run turns on
 
     def tokenizer_dir(self) -> str:
         """Where its SentencePiece model is: its corpus folder, or the folder it took its own from."""
@@ -62,7 +68,12 @@ class StartingPoint:
         own, unless its files changed since); returns what the run records of its start (train_summary.json
         ``init_from``)."""
         check_vocabulary(self.state, self.path, vocab)  # its model settings were checked by ``starting_point``
-        model.load_state_dict(self.state["model"])
+        missing, unexpected = model.load_state_dict(self.state["model"], strict=False)
+        added = tuple(ADDABLE_SETTINGS[setting] for setting in self.added)
+        if unexpected or [key for key in missing if not (added and key.endswith(added))]:
+            raise RuntimeError(f"{self.path}: weights missing {missing}, unexpected {unexpected}")
+        for setting in self.added:
+            log.info("fine-tuning turns model.%s on: its new weights start at 0, the model as trained", setting)
         log.info(
             "fine-tuning from %s (step %d): its weights and its tokenizer in %s; optimizer, learning-rate schedule "
             "and step start afresh",
@@ -81,6 +92,8 @@ def starting_point(cfg: Config, resume: bool = False) -> Optional[StartingPoint]
         return None
     start = StartingPoint(cfg.train.init_from)
     start.adopt_tokenizer(cfg)
+    theirs = start.config.model
+    start.added = [k for k in ADDABLE_SETTINGS if getattr(cfg.model, k, False) and not getattr(theirs, k, False)]
     if not resume:
-        check_model_settings(start.state, start.path, cfg.model, free=FREE_SETTINGS)
+        check_model_settings(start.state, start.path, cfg.model, free=FREE_SETTINGS + tuple(start.added))
     return start

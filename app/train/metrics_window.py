@@ -17,8 +17,10 @@ from app.train.update import StepResult
 
 
 class MetricsWindow:
-    def __init__(self, device: torch.device, peak_flops: Optional[float] = None, guided: bool = False):
-        self.device, self.peak_flops, self.guided = device, peak_flops, guided
+    def __init__(
+        self, device: torch.device, peak_flops: Optional[float] = None, guided: bool = False, covering: bool = False
+    ):
+        self.device, self.peak_flops, self.guided, self.covering = device, peak_flops, guided, covering
         self.bad_run = self._zero(torch.long)  # consecutive skipped updates: a run may span windows
         self.grad_norm = self._zero(torch.float32)  # the last update's, copied: a replayed graph rewrites its own
         self.reset()
@@ -30,6 +32,7 @@ class MetricsWindow:
         self.start, self.update_tokens, self.updates, self.flops = time.time(), 0, 0, 0.0
         self.loss_sum, self.loss_tokens = self._zero(torch.float32), self._zero(torch.long)
         self.skipped, self.align_loss = self._zero(torch.long), self._zero(torch.float32)
+        self.coverage_sum = self._zero(torch.float32)
         self.worst_bad_run = self.bad_run.clone()
 
     def add(self, step: StepResult, local_tokens: int, update_tokens: int, flops: float = 0.0) -> None:
@@ -42,6 +45,7 @@ class MetricsWindow:
         self.loss_sum += torch.where(finite, step.loss_sum, 0.0)
         self.loss_tokens += finite * local_tokens
         self.align_loss += torch.where(finite, step.align_loss, 0.0)
+        self.coverage_sum += torch.where(finite, step.coverage_loss, 0.0)
         self.bad_run = (self.bad_run + 1) * ~finite
         self.worst_bad_run = torch.maximum(self.worst_bad_run, self.bad_run)
         self.skipped += ~finite
@@ -55,10 +59,10 @@ class MetricsWindow:
 
     def summary(self) -> dict:
         """The window's scalars: loss (over all ranks), perplexity, gradient norm, target tokens per
-        second and per update, guided alignment's loss when trained on, and MFU where the device's
+        second and per update, guided alignment's and the coverage loss when trained on, and MFU where the device's
         peak is known."""
-        loss_sum, tokens = distributed.sum_all(
-            torch.stack([self.loss_sum.double(), self.loss_tokens.double()])
+        loss_sum, tokens, coverage_sum = distributed.sum_all(
+            torch.stack([self.loss_sum.double(), self.loss_tokens.double(), self.coverage_sum.double()])
         ).tolist()
         loss = loss_sum / tokens if tokens else float("nan")
         elapsed = time.time() - self.start
@@ -71,6 +75,8 @@ class MetricsWindow:
         }
         if self.guided:  # the mean guided alignment loss of this rank's updates (skipped ones count 0)
             values["align_loss"] = float(self.align_loss) / max(self.updates, 1)
+        if self.covering:  # the coverage loss per target piece, as the loss is
+            values["coverage_loss"] = coverage_sum / tokens if tokens else float("nan")
         if self.peak_flops:
             values["mfu"] = self.flops / elapsed / self.peak_flops  # this rank's share on its own device
         return values

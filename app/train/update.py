@@ -14,6 +14,7 @@ import torch
 
 from app.config.schema import CUDA_GRAPH_MODES, Config, TrainConfig
 from app.models import sequence_loss
+from app.models.coverage import coverage_loss
 from app.models.rnn import RNNSeq2Seq
 from app.models.transformer import Transformer
 from app.models.transformer_layers import DecoderLayer, EncoderLayer
@@ -174,6 +175,8 @@ def training_compiled(
         if not module.training:
             return eager(*args, **kwargs)
         for arg, varying in zip(args, mark_dynamic):
+            if arg is None:  # a decoder's state it does not keep (a Luong feed without input feeding, no coverage)
+                continue
             for tensor in arg if isinstance(arg, tuple) else (arg,):
                 for dim in varying:
                     torch._dynamo.maybe_mark_dynamic(tensor, dim)
@@ -191,6 +194,7 @@ class StepResult(NamedTuple):
     grad_norm: torch.Tensor  # before clipping
     finite: torch.Tensor  # loss and gradient finite: the update was applied
     align_loss: torch.Tensor  # guided alignment's L_a, the mean of the micro-batches' (0 without it)
+    coverage_loss: torch.Tensor  # the coverage loss summed over this rank's target tokens (0 without it)
 
 
 def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
@@ -220,8 +224,9 @@ def train_step(
     """One update over ``batches`` (gradient accumulation), the loss normalized by ``n_tokens``, the
     target tokens of the whole update over all ``ranks``; batches that carry guided alignment targets
     add ``train.align_weight`` times their L_a (app/train/guided_alignment.py), averaged over the update's
-    micro-batches. No host sync. A non-finite update is skipped inside the fused optimizer kernel (with
-    ``train.fused_optimizer=false``, by a host-side check). ``model`` runs the step; with ``master``, it is
+    micro-batches; ``train.coverage_weight`` adds the coverage loss (app/models/coverage.py). No host sync.
+    A non-finite update is skipped inside the fused optimizer kernel (with ``train.fused_optimizer=false``, by a
+    host-side check). ``model`` runs the step; with ``master``, it is
     (a wrapper of) ``master.compute``, whose gradients go to the fp32 master weights the optimizer holds."""
     result = device_update(model, batches, n_tokens, optimizer, cfg, dtype, ranks, master)
     scheduler.step()
@@ -243,6 +248,7 @@ def device_update(
     device = batches[0].src.device
     graphs = cfg.train.compile and cfg.train.compile_mode in CUDA_GRAPH_MODES
     loss_sum, align_sum = torch.zeros((), device=device), torch.zeros((), device=device)
+    coverage_sum, covering = torch.zeros((), device=device), cfg.train.coverage_weight > 0
     accumulated = False  # master gradients hold this update's
     for i, batch in enumerate(batches):
         # DDP all-reduces gradients on the last micro-batch only; it averages them over the ranks,
@@ -252,12 +258,16 @@ def device_update(
             torch.compiler.cudagraph_mark_step_begin()
         with contextlib.nullcontext() if sync else model.no_sync():
             with autocast(batch.src.device, dtype):
-                if batch.align is None:
+                if batch.align is None and not covering:
                     logits = model(batch.src, batch.tgt_in, src_lengths=batch.src_lengths)
                 else:
                     logits, attention = model(batch.src, batch.tgt_in, src_lengths=batch.src_lengths, alignment=True)
                 loss = sequence_loss(logits, batch.tgt_out, cfg.train.label_smoothing)
-            objective = loss / (n_tokens / ranks)
+            if covering:
+                covered = coverage_loss(attention, batch.tgt_out)
+                loss_plus = loss + cfg.train.coverage_weight * covered
+                coverage_sum += covered.detach()
+            objective = (loss_plus if covering else loss) / (n_tokens / ranks)
             if batch.align is not None:
                 align = guided_alignment_loss(attention, batch.align) / len(batches)
                 objective = objective + cfg.train.align_weight * align
@@ -280,4 +290,4 @@ def device_update(
         master.zero_grad(optimizer)
     else:
         optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss_sum, grad_norm, finite, align_sum)
+    return StepResult(loss_sum, grad_norm, finite, align_sum, coverage_sum)

@@ -105,7 +105,12 @@ def validate(
             shape = result.attention
             writer.add_scalar("dev/attention_entropy", shape["entropy"], step)
             writer.add_scalar("dev/attention_monotonicity", shape["monotonicity"], step)
-            metrics.update(attention_entropy=shape["entropy"], attention_monotonicity=shape["monotonicity"])
+            writer.add_scalar("dev/attention_reattention", shape["reattention"], step)
+            metrics.update(
+                attention_entropy=shape["entropy"],
+                attention_monotonicity=shape["monotonicity"],
+                attention_reattention=shape["reattention"],
+            )
     for key in ("loss", "ppl", "bleu", "chrf", "aer"):
         if key in metrics:
             writer.add_scalar(f"dev/{key}", metrics[key], step)
