@@ -61,6 +61,9 @@ def test_every_validation_is_a_line_of_the_runs_history(workdir):
     assert [e["train_loss"] for e in history] == pytest.approx([train_loss[20], train_loss[40]], abs=1e-4)
     assert history[0]["minutes"] < history[1]["minutes"] and 0 < history[0]["tgt_tokens"] < history[1]["tgt_tokens"]
     assert all(0 <= e["attention_entropy"] and -1 <= e["attention_monotonicity"] <= 1 for e in history)
+    reattention = {e.step: e.value for e in events.Scalars("dev/attention_reattention")}
+    assert [e["attention_reattention"] for e in history] == pytest.approx([reattention[20], reattention[40]], abs=1e-4)
+    assert all(0 <= e["attention_reattention"] <= 1 for e in history)
     assert history[0]["best"] and history[1]["best"] == (history[1]["dev_bleu"] > history[0]["dev_bleu"])
 
 
