@@ -105,7 +105,7 @@ def test_the_window_keeps_the_last_updates_grad_norm_when_its_graph_output_is_re
     """A replayed graph writes its outputs into the same tensors each time: the window copies the gradient norm
     it is given instead of holding the tensor, which the next replay of that shape would change."""
     window = MetricsWindow(torch.device("cpu"))
-    outputs = StepResult(torch.tensor(12.0), torch.tensor(2.5), torch.tensor(True), torch.tensor(0.0))
+    outputs = StepResult(torch.tensor(12.0), torch.tensor(2.5), torch.tensor(True), torch.tensor(0.0), None)
     window.add(outputs, local_tokens=4, update_tokens=4)
     outputs.grad_norm.fill_(9.0)  # the next replay of this shape, not yet added
     outputs.loss_sum.fill_(99.0)

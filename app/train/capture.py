@@ -173,7 +173,7 @@ class CapturedUpdates:
         with torch.cuda.stream(self.side):
             result = device_update(model, batches, n_tokens, optimizer, cfg, dtype, ranks, master)
         current.wait_stream(self.side)
-        for tensor in result:  # made on the side stream, read on the default one
+        for tensor in (t for t in result if t is not None):  # made on the side stream, read on the default one
             tensor.record_stream(current)
         return result
 

@@ -45,7 +45,8 @@ class MetricsWindow:
         self.loss_sum += torch.where(finite, step.loss_sum, 0.0)
         self.loss_tokens += finite * local_tokens
         self.align_loss += torch.where(finite, step.align_loss, 0.0)
-        self.coverage_sum += torch.where(finite, step.coverage_loss, 0.0)
+        if step.coverage_loss is not None:
+            self.coverage_sum += torch.where(finite, step.coverage_loss, 0.0)
         self.bad_run = (self.bad_run + 1) * ~finite
         self.worst_bad_run = torch.maximum(self.worst_bad_run, self.bad_run)
         self.skipped += ~finite

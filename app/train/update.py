@@ -194,7 +194,7 @@ class StepResult(NamedTuple):
     grad_norm: torch.Tensor  # before clipping
     finite: torch.Tensor  # loss and gradient finite: the update was applied
     align_loss: torch.Tensor  # guided alignment's L_a, the mean of the micro-batches' (0 without it)
-    coverage_loss: torch.Tensor  # the coverage loss summed over this rank's target tokens (0 without it)
+    coverage_loss: Optional[torch.Tensor]  # the coverage loss summed over this rank's target tokens (None without it)
 
 
 def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
@@ -248,7 +248,8 @@ def device_update(
     device = batches[0].src.device
     graphs = cfg.train.compile and cfg.train.compile_mode in CUDA_GRAPH_MODES
     loss_sum, align_sum = torch.zeros((), device=device), torch.zeros((), device=device)
-    coverage_sum, covering = torch.zeros((), device=device), cfg.train.coverage_weight > 0
+    # made only when trained on: each operator of an update is one more for the host to issue on a GPU
+    coverage_sum = torch.zeros((), device=device) if cfg.train.coverage_weight > 0 else None
     accumulated = False  # master gradients hold this update's
     for i, batch in enumerate(batches):
         # DDP all-reduces gradients on the last micro-batch only; it averages them over the ranks,
@@ -258,16 +259,16 @@ def device_update(
             torch.compiler.cudagraph_mark_step_begin()
         with contextlib.nullcontext() if sync else model.no_sync():
             with autocast(batch.src.device, dtype):
-                if batch.align is None and not covering:
+                if batch.align is None and coverage_sum is None:
                     logits = model(batch.src, batch.tgt_in, src_lengths=batch.src_lengths)
                 else:
                     logits, attention = model(batch.src, batch.tgt_in, src_lengths=batch.src_lengths, alignment=True)
                 loss = sequence_loss(logits, batch.tgt_out, cfg.train.label_smoothing)
-            if covering:
+            objective = loss / (n_tokens / ranks)
+            if coverage_sum is not None:
                 covered = coverage_loss(attention, batch.tgt_out)
-                loss_plus = loss + cfg.train.coverage_weight * covered
+                objective = objective + cfg.train.coverage_weight * covered / (n_tokens / ranks)
                 coverage_sum += covered.detach()
-            objective = (loss_plus if covering else loss) / (n_tokens / ranks)
             if batch.align is not None:
                 align = guided_alignment_loss(attention, batch.align) / len(batches)
                 objective = objective + cfg.train.align_weight * align
