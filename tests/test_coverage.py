@@ -41,11 +41,14 @@ def test_the_score_reads_the_coverage_and_without_it_is_bahdanaus():
     torch.manual_seed(0)
     covering, plain = AdditiveAttention(4, 4, 6, coverage=True), AdditiveAttention(4, 4, 6)
     plain.load_state_dict(covering.state_dict(), strict=False)
+    assert not covering.w_c.any()  # it starts at 0: Bahdanau's score
+    with torch.no_grad():
+        covering.w_c.normal_()
     query, keys = torch.randn(2, 1, 4), covering.prepare(torch.randn(2, 5, 4))
     coverage = torch.tensor([[[0, 0, 2.0, 0, 0]], [[1.0, 0, 0, 0, 0]]])
     scores = covering.score(query, keys, coverage)
     with torch.no_grad():
-        covering.w_c.weight.zero_()
+        covering.w_c.zero_()
     assert torch.allclose(covering.score(query, keys, coverage), plain.score(query, keys))
     changed = (scores - plain.score(query, keys)).abs() > 1e-6
     assert changed.tolist() == [[[False, False, True, False, False]], [[True, False, False, False, False]]]
@@ -56,6 +59,8 @@ def test_the_score_reads_the_coverage_and_without_it_is_bahdanaus():
 def test_the_scores_gradient_reaches_the_coverage():
     torch.manual_seed(0)
     attention = AdditiveAttention(3, 3, 4, coverage=True).double()
+    with torch.no_grad():
+        attention.w_c.normal_()  # not its 0 at the start: the gradient would vanish
     query, keys = torch.randn(2, 1, 3, dtype=torch.float64), torch.randn(2, 4, 4, dtype=torch.float64)
     coverage = torch.rand(2, 1, 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda q, c: attention.score(q, keys, c), (query.requires_grad_(), coverage))
@@ -88,7 +93,7 @@ def test_with_its_weight_at_zero_the_mechanism_is_the_plain_attention(family):
     plain = build_model(model_config(dropout=0.0, **settings), Vocab(30, 30)).eval()
     plain.load_state_dict(covering.state_dict(), strict=False)
     src, tgt_in = sources(), torch.cat([torch.full((6, 1), BOS), torch.randint(4, 30, (6, 5))], 1)
-    w_c = next(w for name, w in covering.named_parameters() if name.endswith("w_c.weight"))
+    w_c = next(w for name, w in covering.named_parameters() if name.endswith("w_c"))
     decoded = lambda model: model.decode(model.encode(src), tgt_in, need_attention=True)  # noqa: E731
     with torch.no_grad():
         logits, attention = decoded(plain)
@@ -125,11 +130,11 @@ def test_the_update_adds_the_weighted_coverage_loss_and_reports_it():
         logits, attention = model(batch.src, batch.tgt_in, alignment=True)
         ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=PAD)
         covered = coverage_loss(attention, batch.tgt_out)
-        expected = torch.autograd.grad(ce + weight * covered / n_tokens, model.decoder.attention.w_c.weight)[0]
+        expected = torch.autograd.grad(ce + weight * covered / n_tokens, model.decoder.attention.w_c)[0]
         optimizer, _ = make_optimizer(model, cfg)
         cfg.train.clip_norm = 1e9  # the gradient as it is
         captured = {}
-        model.decoder.attention.w_c.weight.register_hook(lambda g, into=captured: into.setdefault("grad", g.clone()))
+        model.decoder.attention.w_c.register_hook(lambda g, into=captured: into.setdefault("grad", g.clone()))
         result = device_update(model, [batch], n_tokens, optimizer, cfg, None)
         assert torch.allclose(captured["grad"], expected, atol=1e-6)
         assert result.loss_sum.item() == pytest.approx(ce.item() * n_tokens, rel=1e-5)
@@ -229,13 +234,13 @@ def test_fine_tuning_adds_the_coverage_to_a_trained_model_which_starts_as_it_was
     trainer.writer.close()
     given = torch.load(covered / "checkpoints/tiny/best.pt", map_location="cpu", weights_only=True)["model"]
     weights = trainer.model.state_dict()
-    assert set(weights) - set(given) == {"decoder.attention.w_c.weight"}
+    assert set(weights) - set(given) == {"decoder.attention.w_c"}
     assert all(torch.equal(weights[k], v) for k, v in given.items())
-    assert not weights["decoder.attention.w_c.weight"].any()  # at 0: the trained model's attention, unchanged
+    assert not weights["decoder.attention.w_c"].any()  # at 0: the trained model's attention, unchanged
     log = (covered / "checkpoints/covered/train.log").read_text()
     assert "fine-tuning turns model.coverage on: its new weights start at 0" in log
     trained = torch.load(covered / "checkpoints/covered/last.pt", map_location="cpu", weights_only=True)["model"]
-    assert trained["decoder.attention.w_c.weight"].any()  # trained by the coverage loss
+    assert trained["decoder.attention.w_c"].any()  # trained by the coverage loss
 
 
 @pytest.mark.slow

@@ -37,7 +37,7 @@ class RNNSeq2Seq(nn.Module):
         for name, p in self.named_parameters():
             if "embed" in name:
                 nn.init.normal_(p, std=cfg.emb_dim**-0.5)
-            elif p.dim() > 1 and not name.endswith("w_c.weight"):
+            elif p.dim() > 1:
                 nn.init.xavier_uniform_(p)
             else:  # biases, and the coverage's w_c: at 0 the model computes what it does without the mechanism
                 nn.init.zeros_(p)

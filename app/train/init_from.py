@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 FREE_SETTINGS = ("dropout", "attention_dropout", "activation_dropout", "align_layer")
 # model settings a fine-tuning run may turn on, with the names of the weights each adds: they start at 0, where the
 # model computes what it did without them (model.coverage: w_c, app/models/attention.py)
-ADDABLE_SETTINGS = {"coverage": "w_c.weight"}
+ADDABLE_SETTINGS = {"coverage": "w_c"}
 
 
 def start_checkpoint(init_from: str) -> str:
