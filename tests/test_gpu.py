@@ -75,6 +75,8 @@ FAMILIES = {  # the presets of README's RNN table, and the Transformer
     "rnn_luong_general_feeding": ["model=rnn_luong", "model.score=general", "model.input_feeding=true", *RNN],
     "rnn_luong_dot": ["model=rnn_luong", "model.score=dot", "model.input_feeding=false", *RNN],
     "rnn_luong_concat": ["model=rnn_luong", "model.score=concat", *RNN],
+    # coverage in bf16: the running sum of attention is kept in fp32, See et al.'s loss added to the update
+    "rnn_bahdanau_coverage": ["model=rnn_bahdanau", "model.coverage=true", "train.coverage_weight=0.1", *RNN],
 }
 CLI_TIMEOUT = 420  # seconds for one CLI call: a hang fails the test instead of holding the machine
 # Per-step train/loss of a resumed run against the uninterrupted one, in nats (the loss is ~5-7 here).
@@ -205,21 +207,29 @@ def test_family_trains_on_cuda_and_beam_eval_writes_metrics_and_maps(workdir, fa
     if family == "rnn_plain":
         assert "attention" not in metrics and not maps and not plots, "a model without attention has no maps"
     else:
-        assert {"entropy", "monotonicity"} <= set(metrics.get("attention", {})), metrics.get("attention")
+        assert {"entropy", "monotonicity", "reattention"} <= set(metrics.get("attention", {})), metrics.get("attention")
         assert maps, f"no non-empty alignments file in {out}: {sorted(p.name for p in out.iterdir())}"
         assert plots, f"no heatmaps in {out / 'alignments'}"
+    if "model.coverage=true" in FAMILIES[family]:  # the coverage loss trained in bf16 stays finite
+        covered = scalar_values(workdir / "checkpoints" / name / "tb", "train/coverage_loss")
+        assert covered and all(math.isfinite(v) and v >= 0 for v in covered.values()), covered
     record_property("bleu", metrics["bleu"])
     record_property("sentences_per_s", metrics["sentences_per_s"])
 
 
-def step_losses(tb_dir) -> dict[int, float]:
-    """train/loss per step from a run's TensorBoard events; a step logged twice (before a kill and again
+def scalar_values(tb_dir, tag: str) -> dict[int, float]:
+    """A scalar per step from a run's TensorBoard events; a step logged twice (before a kill and again
     after resuming) keeps its last value."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
     events.Reload()
-    return {e.step: e.value for e in events.Scalars("train/loss")}
+    return {e.step: e.value for e in events.Scalars(tag)} if tag in events.Tags()["scalars"] else {}
+
+
+def step_losses(tb_dir) -> dict[int, float]:
+    """train/loss per step from a run's TensorBoard events."""
+    return scalar_values(tb_dir, "train/loss")
 
 
 def test_sigkill_then_resume_continues_at_the_saved_step_with_the_same_losses(workdir, record_property):
