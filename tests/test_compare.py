@@ -161,6 +161,28 @@ def test_runs_whose_bleu_counted_other_words_are_refused(tmp_path):
     )
 
 
+def test_runs_scored_against_other_references_are_refused_and_more_references_are_not_retested(tmp_path):
+    """A run scored against eval.references' more references has other numbers than one scored against the corpus's
+    alone: not one table; runs scored alike are compared, but their significance is left to make eval, which reads
+    the reference files (a run keeps only its hypotheses)."""
+    for name, started in (("one", "2026-11-24T10:00:00"), ("two", "2026-11-24T10:01:00")):
+        run = write_run(tmp_path, name, [f"model=rnn_{name}"], started, 20.0)
+        metrics = run / "eval" / "test" / "metrics.json"
+        metrics.write_text(json.dumps({**json.loads(metrics.read_text()), "references": 2}))
+        (run / "eval" / "test" / "hyp.txt").write_text("a\n" * 9, encoding="utf-8")
+        (run / "config.yaml").write_text(yaml.safe_dump({"data": {"dir": str(tmp_path / "data")}}))
+    compare_report(str(tmp_path))
+    report = (tmp_path / "compare.md").read_text(encoding="utf-8")
+    assert "Not tested: the runs were scored against 2 references a sentence (eval.references)" in report
+    metrics.write_text(json.dumps({k: v for k, v in json.loads(metrics.read_text()).items() if k != "references"}))
+    with pytest.raises(UserError) as refused:
+        load_runs(str(tmp_path))
+    assert str(refused.value) == (
+        "two and one were scored against 1 and 2 references a sentence (eval.references): evaluate them against the "
+        "same references"
+    )
+
+
 def test_a_resumed_run_whose_budget_is_spent_takes_no_step():
     rules = StopRules(TrainConfig(max_steps=100, max_minutes=1.0), world=1, device=torch.device("cpu"))
     assert rules.reached(5, 0, rules.out_of_time(59.0)) is None

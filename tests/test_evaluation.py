@@ -230,3 +230,50 @@ def test_a_tokenizer_whose_extras_are_missing_is_one_line():
     )
     with pytest.raises(UserError, match=r"^eval.bleu_tokenize=ko-mecab needs sacrebleu's ko extras: "):
         bleu_tokenizer("ko-mecab", "en")
+
+
+# a second translation of the same four verses (the King James Version's wording)
+KJV = [
+    "In the beginning God created the heaven and the earth.",
+    "And the earth was without form, and void.",
+    "And God said, Let there be light: and there was light.",
+    "And God saw the light, that it was good.",
+]
+
+
+def test_more_references_score_as_sacrebleus_multi_reference_scores():
+    """eval.references: every score counts each reference stream, as sacrebleu's own corpus scores of several
+    references do; the signatures say how many; a hypothesis that is one of the references scores as a match."""
+    result = score(HYPS, REFS, "13a", more=[KJV])
+    assert result["bleu"] == round(sacrebleu.corpus_bleu(HYPS, [REFS, KJV]).score, 2)
+    assert result["chrf"] == round(sacrebleu.corpus_chrf(HYPS, [REFS, KJV]).score, 2)
+    assert result["ter"] == round(sacrebleu.corpus_ter(HYPS, [REFS, KJV]).score, 2)
+    assert result["bleu"] > score(HYPS, REFS, "13a")["bleu"]  # a second wording matches more n-grams
+    assert all("nrefs:2" in result[f"{name}_signature"] for name in ("bleu", "chrf", "ter"))
+    matched = score(KJV, REFS, "13a", more=[KJV])
+    assert (matched["bleu"], matched["chrf"], matched["ter"]) == (100.0, 100.0, 0.0)
+    with pytest.raises(UserError, match="4 hypotheses against 3 references"):
+        score(HYPS, REFS, "13a", more=[KJV[:3]])
+
+
+def test_split_scores_and_ter_in_parts_count_more_references():
+    """make eval's split scores (sentence BLEU, buckets) and its TER counted in parts in the host worker take
+    the further references too."""
+    from sacrebleu.metrics import BLEU
+
+    from app.evaluation.metrics import split_scores, ter_of_statistics, ter_statistics
+    from app.run.host_worker import host_worker, submit
+
+    metrics, sentence = split_scores(HYPS, REFS, ["a b"] * 4, [10], "13a", more=[KJV])
+    assert metrics["bleu"] == round(sacrebleu.corpus_bleu(HYPS, [REFS, KJV]).score, 2)
+    assert metrics["ter"] == round(sacrebleu.corpus_ter(HYPS, [REFS, KJV]).score, 2)
+    assert sentence == [BLEU(effective_order=True).sentence_score(h, [r, k]).score for h, r, k in zip(HYPS, REFS, KJV)]
+    worker = host_worker(preload=("app.evaluation.metrics",))
+    assert worker is not None
+    shared, signature, _ = submit(worker, ter_statistics, HYPS[:3], REFS[:3], "13a", [KJV[:3]]).result()
+    rest, _, _ = ter_statistics(HYPS[3:], REFS[3:], "13a", [KJV[3:]])
+    assert ter_of_statistics(shared + rest, signature) == {
+        "ter": metrics["ter"],
+        "ter_signature": metrics["ter_signature"],
+    }
+    assert "nrefs:2" in signature and not worker.broken

@@ -96,3 +96,38 @@ def test_make_eval_tests_the_run_against_a_baseline_file_and_refuses_one_of_anot
     (root / "latin1.txt").write_bytes("ok\naño\n".encode("latin-1"))  # read before its length is checked
     refused = run_cli(root, "command=eval", *TINY, "eval.baseline=latin1.txt")
     assert refused.returncode == 2 and refused.stderr.strip() == "error: latin1.txt:2: not valid UTF-8", refused.stderr
+
+
+def test_make_eval_scores_against_more_references_and_refuses_a_file_of_another_length(tmp_path_factory, corpus_tsv):
+    """eval.references: the run's own hypotheses as a second reference make every hypothesis a match (BLEU and
+    chrF 100, TER 0), in the scores, the signatures, the console line and the test against a baseline; a
+    reference file of another length than the sentences evaluated, or none, is one line naming it."""
+    root = trained_tiny_run(tmp_path_factory, corpus_tsv, "significance")
+    out = root / "checkpoints" / "tiny" / "eval" / "test"
+    first = run_cli(root, "command=eval", *TINY)
+    assert first.returncode == 0, first.stderr[-2000:]
+    hyp = (out / "hyp.txt").read_text(encoding="utf-8").splitlines()
+    single = json.loads((out / "metrics.json").read_text())
+    assert single["bleu"] < 100 and "references" not in single
+    (root / "own.txt").write_text("".join(h + "\n" for h in hyp), encoding="utf-8")
+    (root / "worse.txt").write_text("".join(h.rsplit(" ", 1)[0] + "\n" for h in hyp), encoding="utf-8")
+    result = run_cli(root, "command=eval", *TINY, "eval.references=[own.txt]", "eval.baseline=worse.txt")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"({len(hyp)} sentences, 2 references each;" in result.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (metrics["bleu"], metrics["chrf"], metrics["ter"], metrics["references"]) == (100.0, 100.0, 0.0, 2)
+    assert all("nrefs:2" in metrics[f"{name}_signature"] for name in ("bleu", "chrf", "ter"))
+    tested = metrics["significance"]["systems"]
+    assert [s["name"] for s in tested] == ["worse.txt", "tiny"] and tested[1]["BLEU"]["score"] == 100.0
+    subset = run_cli(root, "command=eval", *TINY, "eval.references=[own.txt]", "eval.max_sentences=3")
+    assert subset.returncode == 0, subset.stderr[-2000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (metrics["sentences"], metrics["bleu"]) == (3, 100.0) and metrics["subset"], metrics
+    (root / "cut.txt").write_text("".join(h + "\n" for h in hyp[:-1]), encoding="utf-8")
+    for given, line in (
+        ("cut.txt", f"cut.txt has {len(hyp) - 1} lines for the {len(hyp)} sentences of test: a reference per sentence"),
+        ("nowhere.txt", "nowhere.txt does not exist"),
+    ):
+        refused = run_cli(root, "command=eval", *TINY, f"eval.references=[own.txt,{given}]")
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+        assert refused.stderr.strip().startswith(f"error: eval.references: {line}"), refused.stderr

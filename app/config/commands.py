@@ -114,6 +114,9 @@ class EvalConfig(Checked, section="eval"):
     # FLORES'; eval.gold_align: their reference links); the files go to eval/<source's file name>/
     source: Optional[str] = None
     target: Optional[str] = None
+    # more reference translations of the same sentences, a file each with a line per sentence evaluated, in its
+    # order (eval.target's, or the split's data/<corpus>/<split>.tsv): BLEU, chrF and TER count every reference
+    references: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -84,7 +84,8 @@ def evaluated(cfg: Config) -> bool:
     eval.target, where given), and of the whole split (an ``eval.max_sentences`` look at its first sentences is not
     its evaluation)."""
     metrics = os.path.join(cfg.run_dir, "eval", cfg.eval.set_name(), "metrics.json")
-    inputs = [checkpoint_path(cfg.run_dir, cfg.eval.checkpoint), *filter(None, (cfg.eval.source, cfg.eval.target))]
+    files = (cfg.eval.source, cfg.eval.target, *cfg.eval.references)
+    inputs = [checkpoint_path(cfg.run_dir, cfg.eval.checkpoint), *filter(None, files)]
     if not all(map(os.path.exists, (metrics, *inputs))) or os.path.getmtime(metrics) < max(
         map(os.path.getmtime, inputs)
     ):
@@ -107,6 +108,7 @@ def evaluate_run(cfg: Config) -> EvaluatedRun:
         )
         trained.check_decoding(cfg.decode)
         data = evaluated_data(cfg, trained, texts)
+        more = [lines[: cfg.eval.max_sentences or None] for lines in more_references(cfg, len(data))]
         split_size, data = len(data), data.head(cfg.eval.max_sentences)
         ct2 = load_ct2(cfg, trained, "eval.engine") if cfg.eval.engine == "ct2" else None
         baseline = baseline_hypotheses(cfg, len(data))
@@ -135,6 +137,7 @@ def evaluate_run(cfg: Config) -> EvaluatedRun:
         copy_shares=copying,
         alignment=alignment,
         progress=True,
+        more_references=more,
     )
     worker = host_worker(preload=("app.evaluation.metrics",)) if cfg.viz.worker else None
     plan = lambda hyps: print_plan(cfg, data, split_size, hyps, own, copying, alignment, clock)  # noqa: E731
@@ -145,6 +148,8 @@ def evaluate_run(cfg: Config) -> EvaluatedRun:
     links = alignment.links if alignment is not None and result.alignment is not None else None
     run = EvaluatedRun(cfg, trained, data, split_size, ct2, links, result, clock)
     run.metrics = {**result.metrics, **subset_stats(len(data), split_size), **decoding_stats(run)}
+    if more:
+        run.metrics["references"] = 1 + len(more)
     if result.alignment is not None:
         run.metrics["alignment"] = result.alignment
     if result.attention is not None:  # of the hypotheses' attention, the map plots show (viz.layer)
@@ -158,7 +163,7 @@ def evaluate_run(cfg: Config) -> EvaluatedRun:
     if baseline is not None:
         with clock("significance"):
             run.metrics["significance"] = against_baseline(
-                cfg, baseline, result.texts, data.tgt_texts, asked.bleu_tokenize
+                cfg, baseline, result.texts, data.tgt_texts, asked.bleu_tokenize, more
             )
     return run
 
@@ -172,6 +177,23 @@ def evaluated_data(cfg: Config, trained: TrainedModel, texts: Optional[tuple[lis
     for side, ids in (("source", src), ("target", tgt)):
         check_lengths(trained.max_positions, ids, f"eval.{side}={getattr(cfg.eval, side)!r}: line")
     return ParallelData([str(n) for n in range(1, len(src) + 1)], texts[0], texts[1], src, tgt)
+
+
+def more_references(cfg: Config, sentences: int) -> list[list[str]]:
+    """The lines of each file of eval.references, read before anything is decoded: a file of another length than
+    the ``sentences`` evaluated is refused at once, naming it."""
+    found = []
+    for path in cfg.eval.references:
+        if not os.path.isfile(path):
+            raise UserError(f"eval.references: {path} does not exist (a file of reference translations, a line each)")
+        lines = read_lines(path, "eval.references", "score against")
+        if len(lines) != sentences:
+            raise UserError(
+                f"eval.references: {path} has {len(lines)} lines for the {sentences} sentences of "
+                f"{cfg.eval.set_name()}: a reference per sentence, in its order"
+            )
+        found.append(lines)
+    return found
 
 
 def baseline_hypotheses(cfg: Config, sentences: int) -> Optional[tuple[str, list[str]]]:
@@ -190,13 +212,18 @@ def baseline_hypotheses(cfg: Config, sentences: int) -> Optional[tuple[str, list
 
 
 def against_baseline(
-    cfg: Config, baseline: tuple[str, list[str]], texts: list[str], references: list[str], tokenize: str
+    cfg: Config,
+    baseline: tuple[str, list[str]],
+    texts: list[str],
+    references: list[str],
+    tokenize: str,
+    more: list[list[str]],
 ) -> dict:
-    """This evaluation's hypotheses tested against the baseline's on the same references (BLEU of ``tokenize``'s
-    words): paired bootstrap and approximate randomization (app/evaluation/significance.py)."""
+    """This evaluation's hypotheses tested against the baseline's on the same references (and ``more``; BLEU of
+    ``tokenize``'s words): paired bootstrap and approximate randomization (app/evaluation/significance.py)."""
     path, lines = baseline
     baseline_name = required(cfg.eval.baseline, "eval.baseline")  # the baseline's name: set when compared
-    compared = paired_significance([(baseline_name, lines), (cfg.name, texts)], references, tokenize)
+    compared = paired_significance([(baseline_name, lines), (cfg.name, texts)], references, tokenize, more)
     systems = [{"name": c.name, **c.scores} for c in compared]
     return {"baseline": path, "systems": systems, "in_words": in_words(compared)}
 

@@ -4,12 +4,16 @@ summed from them (``BleuStatistics``); TER, slow pure Python, can be counted in 
 a share in the host worker process while the caller does the rest. BLEU counts the words of one of sacrebleu's
 tokenizers (``bleu_tokenizer``: eval.bleu_tokenize, or sacrebleu's choice for the target language), named in its
 signature; chrF counts characters and TER whitespace words, as sacrebleu's defaults do, but for a target BLEU counts
-in Chinese, Japanese or Korean words (``ter_metric``)."""
+in Chinese, Japanese or Korean words (``ter_metric``). Every score takes more than one reference translation of each
+sentence where given (``more``: further streams of references, a line per sentence each; eval.references): BLEU
+counts an n-gram matched in any of them, its length the closest reference's; chrF and TER take each sentence's best
+reference. The signatures say how many (``nrefs``)."""
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from typing import Any, Optional
 
 from sacrebleu.metrics import BLEU, CHRF, TER
@@ -17,9 +21,13 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from app.run.errors import UserError
 
 
-def _check(hypotheses: list[str], references: list[str]) -> None:
-    if len(hypotheses) != len(references):
-        raise UserError(f"cannot score {len(hypotheses)} hypotheses against {len(references)} references")
+def _streams(hypotheses: list[str], references: list[str], more: Sequence[list[str]] = ()) -> list[list[str]]:
+    """sacrebleu's reference streams: ``references`` and each of ``more``, each with a line per hypothesis."""
+    streams = [references, *more]
+    for stream in streams:
+        if len(hypotheses) != len(stream):
+            raise UserError(f"cannot score {len(hypotheses)} hypotheses against {len(stream)} references")
+    return streams
 
 
 def bleu_tokenizer(setting: Optional[str], tgt_lang: str) -> str:
@@ -55,15 +63,17 @@ def ter_metric(tokenize: str) -> TER:
     return TER(normalized=asian, asian_support=asian)
 
 
-def score(hypotheses: list[str], references: list[str], tokenize: str, ter: bool = True) -> dict:
+def score(
+    hypotheses: list[str], references: list[str], tokenize: str, ter: bool = True, more: Sequence[list[str]] = ()
+) -> dict:
     """Corpus BLEU (of ``tokenize``'s words), chrF and (``ter``) TER, each with its signature."""
-    _check(hypotheses, references)
+    streams = _streams(hypotheses, references, more)
     metrics: dict[str, Any] = {"sentences": len(hypotheses)}
     metrics_of = [("bleu", BLEU(tokenize=tokenize)), ("chrf", CHRF())] + (
         [("ter", ter_metric(tokenize))] if ter else []
     )
     for name, metric in metrics_of:
-        result = metric.corpus_score(hypotheses, [references])
+        result = metric.corpus_score(hypotheses, streams)
         metrics[name] = round(result.score, 2)
         metrics[f"{name}_signature"] = str(metric.get_signature())
     return metrics
@@ -74,11 +84,11 @@ class BleuStatistics:
     once: corpus BLEU of any subset of the sentences and each sentence's BLEU are sums of them, the same
     numbers as sacrebleu's ``corpus_score`` and ``sentence_score`` of those sentences."""
 
-    def __init__(self, hypotheses: list[str], references: list[str], tokenize: str):
-        _check(hypotheses, references)
+    def __init__(self, hypotheses: list[str], references: list[str], tokenize: str, more: Sequence[list[str]] = ()):
+        streams = _streams(hypotheses, references, more)
         self.metric, self.tokenize = BLEU(tokenize=tokenize), tokenize
         # sacrebleu's own per-sentence counting (what corpus_score sums)
-        self.stats = self.metric._extract_corpus_statistics(hypotheses, [references])
+        self.stats = self.metric._extract_corpus_statistics(hypotheses, streams)
 
     def corpus(self, members: Optional[list[int]] = None) -> float:
         stats = self.stats if members is None else [self.stats[i] for i in members]
@@ -119,9 +129,11 @@ def bleu_of_longest(stats: BleuStatistics, sources: list[str], fraction: float =
     return round(stats.corpus(longest), 2), n
 
 
-def sentence_bleu(hypotheses: list[str], references: list[str], tokenize: str) -> list[float]:
-    """Each hypothesis's BLEU against its reference (effective n-gram order: short sentences score too)."""
-    return BleuStatistics(hypotheses, references, tokenize).sentences()
+def sentence_bleu(
+    hypotheses: list[str], references: list[str], tokenize: str, more: Sequence[list[str]] = ()
+) -> list[float]:
+    """Each hypothesis's BLEU against its reference(s) (effective n-gram order: short sentences score too)."""
+    return BleuStatistics(hypotheses, references, tokenize, more).sentences()
 
 
 def split_scores(
@@ -131,40 +143,43 @@ def split_scores(
     length_buckets: list[int],
     tokenize: str,
     ter: bool = True,
+    more: Sequence[list[str]] = (),
 ) -> tuple[dict, list[float]]:
     """What ``make eval`` reports of a split's translations: BLEU (of ``tokenize``'s words), chrF and (``ter``) TER
     with their signatures, BLEU per source-length bucket (``length_buckets``: the edges) and BLEU of the longest
     10 %; and each sentence's BLEU. The BLEU statistics are counted once for all of them."""
-    stats = BleuStatistics(hypotheses, references, tokenize)
+    stats = BleuStatistics(hypotheses, references, tokenize, more)
     metrics: dict[str, Any] = {"sentences": len(hypotheses), "bleu": round(stats.corpus(), 2)}
     metrics["bleu_signature"], metrics["bleu_tokenize"] = str(stats.metric.get_signature()), tokenize
     chrf = CHRF()
-    metrics["chrf"] = round(chrf.corpus_score(hypotheses, [references]).score, 2)
+    metrics["chrf"] = round(chrf.corpus_score(hypotheses, [references, *more]).score, 2)
     metrics["chrf_signature"] = str(chrf.get_signature())
     if ter:
-        metrics.update(ter_score(hypotheses, references, tokenize))
+        metrics.update(ter_score(hypotheses, references, tokenize, more))
     metrics["bleu_by_source_length"] = bleu_by_length(stats, sources, length_buckets)
     metrics["bleu_longest_10pct"], metrics["longest_10pct_sentences"] = bleu_of_longest(stats, sources)
     return metrics, stats.sentences()
 
 
-def ter_score(hypotheses: list[str], references: list[str], tokenize: str) -> dict:
+def ter_score(hypotheses: list[str], references: list[str], tokenize: str, more: Sequence[list[str]] = ()) -> dict:
     """Corpus TER (``ter_metric(tokenize)``) and its signature: {"ter", "ter_signature"}."""
     metric = ter_metric(tokenize)
-    result = metric.corpus_score(hypotheses, [references])
+    result = metric.corpus_score(hypotheses, _streams(hypotheses, references, more))
     return {"ter": round(result.score, 2), "ter_signature": str(metric.get_signature())}
 
 
-def ter_statistics(hypotheses: list[str], references: list[str], tokenize: str) -> tuple[list, Optional[str], float]:
+def ter_statistics(
+    hypotheses: list[str], references: list[str], tokenize: str, more: Sequence[list[str]] = ()
+) -> tuple[list, Optional[str], float]:
     """Each sentence's TER statistics (``ter_metric(tokenize)``: edits, reference words: what sacrebleu's
     ``corpus_score`` sums), the metric's signature (None for no sentences) and the seconds they took. sacrebleu's
     TER is pure Python, seconds for a thousand sentences on one core: ``make eval`` counts a share of the sentences
     in the host worker (app/run/host_worker.py) and the rest itself."""
-    _check(hypotheses, references)
+    streams = _streams(hypotheses, references, more)
     if not hypotheses:
         return [], None, 0.0
     start, metric = time.perf_counter(), ter_metric(tokenize)
-    stats = metric._extract_corpus_statistics(hypotheses, [references])
+    stats = metric._extract_corpus_statistics(hypotheses, streams)
     return stats, str(metric.get_signature()), time.perf_counter() - start
 
 

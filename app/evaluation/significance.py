@@ -32,10 +32,14 @@ class Compared:
 
 
 def paired_significance(
-    systems: Sequence[tuple[str, Sequence[str]]], references: Sequence[str], tokenize: str
+    systems: Sequence[tuple[str, Sequence[str]]],
+    references: Sequence[str],
+    tokenize: str,
+    more: Sequence[Sequence[str]] = (),
 ) -> list[Compared]:
     """Every system of ``systems`` ((name, hypotheses); the first is the baseline) against the baseline, on
-    ``references``, BLEU counting ``tokenize``'s words: each hypothesis list must have one line per reference."""
+    ``references`` (and the further reference streams ``more``), BLEU counting ``tokenize``'s words: each
+    hypothesis list must have one line per reference."""
     from sacrebleu.metrics import BLEU, CHRF
     from sacrebleu.significance import PairedTest, Result
 
@@ -49,7 +53,7 @@ def paired_significance(
         paired = PairedTest(
             [(name, list(hyps)) for name, hyps in systems],
             {"bleu": BLEU(tokenize=tokenize), "chrf": CHRF()},
-            [list(references)],
+            [list(references), *map(list, more)],
             test_type=test,
             n_samples=samples,
         )

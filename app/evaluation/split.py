@@ -71,7 +71,9 @@ class Asked:
     (hyp.align). ``self_attention``: a Transformer's, into the records, with what each head does. ``copy_shares``: a
     copying model's share of each hypothesis piece that came through copying, into the records. ``loss``: the
     teacher-forced loss and perplexity. ``on_records``: called with the records once they exist. ``bleu_tokenize``:
-    the words BLEU counts (app/evaluation/metrics.py's bleu_tokenizer)."""
+    the words BLEU counts (app/evaluation/metrics.py's bleu_tokenizer). ``more_references``: further reference
+    translations of the split's sentences, a list a line per sentence each (eval.references): every score counts
+    them beside the split's own."""
 
     bleu_tokenize: str
     scores: str = "corpus"
@@ -88,6 +90,7 @@ class Asked:
     loss: bool = False
     progress: bool = False
     on_records: Optional[Callable[[list[SentenceRecord]], Any]] = None
+    more_references: Sequence[list[str]] = ()
 
 
 @dataclass
@@ -118,6 +121,7 @@ class SplitResult:
     ter_from: int = 0  # where this process's share of TER begins (the worker counts the sentences before)
     ter_seconds: float = 0.0  # how long the worker's share took
     bleu_tokenize: str = "13a"  # the words BLEU counts, and so TER's (app.evaluation.metrics.ter_metric)
+    more_references: Sequence[list[str]] = ()  # Asked's: further reference streams
 
     def finish(self) -> dict:
         """The scores with what the worker computed: a validation's BLEU and chrF, or the worker's share of TER
@@ -130,7 +134,8 @@ class SplitResult:
             return self.metrics
         shared, shared_signature, self.ter_seconds = done
         tail = (self.texts[self.ter_from :], self.references[self.ter_from :])
-        rest, signature, _ = ter_statistics(*tail, self.bleu_tokenize)
+        more = [stream[self.ter_from :] for stream in self.more_references]
+        rest, signature, _ = ter_statistics(*tail, self.bleu_tokenize, more)
         self.metrics = with_ter(self.metrics, ter_of_statistics(shared + rest, shared_signature or signature))
         return self.metrics
 
@@ -157,22 +162,24 @@ def evaluate_split(
     with clock("decode"):
         hyps = search(data.src, every, asked.progress)
     texts = tokenizer.decode_tgt(hyps.tokens)
-    result = SplitResult(hyps, texts, data.tgt_texts, in_worker=worker is not None, bleu_tokenize=asked.bleu_tokenize)
+    more = asked.more_references
+    tokenize, in_worker = asked.bleu_tokenize, worker is not None
+    result = SplitResult(hyps, texts, data.tgt_texts, in_worker=in_worker, bleu_tokenize=tokenize, more_references=more)
     with clock("score"):
         if asked.scores == "corpus":
-            result.pending = submit(worker, score, texts, data.tgt_texts, asked.bleu_tokenize, False)
+            result.pending = submit(worker, score, texts, data.tgt_texts, tokenize, False, more)
         else:  # TER of a share of the sentences in the worker, on another core, while the rest is done here
             result.ter_from = round(asked.ter_share * len(texts)) if worker else 0
             cut = result.ter_from
-            result.pending = submit(worker, ter_statistics, texts[:cut], data.tgt_texts[:cut], asked.bleu_tokenize)
+            head = [stream[:cut] for stream in more]
+            result.pending = submit(worker, ter_statistics, texts[:cut], data.tgt_texts[:cut], tokenize, head)
     if plan is not None:
         plan(hyps)
     if asked.scores == "split":
         with clock("score"):
             buckets = list(asked.length_buckets)
-            tokenize = asked.bleu_tokenize
             result.metrics, result.sentence_bleu = split_scores(
-                texts, data.tgt_texts, data.src_texts, buckets, tokenize, False
+                texts, data.tgt_texts, data.src_texts, buckets, tokenize, False, more
             )
     records_of(result, model, data, tokenizer, search, asked, device, dtype, batch_tokens, clock)
     if asked.loss:

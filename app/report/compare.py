@@ -82,9 +82,14 @@ def bleu_tokenize(run: dict) -> str:
     return run["metrics"].get("bleu_tokenize", "13a")
 
 
+def references(run: dict) -> int:
+    """How many reference translations of each sentence a run's scores counted (eval.references: more than 1)."""
+    return run["metrics"].get("references", 1)
+
+
 def check_same_test_set(runs: list[dict], split: str) -> None:
-    """The rows compare only if every run decoded the same sentences, bucketed alike, and counted BLEU's words
-    alike."""
+    """The rows compare only if every run decoded the same sentences, bucketed alike, scored against as many
+    references, and counted BLEU's words alike."""
 
     def shape(r):
         return r["metrics"]["sentences"], [(b["bucket"], b["sentences"]) for b in r["metrics"]["bleu_by_source_length"]]
@@ -95,6 +100,11 @@ def check_same_test_set(runs: list[dict], split: str) -> None:
             raise UserError(
                 f"{r['dir']} and {first['dir']} were evaluated on different {split} sentences or length buckets "
                 f"({shape(r)[0]} vs {shape(first)[0]} sentences): evaluate them alike, or compare them apart"
+            )
+        if references(r) != references(first):
+            raise UserError(
+                f"{r['dir']} and {first['dir']} were scored against {references(r)} and {references(first)} "
+                "references a sentence (eval.references): evaluate them against the same references"
             )
         if bleu_tokenize(r) != bleu_tokenize(first):
             raise UserError(
@@ -265,6 +275,12 @@ def significance_section(runs: list[dict], split: str, baseline: str | None) -> 
         if not at:
             raise UserError(f"compare.baseline={baseline}: no such run; the runs: {', '.join(r['dir'] for r in runs)}")
         order = [at[0]] + [i for i in order if i != at[0]]
+    if references(runs[0]) > 1:  # the files of eval.references are not among what a run keeps
+        return (
+            f"\n## Significance\n\nNot tested: the runs were scored against {references(runs[0])} references a "
+            "sentence (eval.references), and only the first is the corpus's; make eval with eval.baseline=<run> and "
+            "the same eval.references tests one run against another on all of them.\n"
+        )
     missing = [runs[i]["dir"] for i in order if not os.path.exists(hypotheses_path(runs[i], split))]
     if missing or not os.path.exists(os.path.join(runs[order[0]]["path"], "config.yaml")):
         without = ", ".join(missing) or runs[order[0]]["dir"]

@@ -76,6 +76,8 @@ def print_report(run: EvaluatedRun, metrics: dict, out_dir: str, tb: str) -> Non
     scored = f"{metrics['sentences']} sentences"
     if metrics["subset"]:  # eval.max_sentences
         scored = f"{metrics['subset']}: a subset, not the split's score"
+    if metrics.get("references", 1) > 1:  # eval.references
+        scored += f", {metrics['references']} references each"
     which = run.checkpoint_name()
     print(
         f"{metrics['split']} ({metrics['decoding']}; {which}): "
