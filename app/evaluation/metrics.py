@@ -6,8 +6,9 @@ tokenizers (``bleu_tokenizer``: eval.bleu_tokenize, or sacrebleu's choice for th
 signature; chrF counts characters and TER whitespace words, as sacrebleu's defaults do, but for a target BLEU counts
 in Chinese, Japanese or Korean words (``ter_metric``). Every score takes more than one reference translation of each
 sentence where given (``more``: further streams of references, a line per sentence each; eval.references): BLEU
-counts an n-gram matched in any of them, its length the closest reference's; chrF and TER take each sentence's best
-reference. The signatures say how many (``nrefs``)."""
+counts an n-gram matched in any of them, its length the closest reference's; chrF takes each sentence's best
+reference, TER its fewest edits over the references' mean length (tercom's rule). The signatures say how many
+(``nrefs``)."""
 
 from __future__ import annotations
 
