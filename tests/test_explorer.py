@@ -773,6 +773,31 @@ def test_a_copying_models_shares_are_listed_sorted_and_read_out_per_row(browser,
         )
 
 
+def test_every_reference_is_shown_numbered_and_searched(browser, tmp_path):
+    """make eval's eval.references: a sentence's further references are listed under the first, numbered, and the
+    search finds words that only they hold; a sentence with one reference keeps the single "reference" row."""
+    path = tmp_path / "references.html"
+    weights = torch.eye(3)[[2, 0, 1]]
+    pieces = (["▁a", "▁b", "</s>"], ["▁x", "▁y", "</s>"], weights)
+    records = [
+        ExplorerRecord("1", *pieces, reference="In the beginning", more_references=["At first", "Originally"]),
+        ExplorerRecord("2", *pieces, reference="And the earth"),
+    ]
+    write_explorer(str(path), records, "references", {})
+    _, _, sentences = read_explorer(path)
+    assert [s.get("more") for s in sentences] == [["At first", "Originally"], None]
+    browser.open(path)
+    shown(browser, "0,0,mean,hypothesis")
+    assert texts(browser, "#texts dt") == ["source", "hypothesis", "reference 1", "reference 2", "reference 3"]
+    assert texts(browser, "#texts dd")[2:] == ["In the beginning", "At first", "Originally"]
+    browser.click(*browser.center("#search"))
+    browser.type_text("originally")
+    assert texts(browser, "#count") == ["1 of 2"]
+    browser.evaluate("location.hash = 's=1'")
+    shown(browser, "1,0,mean,hypothesis")
+    assert texts(browser, "#texts dt") == ["source", "hypothesis", "reference"]
+
+
 @pytest.mark.slow
 def test_screenshot_for_the_readme(browser, tmp_path):
     """A README picture of a synthetic explorer, its reference rows with their links; $EXPLORER_SCREENSHOT

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from conftest import TINY, run_cli, trained_tiny_run
+from test_explorer import read_explorer
 
 from app.evaluation.significance import in_words, paired_significance
 from app.run.errors import UserError
@@ -91,7 +92,8 @@ def test_make_eval_tests_the_run_against_a_baseline_file_and_refuses_one_of_anot
     refused = run_cli(root, "command=eval", *TINY, "eval.baseline=cut.txt")
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert refused.stderr.strip() == (
-        f"error: eval.baseline=cut.txt: cut.txt has {len(hyp) - 1} lines for the {len(hyp)} sentences evaluated"
+        f"error: eval.baseline=cut.txt: cut.txt has {len(hyp) - 1} lines for the {len(hyp)} sentences of test: a line "
+        "per sentence, in its order"
     )
     (root / "latin1.txt").write_bytes("ok\naño\n".encode("latin-1"))  # read before its length is checked
     refused = run_cli(root, "command=eval", *TINY, "eval.baseline=latin1.txt")
@@ -119,13 +121,15 @@ def test_make_eval_scores_against_more_references_and_refuses_a_file_of_another_
     assert all("nrefs:2" in metrics[f"{name}_signature"] for name in ("bleu", "chrf", "ter"))
     tested = metrics["significance"]["systems"]
     assert [s["name"] for s in tested] == ["worse.txt", "tiny"] and tested[1]["BLEU"]["score"] == 100.0
+    _, _, explored = read_explorer(out / "alignments.html")  # each sentence's second reference, under the first
+    assert [s["more"] for s in explored] == [[h] for h in hyp]
     subset = run_cli(root, "command=eval", *TINY, "eval.references=[own.txt]", "eval.max_sentences=3")
     assert subset.returncode == 0, subset.stderr[-2000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert (metrics["sentences"], metrics["bleu"]) == (3, 100.0) and metrics["subset"], metrics
     (root / "cut.txt").write_text("".join(h + "\n" for h in hyp[:-1]), encoding="utf-8")
     for given, line in (
-        ("cut.txt", f"cut.txt has {len(hyp) - 1} lines for the {len(hyp)} sentences of test: a reference per sentence"),
+        ("cut.txt", f"cut.txt has {len(hyp) - 1} lines for the {len(hyp)} sentences of test: a line per sentence"),
         ("nowhere.txt", "nowhere.txt does not exist"),
     ):
         refused = run_cli(root, "command=eval", *TINY, f"eval.references=[own.txt,{given}]")

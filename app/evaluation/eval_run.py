@@ -180,35 +180,36 @@ def evaluated_data(cfg: Config, trained: TrainedModel, texts: Optional[tuple[lis
 
 
 def more_references(cfg: Config, sentences: int) -> list[list[str]]:
-    """The lines of each file of eval.references, read before anything is decoded: a file of another length than
-    the ``sentences`` evaluated is refused at once, naming it."""
-    found = []
-    for path in cfg.eval.references:
-        if not os.path.isfile(path):
-            raise UserError(f"eval.references: {path} does not exist (a file of reference translations, a line each)")
-        lines = read_lines(path, "eval.references", "score against")
-        if len(lines) != sentences:
-            raise UserError(
-                f"eval.references: {path} has {len(lines)} lines for the {sentences} sentences of "
-                f"{cfg.eval.set_name()}: a reference per sentence, in its order"
-            )
-        found.append(lines)
-    return found
+    """The lines of each file of eval.references, read before anything is decoded: a line per sentence evaluated."""
+    return [
+        lines_per_sentence(cfg, path, "eval.references", "score against", "a file of reference translations", sentences)
+        for path in cfg.eval.references
+    ]
 
 
 def baseline_hypotheses(cfg: Config, sentences: int) -> Optional[tuple[str, list[str]]]:
     """``eval.baseline``'s hypotheses (a hypothesis file, or a run's eval/<split>/hyp.txt) and their file, read
-    before anything is decoded: one of another length than the ``sentences`` evaluated is refused at once."""
+    before anything is decoded: a line per sentence evaluated."""
     given = cfg.eval.baseline
     if not given:
         return None
     path = given if os.path.isfile(given) else os.path.join(run_folder(given), "eval", cfg.eval.set_name(), "hyp.txt")
+    hint = "give a hypothesis file or an evaluated run"
+    return path, lines_per_sentence(cfg, path, f"eval.baseline={given}", "compare against", hint, sentences)
+
+
+def lines_per_sentence(cfg: Config, path: str, setting: str, purpose: str, hint: str, sentences: int) -> list[str]:
+    """The lines of ``path`` (given by ``setting``), a line per each of the ``sentences`` evaluated in their order:
+    a missing file, or one of another length, is refused in one line naming it (``hint``: what the file should be)."""
     if not os.path.isfile(path):
-        raise UserError(f"eval.baseline={given}: {path} does not exist (give a hypothesis file or an evaluated run)")
-    lines = read_lines(path, "eval.baseline", "compare against")
+        raise UserError(f"{setting}: {path} does not exist ({hint}, a line per sentence)")
+    lines = read_lines(path, setting, purpose)
     if len(lines) != sentences:
-        raise UserError(f"eval.baseline={given}: {path} has {len(lines)} lines for the {sentences} sentences evaluated")
-    return path, lines
+        raise UserError(
+            f"{setting}: {path} has {len(lines)} lines for the {sentences} sentences of {cfg.eval.set_name()}: "
+            "a line per sentence, in its order"
+        )
+    return lines
 
 
 def against_baseline(

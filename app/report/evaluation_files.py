@@ -45,7 +45,9 @@ def write_evaluation(run: EvaluatedRun) -> dict:
         with clock("heatmaps"):
             write_heatmaps(out_dir, result.records[: cfg.viz.eval_plots], cfg.viz, run)
         with clock("explorer"):
-            explored = evaluation_records(data, result.records, result.texts, bleu, result.forced, run.links)
+            explored = evaluation_records(
+                data, result.records, result.texts, bleu, result.forced, run.links, result.more_references
+            )
             explored = tqdm(explored, "explorer", len(data), leave=False, unit="sentence")
             metrics = run.metrics
             title = f"{cfg.name}: {cfg.eval.set_name()}" + (f" ({metrics['subset']})" if metrics["subset"] else "")

@@ -23,7 +23,7 @@ import html
 import json
 import re
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Optional
@@ -69,7 +69,7 @@ class ExplorerRecord:
     source: str = ""
     hypothesis: str = ""
     reference: str = ""
-    bleu: float | None = None  # sentence BLEU of the hypothesis
+    bleu: float | None = None  # sentence BLEU of the hypothesis (against every reference)
     ref_tokens: list[str] | None = None
     ref_attention: Any = None
     links: Any = None
@@ -77,6 +77,7 @@ class ExplorerRecord:
     decoder_attention: Any = None  # its decoder self-attention (layers, heads, tgt, tgt): rows as tgt_tokens
     hyp_links: Any = None  # (source word, hypothesis word) links of the hypothesis (make eval's hyp.align), outlined
     copied: Optional[list[float]] = None  # per tgt_tokens piece, the share of its probability copied (copy_attention)
+    more_references: Sequence[str] = ()  # the sentence's further references (make eval's eval.references), in order
 
 
 def _stored(record_id: str, attention, rows: list[str], cols: list[str], name: str, layer: int, keep: str):
@@ -214,6 +215,8 @@ def write_explorer(
             "headLayers": stored.head_layers,  # maps: these layers' heads, then each layer's mean
             "rnn": stored.layers == 0,  # one map: no layer/head selectors
         }
+        if record.more_references:  # references 2, 3, ... (eval.references): their text; only the first is forced
+            sent["more"] = list(record.more_references)
         if record.hyp_links is not None:  # hyp.align's links, as the cells of their pieces
             sent["hypLinks"] = [list(c) for c in piece_links(record.hyp_links, record.src_tokens, record.tgt_tokens)]
         if record.copied is not None:  # a copying model's: per hypothesis row, and their mean over the pieces
@@ -256,14 +259,20 @@ def attention_map_script() -> str:
 
 
 def evaluation_records(
-    data, records: list, texts: list[str], bleu: list[float], forced: Optional[dict] = None, links=None
+    data,
+    records: list,
+    texts: list[str],
+    bleu: list[float],
+    forced: Optional[dict] = None,
+    links=None,
+    more: Sequence[list[str]] = (),
 ) -> Iterable[ExplorerRecord]:
     """The explorer's records of an evaluated split (``make eval``), one sentence at a time, from the split's
     records (app.evaluation.records.SentenceRecord: pieces and the kept views of the attention that produced
     each hypothesis) and, when ``links`` (per sentence: sure, possible) are given, the forced attention of the
     reference (``forced``, by sentence index) with its links (those inside the sentence's words: a gold file made
     for other text scores its links as misses, but they have no cell to draw); the views of the self-attention
-    where the records have them."""
+    where the records have them; ``more``: further reference streams (eval.references), shown under the first."""
     for r in records:
         i = r.index
         record = ExplorerRecord(
@@ -274,6 +283,7 @@ def evaluation_records(
             source=data.src_texts[i],
             hypothesis=texts[i],
             reference=data.tgt_texts[i],
+            more_references=[stream[i] for stream in more],
             bleu=bleu[i],
             hyp_links=r.hyp_links,
             copied=r.copied,
