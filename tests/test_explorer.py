@@ -798,6 +798,30 @@ def test_every_reference_is_shown_numbered_and_searched(browser, tmp_path):
     assert texts(browser, "#texts dt") == ["source", "hypothesis", "reference"]
 
 
+def test_the_baseline_hypothesis_is_shown_and_the_list_sorts_by_the_bleu_difference(browser, tmp_path):
+    """make eval's eval.baseline: each sentence's baseline hypothesis under the references, its BLEU beside ours,
+    Δ (ours minus the baseline's) in the list and as a sort key; the search reads the baseline too."""
+    path = tmp_path / "baseline.html"
+    weights = torch.eye(3)[[2, 0, 1]]
+    pieces = (["▁a", "▁b", "</s>"], ["▁x", "▁y", "</s>"], weights)
+    records = [
+        ExplorerRecord("1", *pieces, bleu=30.0, baseline="a worse one", baseline_bleu=40.5),
+        ExplorerRecord("2", *pieces, bleu=50.0, baseline="a lucky one", baseline_bleu=12.25),
+        ExplorerRecord("3", *pieces, bleu=20.0, baseline="the same", baseline_bleu=20.0),
+    ]
+    write_explorer(str(path), records, "baseline", {"baseline": "other_run"})
+    browser.open(path)
+    shown(browser, "0,0,mean,hypothesis")
+    assert [line.split(" · ")[-1] for line in texts(browser, ".item .line span")] == ["Δ −10.50", "Δ +37.75", "Δ ±0.00"]
+    assert texts(browser, "#texts dt")[-1] == "baseline" and texts(browser, "#texts dd")[-1] == "a worse one"
+    assert "BLEU 30 (the baseline's 40.5)" in texts(browser, "#title small")[0]
+    browser.evaluate("document.getElementById('sort').value = 'delta'; renderList()")
+    assert browser.evaluate("state.order") == [0, 2, 1]
+    browser.click(*browser.center("#search"))
+    browser.type_text("lucky")
+    assert texts(browser, "#count") == ["1 of 3"]
+
+
 @pytest.mark.slow
 def test_screenshot_for_the_readme(browser, tmp_path):
     """A README picture of a synthetic explorer, its reference rows with their links; $EXPLORER_SCREENSHOT

@@ -2,16 +2,18 @@
 what the report says in words; make eval's eval.baseline and make compare's section through the CLI."""
 
 import json
+import operator
 import random
 import re
 import subprocess
 import sys
 
 import pytest
+import sacrebleu
 from conftest import TINY, run_cli, trained_tiny_run
 from test_explorer import read_explorer
 
-from app.evaluation.significance import in_words, paired_significance
+from app.evaluation.significance import in_words, paired_significance, sentence_wins
 from app.run.errors import UserError
 
 
@@ -59,6 +61,12 @@ def test_the_p_values_and_intervals_are_sacrebleus_own(tmp_path, genesis_pairs):
     assert p_rand == pytest.approx([ours[1].scores[m]["p_randomization"] for m in ("BLEU", "chrF2")], abs=1e-4)
 
 
+def test_sentence_wins_count_higher_lower_and_equal_sentence_bleu_to_the_hundredth():
+    assert sentence_wins([10.0, 5.0, 7.004, 0.0], [9.0, 6.5, 7.0, 0.0]) == {"better": 1, "worse": 1, "same": 2}
+    with pytest.raises(ValueError):  # a sentence without its baseline is a caller's bug, never a silent zip
+        sentence_wins([1.0, 2.0], [1.0])
+
+
 def test_the_words_say_which_differences_are_significant(genesis_pairs):
     refs, baseline, worse = systems(genesis_pairs)
     again = paired_significance([("base", baseline), ("worse", worse), ("same", list(baseline))], refs, "13a")
@@ -88,6 +96,19 @@ def test_make_eval_tests_the_run_against_a_baseline_file_and_refuses_one_of_anot
     metrics = json.loads((root / "checkpoints" / "tiny" / "eval" / "test" / "metrics.json").read_text())
     names = [s["name"] for s in metrics["significance"]["systems"]]
     assert names == ["shorter.txt", "tiny"] and metrics["significance"]["systems"][1]["BLEU"]["p_bootstrap"] is not None
+    wins = metrics["significance"]["sentences"]  # each sentence's BLEU against the baseline's
+    assert sum(wins.values()) == len(hyp), wins
+    said = f"higher on {wins['better']} sentences, lower on {wins['worse']}, the same on {wins['same']}"
+    assert said in result.stdout
+    assert "[sacrebleu]" not in result.stdout + result.stderr  # its INFO lines narrate the tests: not for users
+    _, meta, explored = read_explorer(root / "checkpoints" / "tiny" / "eval" / "test" / "alignments.html")
+    shorter = (root / "shorter.txt").read_text(encoding="utf-8").splitlines()
+    assert meta["baseline"] == "shorter.txt" and [s["base"] for s in explored] == shorter
+    expected = [round(sacrebleu.sentence_bleu(b, [s["reference"]]).score, 2) for b, s in zip(shorter, explored)]
+    assert [s["baseBleu"] for s in explored] == expected
+    ours = [s["bleu"] for s in explored]
+    counted = [sum(op(a, b) for a, b in zip(ours, expected)) for op in (operator.gt, operator.lt, operator.eq)]
+    assert counted == [wins["better"], wins["worse"], wins["same"]]
     (root / "cut.txt").write_text("".join(h + "\n" for h in hyp[:-1]), encoding="utf-8")
     refused = run_cli(root, "command=eval", *TINY, "eval.baseline=cut.txt")
     assert refused.returncode == 2 and "Traceback" not in refused.stderr

@@ -23,8 +23,8 @@ from app.decode.mbr import mbr_seconds
 from app.decode.search import Hypotheses, check_lengths, describe
 from app.decode.trained import TrainedModel, load_ct2, load_trained
 from app.evaluation.alignment import align_scope
-from app.evaluation.metrics import bleu_tokenizer
-from app.evaluation.significance import in_words, paired_significance
+from app.evaluation.metrics import bleu_tokenizer, sentence_bleu
+from app.evaluation.significance import in_words, paired_significance, sentence_wins
 from app.evaluation.split import Alignment, Asked, SplitResult, evaluate_split, with_ter
 from app.models import count_parameters, has_attention
 from app.models.api import Copying, SelfAttending
@@ -40,11 +40,20 @@ TER_WORKER_SHARE = 0.6
 
 
 @dataclass
+class Baseline:
+    """``eval.baseline``'s hypotheses (of the file ``path``) and each one's sentence BLEU on the same references."""
+
+    path: str
+    texts: list[str]
+    bleu: list[float]
+
+
+@dataclass
 class EvaluatedRun:
     """What ``make eval`` evaluated and how: the settings, the run's model, the split (``data``, of
     ``split_size`` sentences), the CTranslate2 engine that decoded it (if any), the reference links AER read
-    (``links``), the result, what metrics.json holds of it (``metrics``: TER once ``finish`` is called), and the
-    clock."""
+    (``links``), the result, what metrics.json holds of it (``metrics``: TER once ``finish`` is called), the
+    clock, and the baseline's hypotheses (``eval.baseline``)."""
 
     cfg: Config
     trained: TrainedModel
@@ -55,6 +64,7 @@ class EvaluatedRun:
     result: SplitResult
     clock: Stopwatch
     metrics: dict = field(default_factory=dict)
+    baseline: Optional[Baseline] = None  # eval.baseline's hypotheses, when given
 
     @property
     def has_attention(self) -> bool:
@@ -162,9 +172,11 @@ def evaluate_run(cfg: Config) -> EvaluatedRun:
         run.metrics["self_attention_heads"] = {kind: heads.result() for kind, heads in result.heads.items()}
     if baseline is not None:
         with clock("significance"):
-            run.metrics["significance"] = against_baseline(
-                cfg, baseline, result.texts, data.tgt_texts, asked.bleu_tokenize, more
-            )
+            path, lines = baseline
+            run.baseline = Baseline(path, lines, sentence_bleu(lines, data.tgt_texts, asked.bleu_tokenize, more))
+            significance = against_baseline(cfg, baseline, result.texts, data.tgt_texts, asked.bleu_tokenize, more)
+            ours = required(result.sentence_bleu, "sentence BLEU")  # make eval scores the split
+            run.metrics["significance"] = {**significance, "sentences": sentence_wins(ours, run.baseline.bleu)}
     return run
 
 

@@ -46,7 +46,7 @@ def write_evaluation(run: EvaluatedRun) -> dict:
             write_heatmaps(out_dir, result.records[: cfg.viz.eval_plots], cfg.viz, run)
         with clock("explorer"):
             explored = evaluation_records(
-                data, result.records, result.texts, bleu, result.forced, run.links, result.more_references
+                data, result.records, result.texts, bleu, result.forced, run.links, result.more_references, run.baseline
             )
             explored = tqdm(explored, "explorer", len(data), leave=False, unit="sentence")
             metrics = run.metrics
@@ -103,6 +103,11 @@ def print_report(run: EvaluatedRun, metrics: dict, out_dir: str, tb: str) -> Non
             print(f"    {system['name']}: BLEU {interval(system['BLEU'])}  chrF {interval(system['chrF2'])}")
         for line in significance["in_words"]:
             print(f"    {line}")
+        wins = significance["sentences"]
+        print(
+            f"    sentence BLEU against {significance['systems'][0]['name']}'s: higher on {wins['better']} sentences, "
+            f"lower on {wins['worse']}, the same on {wins['same']}"
+        )
     if ct2:
         print(
             f"  decoded by CTranslate2 ({ct2.model_dir}, {ct2.info['quantization']}): its attention is the mean of the "
@@ -142,6 +147,8 @@ def explorer_meta(run: EvaluatedRun) -> dict:
         "BLEU": f"{metrics['bleu']:.2f}",
         "chrF": f"{metrics['chrf']:.2f}",
     }
+    if significance := metrics.get("significance"):
+        meta["baseline"] = significance["systems"][0]["name"]
     if a := metrics.get("alignment"):
         meta["AER"] = f"{a['aer']:.3f} ({alignment_view(a)})"
     if view := metrics.get("hyp_align_view"):

@@ -78,6 +78,8 @@ class ExplorerRecord:
     hyp_links: Any = None  # (source word, hypothesis word) links of the hypothesis (make eval's hyp.align), outlined
     copied: Optional[list[float]] = None  # per tgt_tokens piece, the share of its probability copied (copy_attention)
     more_references: Sequence[str] = ()  # the sentence's further references (make eval's eval.references), in order
+    baseline: Optional[str] = None  # eval.baseline's hypothesis of the sentence, shown beside ours
+    baseline_bleu: Optional[float] = None  # its sentence BLEU on the same references
 
 
 def _stored(record_id: str, attention, rows: list[str], cols: list[str], name: str, layer: int, keep: str):
@@ -215,6 +217,9 @@ def write_explorer(
             "headLayers": stored.head_layers,  # maps: these layers' heads, then each layer's mean
             "rnn": stored.layers == 0,  # one map: no layer/head selectors
         }
+        if record.baseline is not None:  # eval.baseline's hypothesis; the list sorts by the BLEU difference
+            sent["base"] = record.baseline
+            sent["baseBleu"] = None if record.baseline_bleu is None else round(float(record.baseline_bleu), 2)
         if record.more_references:  # references 2, 3, ... (eval.references): their text; only the first is forced
             sent["more"] = list(record.more_references)
         if record.hyp_links is not None:  # hyp.align's links, as the cells of their pieces
@@ -266,13 +271,15 @@ def evaluation_records(
     forced: Optional[dict] = None,
     links=None,
     more: Sequence[list[str]] = (),
+    baseline=None,
 ) -> Iterable[ExplorerRecord]:
     """The explorer's records of an evaluated split (``make eval``), one sentence at a time, from the split's
     records (app.evaluation.records.SentenceRecord: pieces and the kept views of the attention that produced
     each hypothesis) and, when ``links`` (per sentence: sure, possible) are given, the forced attention of the
     reference (``forced``, by sentence index) with its links (those inside the sentence's words: a gold file made
     for other text scores its links as misses, but they have no cell to draw); the views of the self-attention
-    where the records have them; ``more``: further reference streams (eval.references), shown under the first."""
+    where the records have them; ``more``: further reference streams (eval.references), shown under the first;
+    ``baseline``: eval.baseline's hypotheses and their sentence BLEU (app.evaluation.eval_run.Baseline)."""
     for r in records:
         i = r.index
         record = ExplorerRecord(
@@ -284,6 +291,8 @@ def evaluation_records(
             hypothesis=texts[i],
             reference=data.tgt_texts[i],
             more_references=[stream[i] for stream in more],
+            baseline=None if baseline is None else baseline.texts[i],
+            baseline_bleu=None if baseline is None else baseline.bleu[i],
             bleu=bleu[i],
             hyp_links=r.hyp_links,
             copied=r.copied,
