@@ -16,8 +16,9 @@ import os
 import yaml
 
 from app.data.prepare import read_tsv
+from app.evaluation.metrics import sentence_bleu
 from app.evaluation.head_roles import positional_count
-from app.evaluation.significance import Compared, in_words, interval, paired_significance
+from app.evaluation.significance import Compared, in_words, interval, paired_significance, sentence_wins
 from app.evaluation.views import SELF_ATTENTION
 from app.report.history import FILE as HISTORY_FILE
 from app.report.history import read_history
@@ -288,14 +289,21 @@ def significance_section(runs: list[dict], split: str, baseline: str | None) -> 
             f"\n## Significance\n\nNot tested: {without} kept no hypotheses or settings (evaluated before they were).\n"
         )
     systems = [(runs[i]["label"], run_hypotheses(runs[i], split)) for i in order]
-    compared = paired_significance(systems, run_references(runs[order[0]], split), bleu_tokenize(runs[order[0]]))
-    head = "| run | BLEU (95 % CI) | p bootstrap, randomization | chrF (95 % CI) | p bootstrap, randomization |\n"
-    rows = "".join(f"| {c.name} | {cells(c)} |\n" for c in compared)
+    refs, tokenize = run_references(runs[order[0]], split), bleu_tokenize(runs[order[0]])
+    compared = paired_significance(systems, refs, tokenize)
+    bleus = [sentence_bleu(hyps, refs, tokenize) for _, hyps in systems]
+    wins = ["baseline"] + ["{better} / {worse} / {same}".format(**sentence_wins(b, bleus[0])) for b in bleus[1:]]
+    head = (
+        "| run | BLEU (95 % CI) | p bootstrap, randomization | chrF (95 % CI) | p bootstrap, randomization "
+        "| sentences with a higher / lower / the same BLEU |\n"
+    )
+    rows = "".join(f"| {c.name} | {cells(c)} | {w} |\n" for c, w in zip(compared, wins))
     words = "".join(f"- {line}\n" for line in in_words(compared))
     return (
         f"\n## Significance against {compared[0].name}\n\nPaired bootstrap resampling (1,000 resamples) and "
         "approximate randomization (10,000 trials) of sacrebleu, seeded; a difference is significant where both give "
-        f"p < 0.05.\n\n{head}|---|---|---|---|---|\n{rows}\n{words}"
+        f"p < 0.05; the last column counts the sentences whose sentence BLEU is above, below or equal to the "
+        f"baseline's.\n\n{head}|---|---|---|---|---|---|\n{rows}\n{words}"
     )
 
 
