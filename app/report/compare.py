@@ -16,8 +16,8 @@ import os
 import yaml
 
 from app.data.prepare import read_tsv
-from app.evaluation.metrics import sentence_bleu
 from app.evaluation.head_roles import positional_count
+from app.evaluation.metrics import sentence_bleu
 from app.evaluation.significance import Compared, in_words, interval, paired_significance, sentence_wins
 from app.evaluation.views import SELF_ATTENTION
 from app.report.history import FILE as HISTORY_FILE
