@@ -39,11 +39,17 @@ def check_model_ranges(model: Any, sizes: tuple[str, ...]) -> None:
             raise UserError(f"model.{name}={value} must be in [0, 1): a probability of dropping, 0 for none")
 
 
+FREEZABLE = ("embeddings", "encoder", "decoder")  # the parts train.freeze may name (each family's parts())
+
+
 def train_rules(t: Any) -> dict[str, bool]:
     """train.*'s numbers within what they mean (each rule's message: whether it is broken); 0 is off (or none, or
-    all) where training reads it so."""
+    all) where training reads it so; train.freeze's parts."""
     betas, smoothing = list(t.adam_betas), t.label_smoothing
+    frozen, unknown = f"train.freeze=[{','.join(t.freeze)}]", next((p for p in t.freeze if p not in FREEZABLE), None)
     return {  # the first one broken is the error
+        f"{frozen}: {unknown!r} is not a part of a model; the parts: {', '.join(FREEZABLE)}": unknown is not None,
+        f"{frozen} freezes every part of the model: nothing would train": set(t.freeze) >= set(FREEZABLE),
         f"train.max_steps={t.max_steps} must be >= 0: updates in all": t.max_steps < 0,
         f"train.max_minutes={t.max_minutes} must be >= 0 (0: no time budget)": not t.max_minutes >= 0,
         f"train.batch_tokens={t.batch_tokens} must be >= 1: tokens of a batch, padding included": (t.batch_tokens < 1),

@@ -317,6 +317,8 @@ class TrainConfig(Checked, section="train"):
     # validations (best): best.pt is whichever of the average and the best single weights scores higher on dev
     average_snapshots: int = 5  # 0 = off
     average_from: str = choice("last", "best")
+    # parts of the model not trained (app/train/freeze.py): embeddings, encoder, decoder (fine-tuning on little data)
+    freeze: list[str] = field(default_factory=list)
     # subword regularization (app/data/subword_sampling.py): train on segmentations SentencePiece samples with this
     # α (unigram: ∝ P(x)^α over the subword_nbest best, -1 all; bpe: each merge dropped with probability α); 0 = off
     subword_alpha: float = 0.0

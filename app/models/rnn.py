@@ -45,6 +45,15 @@ class RNNSeq2Seq(nn.Module):
             src_embed.weight[PAD].zero_()
             tgt_embed.weight[PAD].zero_()
 
+    def parts(self) -> dict[str, list[nn.Module]]:
+        """What ``train.freeze`` names (app/train/freeze.py): the token tables (and the output projection tied to
+        them); the encoder's RNN; the decoder's RNN, attention, bridge and output layers, and pointer."""
+        return {
+            "embeddings": [self.encoder.embed, self.decoder.embed],
+            "encoder": [self.encoder],
+            "decoder": [self.decoder, *([self.pointer] if self.pointer is not None else [])],
+        }
+
     def encode(
         self, src: torch.Tensor, src_mask: Optional[torch.Tensor] = None, src_lengths: Optional[torch.Tensor] = None
     ) -> RNNMemory:

@@ -320,6 +320,21 @@ class Transformer(nn.Module):
         assert weights is not None  # the layer's, asked for
         return logits, weights[:, 0]
 
+    def parts(self) -> dict[str, list[nn.Module]]:
+        """What ``train.freeze`` names (app/train/freeze.py): the token tables, the output projection tied to them
+        and learned positions; the encoder's layers and norm; the decoder's layers, norm, output projection
+        (when untied) and pointer."""
+        return {
+            "embeddings": [self.src_embed, self.tgt_embed, *([self.positions] if self.positions is not None else [])],
+            "encoder": [self.encoder, self.enc_norm],
+            "decoder": [
+                self.decoder,
+                self.dec_norm,
+                self.out_proj,
+                *([self.pointer] if self.pointer is not None else []),
+            ],
+        }
+
     @property
     def decoder_layers(self) -> Sequence[DecoderLayer]:
         """The decoder's layers, as what they are (an nn.ModuleList holds modules of any type)."""

@@ -26,9 +26,10 @@ class ExponentialAverage:
     def __init__(self, model: nn.Module, decay: float):
         self.decay = decay
         self.model = copy.deepcopy(model).float().eval().requires_grad_(False)
-        # the same order: deepcopy keeps the module tree and its ties
-        self.averaged: list[torch.Tensor] = list(self.model.parameters())
-        self.trained: list[torch.Tensor] = list(model.parameters())
+        # the same order: deepcopy keeps the module tree and its ties; a frozen weight (train.freeze) is its own average
+        pairs = [(a, t) for a, t in zip(self.model.parameters(), model.parameters()) if t.requires_grad]
+        self.averaged: list[torch.Tensor] = [a for a, _ in pairs]
+        self.trained: list[torch.Tensor] = [t for _, t in pairs]
         self.same_dtype = all(a.dtype == t.dtype for a, t in zip(self.averaged, self.trained))
 
     def weight(self, updates: int) -> float:

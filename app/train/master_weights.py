@@ -45,7 +45,8 @@ class MasterWeights:
                 elif id(param) not in converted:
                     converted.add(id(param))
                     param.data = param.data.to(dtype)
-                    self.pairs.append((getattr(master_module, name), param))
+                    if param.requires_grad:  # a frozen weight (train.freeze) keeps the copy made here
+                        self.pairs.append((getattr(master_module, name), param))
         self.masters: list[torch.Tensor] = [master for master, _ in self.pairs]
         self.copies: list[torch.Tensor] = [low for _, low in self.pairs]
 

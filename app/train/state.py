@@ -282,6 +282,14 @@ def check_resumable_settings(cfg: Config, last_path: str) -> None:
             f"{last_path}: train.best_metric={cfg.train.best_metric} here, {metric} there: its validations are ranked "
             f"by {metric}; resume with it, or train under another name="
         )
+    frozen = recorded.get("train", {}).get("freeze", [])
+    if sorted(cfg.train.freeze) != sorted(frozen):  # AdamW's saved state is of the parameters that trained
+        given = lambda parts: f"[{','.join(parts)}]"  # noqa: E731
+        raise UserError(
+            f"{last_path}: train.freeze={given(cfg.train.freeze)} here, {given(frozen)} there: AdamW's state is of the "
+            "parameters that trained; resume with it, or go on from this run under another name= with "
+            "train.init_from=<this run> and the parts you want frozen"
+        )
     started = recorded.get("train", {}).get("init_from")
     if cfg.train.init_from and cfg.train.init_from != started:  # it would be recorded, and not be what was done
         raise UserError(

@@ -20,6 +20,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from app.config.schema import Config, TrainConfig
 from app.models import count_parameters
 from app.run.files import atomic_write_text
+from app.train.freeze import frozen_note, frozen_parameters
 from app.train.stop_rules import abortable
 from app.train.update import DECAYS, LearningRate
 from app.train.validation import sampled_seconds
@@ -54,6 +55,8 @@ def run_summary(trainer, stop_reason: str) -> dict:
     if device.type == "cuda":
         summary["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     summary.update(parameters=count_parameters(trainer.model), amp=str(trainer.dtype or "fp32"))
+    if trainer.cfg.train.freeze:
+        summary["frozen"] = {"parts": list(trainer.cfg.train.freeze), "parameters": frozen_parameters(trainer.model)}
     summary.update(ranks=s.world, accum_steps=s.accum)
     if p.init_from:
         summary["init_from"] = p.init_from
@@ -264,6 +267,8 @@ def record_start(trainer) -> None:
     cfg = trainer.cfg
     atomic_write_text(os.path.join(trainer.run_dir, "config.yaml"), OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     size = f"{count_parameters(trainer.model) / 1e6:.1f} M parameters"
+    if frozen := frozen_note(trainer.model, cfg.train.freeze):
+        size += f" ({frozen})"
     data = f"{len(trainer.data.train)} train / {len(trainer.data.dev)} dev pairs"
     if cfg.train.subword_alpha:
         data += f" ({trainer.data.train.describe()}, train.subword_alpha={cfg.train.subword_alpha:g})"

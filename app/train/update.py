@@ -20,6 +20,7 @@ from app.models.transformer import Transformer
 from app.models.transformer_layers import DecoderLayer, EncoderLayer
 from app.run import distributed
 from app.run.device import autocast
+from app.train.freeze import freeze
 from app.train.guided_alignment import guided_alignment_loss
 from app.train.master_weights import MasterWeights
 
@@ -99,10 +100,12 @@ def make_optimizer(
     model: torch.nn.Module, cfg: Config
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW (fused: one kernel for all parameters, which can skip an update on the device) with train.lr_schedule
-    (``LearningRate``)."""
+    (``LearningRate``), over the parameters that train: train.freeze's parts are frozen first (app/train/freeze.py),
+    so that neither AdamW nor the bf16 compute copy made after it holds them."""
+    freeze(model, cfg.train.freeze)
     beta1, beta2 = cfg.train.adam_betas  # two (TrainConfig checks)
     optimizer = torch.optim.AdamW(
-        model.parameters(),
+        [p for p in model.parameters() if p.requires_grad],
         lr=cfg.train.lr,
         betas=(beta1, beta2),
         weight_decay=cfg.train.weight_decay,
