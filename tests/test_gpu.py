@@ -12,7 +12,7 @@ default on CUDA) on a small real corpus, and takes seconds on an H100 apart from
 - a run killed with SIGKILL after its first checkpoint resumes at the saved step, and its per-step losses
   match an uninterrupted run's within ``LOSS_ATOL``;
 - train.capture (the default): the update recorded per batch shape and replayed gives the eager losses step by
-  step, and a shape whose capture fails trains eagerly;
+  step, leaves train.freeze's parts bit for bit, and a shape whose capture fails trains eagerly;
 - train.compile=true (and compile_mode=reduce-overhead, CUDA graphs) builds one graph over every batch shape;
 - train.oom_retry=true turns a real CUDA out-of-memory into a halved batch budget and training goes on;
 - a 1-GPU torchrun (DDP over NCCL) trains.
@@ -315,6 +315,26 @@ def test_captured_update_matches_the_eager_one_step_by_step(workdir, compiled, r
     record_property("max_abs_loss_diff", round(diff[worst], 6))
     captured, eager = losses["true"][worst], losses["false"][worst]
     assert diff[worst] <= LOSS_ATOL, f"step {worst}: {captured:.5f} captured, {eager:.5f} eager"
+
+
+def test_captured_bf16_update_leaves_frozen_parts_bit_for_bit(workdir, record_property):
+    """train.freeze=[embeddings,encoder] under the captured bf16 update: the fp32 encoder and embeddings of the last
+    checkpoint are those of the first snapshot bit for bit (no gradient, no AdamW state, no master pair recorded
+    into the graph), the decoder trained, and the update was replayed."""
+    steps, name = 30, "frozen_captured"
+    run = settings(*BASE, *TRANSFORMER, f"train.max_steps={steps}", "train.save_every=10", "train.batch_shapes=4")
+    result = run_app(workdir, "command=train", *run, f"name={name}", "train.freeze=[embeddings,encoder]")
+    assert result.returncode == 0, tail(result)
+    s = assert_trained_on_cuda(workdir, name, steps)
+    assert s["capture"]["replays"] > 0 and s["frozen"]["parts"] == ["embeddings", "encoder"], s
+    folder = workdir / "checkpoints" / name
+    first = torch.load(folder / "step_0000010.pt", map_location="cpu", weights_only=True)["model"]
+    last = torch.load(folder / "last.pt", map_location="cpu", weights_only=True)["trained_model"]
+    frozen = [k for k in first if k.startswith(("encoder.", "enc_norm.", "src_embed", "tgt_embed", "out_proj"))]
+    assert frozen and all(torch.equal(first[k], last[k]) for k in frozen)
+    trained = [k for k in first if k.startswith(("decoder.", "dec_norm."))]
+    assert any(not torch.equal(first[k], last[k]) for k in trained)
+    record_property("frozen_parameters", s["frozen"]["parameters"])
 
 
 def test_an_update_that_cannot_be_recorded_runs_eagerly(workdir, monkeypatch, caplog, record_property):
