@@ -4,6 +4,9 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
+# ARGS reach the app as typed, quotes and all (app/cli.py: typed_arguments): Hydra reads a value holding a comma, a
+# bracket or <, > only in quotes (data.train='a.es,a.en'), which the shell strips from a command line.
+app_args = NMT_ARGS="$(subst ",\",$(1))"
 STAMP := $(VENV)/.installed
 SWORD_PACKAGES := sword-text-sparv sword-text-web sword-text-kjv
 # The CPU build is a few hundred MB; an unpinned torch on Linux is the multi-GB CUDA build.
@@ -40,7 +43,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 data: setup
-	$(PY) -m app command=prepare $(ARGS)
+	$(call app_args,$(ARGS)) $(PY) -m app command=prepare
 
 # NPROC=N trains on N processes (GPUs) with torchrun and DDP; TORCHRUN_ARGS replaces --standalone for
 # several machines, e.g. TORCHRUN_ARGS="--nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=host0:29500 --rdzv_id=run1"
@@ -48,36 +51,36 @@ NPROC ?=
 TORCHRUN_ARGS ?= --standalone
 train: setup
 ifeq ($(NPROC),)
-	$(PY) -m app command=train $(ARGS)
+	$(call app_args,$(ARGS)) $(PY) -m app command=train
 else
-	$(VENV)/bin/torchrun $(TORCHRUN_ARGS) --nproc_per_node=$(NPROC) -m app command=train $(ARGS)
+	$(call app_args,$(ARGS)) $(VENV)/bin/torchrun $(TORCHRUN_ARGS) --nproc_per_node=$(NPROC) -m app command=train
 endif
 
 eval: setup
-	$(PY) -m app command=eval $(ARGS)
+	$(call app_args,$(ARGS)) $(PY) -m app command=eval
 
 translate: setup
-	$(PY) -m app command=translate $(ARGS)
+	$(call app_args,$(ARGS)) $(PY) -m app command=translate
 
 # How probable the run's model finds given translations (docs/configuration.md#scoring-translations-make-score):
 # make score ARGS="name=quick score.source=a.es score.target=a.en", or a split's references (score.split=test)
 score: setup
-	$(PY) -m app command=score $(ARGS)
+	$(call app_args,$(ARGS)) $(PY) -m app command=score
 
 # A local HTTP server for a trained run: a page that translates and draws the attention, and a JSON API
 # (docs/serving.md): make serve ARGS="name=quick" (translate.engine=ct2: its export; serve.port=8000, serve.host)
 serve: setup
-	$(PY) -m app command=serve $(ARGS)
+	$(call app_args,$(ARGS)) $(PY) -m app command=serve
 
 # A run's Transformer as a CTranslate2 model in checkpoints/<run>/ct2 (export.quantization, default int8);
 # then translate.engine=ct2 / eval.engine=ct2 decode with it.
 export: setup
-	$(PY) -m app command=export $(ARGS)
+	$(call app_args,$(ARGS)) $(PY) -m app command=export
 
 # Word links of every pair of a corpus from a trained run (docs/attention.md#word-links-of-a-corpus-make-align):
 # make align ARGS="name=<run> align.split=train" (or align.source=a.es align.target=a.en; align.reverse=<run>)
 align: setup
-	$(PY) -m app command=align $(ARGS)
+	$(call app_args,$(ARGS)) $(PY) -m app command=align
 
 tensorboard: setup
 	$(VENV)/bin/tensorboard --logdir checkpoints $(ARGS)
@@ -123,21 +126,21 @@ test-fast: lint $(BROWSER_STAMP)
 #   make compare COMPARE_DIR=checkpoints/compare_h100 COMPARE_MODELS=rnn_plain ARGS="train.max_minutes=4"
 compare: setup
 	@dir=$(or $(COMPARE_DIR),checkpoints/compare/$$(date +%Y-%m-%d_%H-%M-%S)); \
-	$(PY) -m app --multirun command=train model=$(COMPARE_MODELS) experiment=$(COMPARE_EXPERIMENT) hydra.sweep.dir=$$dir \
-	  train.evaluate=true train.auto_resume=true $(ARGS) && \
-	$(PY) -m app command=compare compare.dir=$$dir $(filter eval.% decode.% compare.%,$(ARGS))
+	$(call app_args,$(ARGS)) $(PY) -m app --multirun command=train model=$(COMPARE_MODELS) \
+	  experiment=$(COMPARE_EXPERIMENT) hydra.sweep.dir=$$dir train.evaluate=true train.auto_resume=true && \
+	$(call app_args,$(filter eval.% decode.% compare.%,$(ARGS))) $(PY) -m app command=compare compare.dir=$$dir
 
 # How much each attention head of a run's Transformer matters, masked one by one (docs/attention.md#how-much-each-head-matters-make-heads):
 # make heads ARGS="name=<run>" (heads.split=dev, heads.max_sentences=500) -> checkpoints/<run>/heads/<split>/
 heads: setup
-	$(PY) -m app command=heads $(ARGS)
+	$(call app_args,$(ARGS)) $(PY) -m app command=heads
 
 # Average the newest snapshots of a run: make average ARGS="name=<run> average.last=5" -> averaged.pt
 average: setup
-	$(PY) -m app command=average $(ARGS)
+	$(call app_args,$(ARGS)) $(PY) -m app command=average
 
 bench: setup
-	$(PY) -m app command=bench $(ARGS)
+	$(call app_args,$(ARGS)) $(PY) -m app command=bench
 
 # A lent GPU machine (no internet, PyTorch but none of the packages below): `make gpu-wheels` here puts
 # them in .whl/ as Python 3.12 wheels; carry .whl and data/ there and run `make gpu-check PART=paths` first

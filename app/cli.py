@@ -351,9 +351,29 @@ def exit_interrupted() -> NoReturn:
     sys.exit(130)
 
 
+def typed_arguments(text: str) -> list[str]:
+    """``make``'s ARGS as typed (the Makefile hands them over in NMT_ARGS): split at the spaces outside quotes, the
+    quotes kept. Hydra reads a value holding a comma, a bracket or ``<``/``>`` only in quotes, which the shell
+    would strip from a command line."""
+    words: list[str] = []
+    word, quote = "", ""
+    for char in text:
+        if char.isspace() and not quote:
+            words, word = words + [word] * bool(word), ""
+            continue
+        if quote and char == quote:
+            quote = ""
+        elif not quote and char in "'\"":
+            quote = char
+        word += char
+    if quote:
+        raise UserError(f"ARGS={text}: its {quote} quote is not closed")
+    return words + [word] * bool(word)
+
+
 def main() -> None:
-    args = sys.argv[1:]
     try:
+        sys.argv[1:] = args = sys.argv[1:] + typed_arguments(os.environ.pop("NMT_ARGS", ""))
         if args and args[0] in COMMANDS:
             raise UserError(f"the command is a setting: python -m app command={args[0]} {' '.join(args[1:])}".rstrip())
         flags = {a for a in args if a.startswith("-")}

@@ -3,6 +3,7 @@ group's presets, a misspelled key of any section gets the closest key, and every
 and cause, whatever the shape of OmegaConf's or Hydra's message."""
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -10,7 +11,7 @@ import subprocess
 import pytest
 from conftest import REPO, TINY, compose_config, run_cli
 
-from app.cli import CONF_DIR, check_arguments
+from app.cli import CONF_DIR, check_arguments, typed_arguments
 from app.config.load import config_error
 from app.config.schema import MODEL_SCHEMAS, Config
 from app.run.errors import UserError
@@ -97,6 +98,14 @@ def test_a_key_added_with_a_plus_is_refused_rather_than_ignored():
     assert refusal("+train.max_minute=2") == (
         "train.max_minute: Key 'max_minute' not in 'TrainConfig': did you mean train.max_minutes?"
     )
+
+
+def test_a_value_hydra_reads_only_in_quotes_shows_the_quoted_form():
+    assert (
+        refusal("data.extra_tag=<BT>")
+        == "data.extra_tag=<BT>: Hydra reads this value only in quotes: \"data.extra_tag='<BT>'\""
+    )
+    check_arguments(["command=train", "data.extra_train=a.tsv", "data.extra_tag='<BT>'"])  # the quoted form composes
 
 
 def test_a_null_command_is_refused_as_a_missing_one():
@@ -292,3 +301,41 @@ def test_make_refuses_a_setting_outside_args():
         'decode.beam_size=1 is a setting outside ARGS: quote them all, make eval ARGS="name=quick decode.beam_size=1"'
         in (result.stderr)
     )
+
+
+def test_args_are_split_at_spaces_outside_quotes_and_keep_them():
+    assert typed_arguments("""a=1  b='x,y' c='<BT>' d='my file.tsv' e=[1,2] f="q r" g="it's" """) == [
+        "a=1",
+        "b='x,y'",
+        "c='<BT>'",
+        "d='my file.tsv'",
+        "e=[1,2]",
+        'f="q r"',
+        'g="it\'s"',
+    ]
+    assert typed_arguments("") == typed_arguments("  ") == []
+    with pytest.raises(UserError, match="^ARGS=a='x: its ' quote is not closed$"):
+        typed_arguments("a='x")
+
+
+@pytest.mark.slow
+def test_make_hands_args_over_as_typed_quotes_and_all(tmp_path):
+    """The shell strips quotes from a command line, and Hydra reads a value holding a comma or <, > only in quotes:
+    make passes ARGS to the app as typed, so the forms the docs and the refusals show work through make."""
+    shell = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    rows = [(f"frase numero {i} de prueba", f"test sentence number {i}") for i in range(100)]
+    for name, column in (("a.es", 0), ("a.en", 1), ("b.es", 0), ("b.en", 1)):
+        bt = name.startswith("b")
+        (tmp_path / name).write_text("".join(("otra " * bt) + r[column] + "\n" for r in rows), encoding="utf-8")
+    args = (
+        f"data=files data.train='{tmp_path}/a.es,{tmp_path}/a.en' data.dir={tmp_path}/d tokenizer.vocab_size=60 "
+        "data.dev_fraction=0.1 data.test_fraction=0.1 "
+        f"data.extra_train='{tmp_path}/b.es,{tmp_path}/b.en' data.extra_tag='<BT>'"
+    )
+    result = subprocess.run(
+        ["make", "-s", "data", f"ARGS={args}"], cwd=REPO, capture_output=True, text=True, env=shell, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    with open(tmp_path / "d" / "prepare.json", encoding="utf-8") as f:
+        report = json.load(f)
+    assert report["extra"] == {"pairs": 100, "dropped": {}} and report["pairs"]["train"] > 150

@@ -9,7 +9,7 @@ import shlex
 import pytest
 from conftest import REPO
 
-from app.cli import check_arguments
+from app.cli import check_arguments, typed_arguments
 from app.run.errors import UserError
 
 # make targets and the command each runs (Makefile); compare composes its training sweep
@@ -54,15 +54,20 @@ def documented_commands() -> list:
             overrides = [f"command={MAKE_COMMANDS[match.group('target')]}"]
             if match.group("target") == "compare":
                 overrides += [f"model={made['COMPARE_MODELS']}", f"experiment={made['COMPARE_EXPERIMENT']}"]
-            found.append(pytest.param(overrides + placeholders(match.group("args").strip("\"'")), id=where))
+            args = placeholders(
+                match.group("args")[1:-1] if match.group("args")[0] in "\"'" else match.group("args"), make=True
+            )
+            found.append(pytest.param(overrides + args, id=where))
     return found
 
 
-def placeholders(line: str) -> list[str]:
-    """The overrides of a documented line, with its placeholders filled or left out."""
+def placeholders(line: str, make: bool = False) -> list[str]:
+    """The overrides of a documented line, with its placeholders filled or left out; make's ARGS reach the app as
+    typed, quotes and all (app/cli.py: typed_arguments), a shell line without its quotes."""
     line = re.sub(r"<[^>]*overrides[^>]*>", "", line)
     line = re.sub(r"<[a-z_ ]+>", "1", line).replace("…", "...")  # a name, a run folder, a seed; more
-    return [word for word in shlex.split(line, comments=True) if word != "..." and not word.startswith("$")]
+    words = typed_arguments(line) if make else shlex.split(line, comments=True)
+    return [word for word in words if word != "..." and not word.startswith("$")]
 
 
 COMMANDS = documented_commands()

@@ -161,7 +161,11 @@ def test_the_reverse_direction_has_the_same_splits_turned_round_with_its_links(t
     from app.data.prepare import PREPARE_VERSION, _fingerprint
     from app.run.files import stable_hash
 
-    before = {k: v for k, v in asdict(forward).items() if k not in ("num_proc", "aligner", "reverse")}
+    before = {
+        k: v
+        for k, v in asdict(forward).items()
+        if k not in ("num_proc", "aligner", "reverse", "extra_train", "extra_tag")
+    }
     key = {"version": PREPARE_VERSION, "settings": before, "inputs": _fingerprint(forward), "split_key": "text"}
     assert cache_key(forward) == stable_hash(key)  # as before data.reverse: no corpus is prepared again
 

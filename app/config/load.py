@@ -74,6 +74,10 @@ def config_error(err: Exception) -> str:
     lines = _lines(str(cause)) or _lines(text)
     message = next((line for line in lines if not line.endswith(":")), lines[0] if lines else type(err).__name__)
     where = re.match(r"In '([^']+)': \w+ raised while composing config", text)
+    unreadable = re.fullmatch(r"LexerNoViableAltException: ([\w.+~]+)=(.*)", message)
+    if unreadable:  # a value with characters Hydra's grammar reads only in quotes (<, >, =, ...)
+        key, value = unreadable.groups()
+        return f"{key}={value}: Hydra reads this value only in quotes: \"{key}='{value}'\""
     if "Missing mandatory value" in message and key:
         return f"{key} is not set: give {key}=..."
     if where:

@@ -7,9 +7,7 @@ these dataclasses (``OmegaConf.to_object``), which is what every stage reads.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -28,6 +26,7 @@ from app.config.commands import (
     TranslateConfig,
     VizConfig,
 )
+from app.config.corpus_folder import corpus_folder, corpus_name
 from app.config.ranges import check_model_ranges, check_rules, rnn_rules, train_rules
 from app.run.errors import UserError
 
@@ -87,6 +86,12 @@ class DataConfig(Checked, section="data"):
     # the corpus's other direction: each pair's target the source and its links i-j as j-i, in the same splits (a
     # run for align.reverse, back-translation); data.src_lang stays the corpus's. Unset data.dir: data/<name>_reverse
     reverse: bool = False
+    # more training pairs, such as back-translations or a teacher's translations: a .tsv/.jsonl file or 'a.es,a.en', in
+    # the corpus's direction, added to the train split only; a pair holding a dev or test sentence is dropped
+    # (app/data/extra_pairs.py). Unset data.dir: data/<name>_plus_<stem>_<digest>
+    extra_train: Optional[str] = None
+    # a word put before each extra pair's source, one tokenizer piece (tagged back-translation, Caswell et al. 2019)
+    extra_tag: Optional[str] = None
     # hf: dataset name or local path given to datasets.load_dataset, plus field mapping
     hf_path: Optional[str] = None
     hf_config: Optional[str] = None
@@ -105,7 +110,7 @@ class DataConfig(Checked, section="data"):
 
     def __post_init__(self) -> None:
         check_choices(self)
-        dev, test = self.dev_fraction, self.test_fraction
+        dev, test, tag = self.dev_fraction, self.test_fraction, self.extra_tag
         rules = {  # the first one broken is the error
             f"data.dev_fraction={dev} must be in [0, 1): the share of the pairs carved out of train for dev "
             "(unless data.dev is given)": not 0 <= dev < 1,
@@ -115,13 +120,16 @@ class DataConfig(Checked, section="data"):
             "train split": not dev + test < 1,
             f"data.max_train_pairs={self.max_train_pairs} must be >= 0 (0: all)": self.max_train_pairs < 0,
             f"data.num_proc={self.num_proc} must be >= 0 (0: one per CPU core for big corpora)": self.num_proc < 0,
+            f"data.extra_tag={tag!r} tags the pairs of data.extra_train, which is not set": tag is not None
+            and not self.extra_train,
+            f"data.extra_tag={tag!r} must be one word: no spaces, tabs or line breaks": tag is not None
+            and (not tag or tag != "".join(tag.split())),
         }
         check_rules(rules)
         self.src_field = self.src_field or f"translation.{self.src_lang}"
         self.tgt_field = self.tgt_field or f"translation.{self.tgt_lang}"
         self.name = self.name or corpus_name(self)
-        suffix = "_reverse" * self.reverse + ("" if self.aligner == "none" else f"_{self.aligner}")
-        self.dir = self.dir or os.path.join("data", self.name + suffix)
+        self.dir = self.dir or corpus_folder(self)
         if self.aligner != "none" and self.train_align:
             raise UserError(f"data.aligner={self.aligner} writes the train links: not with data.train_align")
 
@@ -129,20 +137,6 @@ class DataConfig(Checked, section="data"):
 def target_language(data: DataConfig) -> str:
     """The language a run translates into: data.tgt_lang, data.src_lang for data.reverse=true."""
     return data.src_lang if data.reverse else data.tgt_lang
-
-
-def corpus_name(cfg: DataConfig) -> str:
-    """A folder name for a corpus given without data.name: distinct inputs get distinct names, so one
-    corpus's prepared splits and tokenizer never replace another's."""
-    if cfg.source == "bible":
-        name = f"bible_{cfg.src_module}_{cfg.tgt_module}"
-    elif cfg.source == "hf":
-        name = "_".join(filter(None, ["hf", os.path.basename(str(cfg.hf_path).rstrip("/")), cfg.hf_config]))
-    else:  # local files: the train file's stem and a digest of where all the files are
-        paths = [os.path.abspath(p) for split in (cfg.train, cfg.dev, cfg.test) if split for p in split.split(",")]
-        stem = os.path.splitext(os.path.basename(paths[0]))[0] if paths else cfg.source
-        name = f"{stem}_{hashlib.sha1(' '.join(paths).encode()).hexdigest()[:6]}"
-    return re.sub(r"[^\w.-]+", "_", name)
 
 
 @dataclass

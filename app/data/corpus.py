@@ -73,7 +73,8 @@ def prepare_data(cfg: Config, verify: bool = False) -> Tokenizer:
     finds the work done."""
     with owning(cfg.data.dir):
         prepare(cfg.data, verify)
-        tokenizer = build_tokenizer(cfg.data.dir, cfg.tokenizer, verify)
+        tags = (cfg.data.extra_tag,) if cfg.data.extra_tag else ()
+        tokenizer = build_tokenizer(cfg.data.dir, cfg.tokenizer, verify, tags)
         for split in SPLITS:
             tokenized(cfg.data.dir, split, tokenizer, cfg.data.num_proc, verify)
     return tokenizer

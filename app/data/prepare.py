@@ -20,6 +20,7 @@ from tqdm import tqdm
 from app.config.schema import DataConfig, FilterConfig
 from app.data.aligner import check_aligner, write_aligner_links
 from app.data.cache import cached, mark_done
+from app.data.extra_pairs import HeldOut, check_extra_train, extra_pairs
 from app.data.osis import CLEAN_VERSION as OSIS_CLEAN_VERSION
 from app.data.sources import SPLITS, Pair, read_source, reversed_pair
 from app.run.errors import UserError
@@ -105,13 +106,19 @@ def _fingerprint(cfg: DataConfig) -> dict:
             if os.path.isfile(cfg.hf_path)
             else sorted(os.path.join(folder, name) for folder, _, names in os.walk(cfg.hf_path) for name in names)
         )
+    paths += cfg.extra_train.split(",") if cfg.extra_train else []
     return {p: (os.path.getsize(p), os.stat(p).st_mtime_ns) if os.path.exists(p) else None for p in paths}
 
 
 def cache_key(cfg: DataConfig) -> str:
     settings = asdict(cfg)
     settings.pop("num_proc", None)  # how many processes tokenize does not change the prepared splits
-    for flag, off in (("aligner", "none"), ("reverse", False)):  # corpora prepared before the setting stay as they are
+    for flag, off in (
+        ("aligner", "none"),
+        ("reverse", False),
+        ("extra_train", None),
+        ("extra_tag", None),
+    ):  # corpora prepared before the setting stay as they are
         if settings.get(flag) == off:
             settings.pop(flag)
     key = {"version": PREPARE_VERSION, "settings": settings, "inputs": _fingerprint(cfg)}
@@ -140,6 +147,7 @@ def prepare(cfg: DataConfig, verify: bool = False) -> dict:
         return report
 
     check_aligner(cfg.aligner)
+    check_extra_train(cfg)
     log.info("data: preparing %s from source %r", cfg.dir, cfg.source)
     raw = read_source(cfg)
     # Splits the source does not provide are carved out of train by the id hash.
@@ -148,6 +156,7 @@ def prepare(cfg: DataConfig, verify: bool = False) -> dict:
     # Dev/test keep duplicates: they are what the user asked to be scored on.
     filters = {s: PairFilter(cfg.filters, dedup=cfg.filters.dedup and s == "train") for s in SPLITS}
     kept: Counter[str] = Counter()
+    held_out = HeldOut()  # what extra training pairs must not hold
     full = lambda split: split == "train" and 0 < cfg.max_train_pairs <= kept["train"]  # noqa: E731
     with contextlib.ExitStack() as files:  # pairs stream from the source into the split files
         out = {s: files.enter_context(atomic_open(os.path.join(cfg.dir, f"{s}.tsv"), "w")) for s in SPLITS}
@@ -162,6 +171,8 @@ def prepare(cfg: DataConfig, verify: bool = False) -> dict:
             if clean.links is not None and split not in aligned:
                 aligned[split] = files.enter_context(atomic_open(os.path.join(cfg.dir, f"{split}.align"), "w"))
             out[split].write(f"{clean.id}\t{clean.src}\t{clean.tgt}\n")
+            if split != "train":
+                held_out.add(clean)
             if clean.links is not None:  # then the split's file is open (the first pair decided)
                 aligned[split].write(clean.links + "\n")
             kept[split] += 1
@@ -173,6 +184,13 @@ def prepare(cfg: DataConfig, verify: bool = False) -> dict:
         for split in ("dev", "test"):
             for pair in raw[split] or ():
                 write(split, pair)
+        extra = PairFilter(cfg.filters, dedup=cfg.filters.dedup)
+        extra.seen = filters["train"].seen  # a copy of a corpus pair is a duplicate
+        if cfg.extra_train:
+            split_of_id = lambda pair_id: split_of(pair_id, dev_fraction, test_fraction)  # noqa: E731
+            kept["extra"] = _write_pairs(extra_pairs(cfg, held_out, extra, split_of_id), out["train"])
+            if not kept["extra"]:
+                raise UserError(f"data.extra_train={cfg.extra_train}: every pair was dropped ({dict(extra.dropped)})")
         for split in SPLITS:
             if not kept[split]:
                 raise UserError(
@@ -184,6 +202,12 @@ def prepare(cfg: DataConfig, verify: bool = False) -> dict:
         stale = os.path.join(cfg.dir, f"{split}.align")
         if split not in aligned and os.path.exists(stale):  # links of an earlier preparation
             os.remove(stale)
+    if cfg.extra_train:
+        tagged = f", tagged {cfg.extra_tag}" if cfg.extra_tag else ""
+        dropped = dict(extra.dropped) or "none"
+        log.info(
+            "data: train: %d extra pairs from %s kept%s, dropped %s", kept["extra"], cfg.extra_train, tagged, dropped
+        )
     linked = [os.path.join(cfg.dir, f"{split}.align") for split in sorted(aligned)]
     if cfg.aligner != "none":  # train.align from the aligner, in place of any reference links of the train split
         linked = sorted(set(linked) | set(write_aligner_links(cfg.dir, cfg.aligner, SPLITS)))
@@ -193,10 +217,20 @@ def prepare(cfg: DataConfig, verify: bool = False) -> dict:
         outputs + linked,
         source=cfg.source,
         dropped={s: dict(filters[s].dropped) for s in SPLITS},
-        pairs={s: kept[s] for s in SPLITS},
+        pairs={s: kept[s] + kept["extra"] * (s == "train") for s in SPLITS},
+        **({"extra": {"pairs": kept["extra"], "dropped": dict(extra.dropped)}} if cfg.extra_train else {}),
         aligned=sorted({*aligned, *(["train"] if cfg.aligner != "none" else [])}),
     )
 
 
+def _write_pairs(pairs: Iterable[Pair], out) -> int:
+    written = 0
+    for pair in tqdm(pairs, desc="extra pairs", unit=" pairs", mininterval=2, leave=False, disable=None):
+        out.write(f"{pair.id}\t{pair.src}\t{pair.tgt}\n")
+        written += 1
+    return written
+
+
 def _counts_text(report: dict) -> str:
-    return ", ".join(f"{split} {n}" for split, n in report["pairs"].items())
+    extra = f" (of which {report['extra']['pairs']} extra)" if "extra" in report else ""
+    return ", ".join(f"{split} {n}{extra * (split == 'train')}" for split, n in report["pairs"].items())

@@ -103,7 +103,7 @@ class _Pulled:
             raise
 
 
-def _train_one(sentences: Iterator[str], path: str, cfg: TokenizerConfig) -> None:
+def _train_one(sentences: Iterator[str], path: str, cfg: TokenizerConfig, symbols: tuple[str, ...]) -> None:
     model, pulled = io.BytesIO(), _Pulled(sentences)
     try:
         spm.SentencePieceTrainer.train(
@@ -118,6 +118,7 @@ def _train_one(sentences: Iterator[str], path: str, cfg: TokenizerConfig) -> Non
             unk_id=UNK,
             bos_id=BOS,
             eos_id=EOS,
+            user_defined_symbols=list(symbols),  # always one piece each, never split or merged
             hard_vocab_limit=False,  # a tiny corpus gets a smaller vocabulary instead of an error
             input_sentence_size=cfg.input_sentence_size,
             shuffle_input_sentence=True,
@@ -146,10 +147,13 @@ def _train_one(sentences: Iterator[str], path: str, cfg: TokenizerConfig) -> Non
     atomic_write(path, lambda f: f.write(model.getvalue()))
 
 
-def build_tokenizer(data_dir: str, cfg: TokenizerConfig, verify: bool = False) -> Tokenizer:
+def build_tokenizer(
+    data_dir: str, cfg: TokenizerConfig, verify: bool = False, symbols: tuple[str, ...] = ()
+) -> Tokenizer:
     """Train (or reuse) the SentencePiece model(s) for the prepared corpus in ``data_dir``; a model that
     is damaged (app/data/cache.py; ``verify``: by its content hash) or does not load is trained again.
-    With ``tokenizer.dir``, the model(s) there, as they are: another corpus's, never retrained here."""
+    ``symbols`` are words kept as one piece each (data.extra_tag). With ``tokenizer.dir``, the model(s) there,
+    as they are: another corpus's, never retrained here."""
     src_path, tgt_path = model_paths(data_dir, cfg)
     if cfg.dir:
         missing = [p for p in dict.fromkeys((src_path, tgt_path)) if not os.path.exists(p)]
@@ -157,11 +161,19 @@ def build_tokenizer(data_dir: str, cfg: TokenizerConfig, verify: bool = False) -
             name = os.path.basename(missing[0])
             raise UserError(f"tokenizer.dir={cfg.dir}: no {name} there (these tokenizer settings)")
         log.info("tokenizer: %s (tokenizer.dir), not trained on %s", src_path, data_dir)
-        return Tokenizer(src_path, tgt_path)
+        tokenizer = Tokenizer(src_path, tgt_path)
+        for symbol in symbols:
+            if tokenizer.src.piece_to_id(symbol) == UNK:
+                raise UserError(
+                    f"data.extra_tag={symbol}: not a piece of tokenizer.dir={cfg.dir}'s model, which would split it; "
+                    "a tag the model was trained with, or none"
+                )
+        return tokenizer
     train_path = os.path.join(data_dir, "train.tsv")
     stamp_path = f"{src_path}.json"  # joint and separate models of one size keep separate stamps
     # as before the settings dir and byte_fallback (unset): caches stay valid
     settings = {k: v for k, v in asdict(cfg).items() if k != "dir" and (k != "byte_fallback" or v)}
+    settings |= {"symbols": list(symbols)} if symbols else {}
     key = stable_hash({"train": file_hash(train_path), "cfg": settings})
     if cached(stamp_path, key, [src_path, tgt_path], verify):
         try:
@@ -182,9 +194,9 @@ def build_tokenizer(data_dir: str, cfg: TokenizerConfig, verify: bool = False) -
     )
     # sentences stream from the file; SentencePiece keeps a sample of input_sentence_size of them
     if cfg.joint:
-        _train_one(_column(train_path, 1, 2), src_path, cfg)
-    else:
-        _train_one(_column(train_path, 1), src_path, cfg)
-        _train_one(_column(train_path, 2), tgt_path, cfg)
+        _train_one(_column(train_path, 1, 2), src_path, cfg, symbols)
+    else:  # the tags are the source's
+        _train_one(_column(train_path, 1), src_path, cfg, symbols)
+        _train_one(_column(train_path, 2), tgt_path, cfg, ())
     mark_done(stamp_path, key, [src_path, tgt_path])
     return Tokenizer(src_path, tgt_path)
