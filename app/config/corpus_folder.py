@@ -6,10 +6,25 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from typing import TYPE_CHECKING
+from typing import Optional, Protocol
 
-if TYPE_CHECKING:
-    from app.config.schema import DataConfig
+
+class CorpusSettings(Protocol):
+    """The data settings a corpus's folder is named by (app.config.schema.DataConfig)."""
+
+    source: str
+    name: str
+    src_module: str
+    tgt_module: str
+    hf_path: Optional[str]
+    hf_config: Optional[str]
+    train: Optional[str]
+    dev: Optional[str]
+    test: Optional[str]
+    reverse: bool
+    aligner: str
+    extra_train: Optional[str]
+    extra_tag: Optional[str]
 
 
 def _digest(*parts: str) -> str:
@@ -20,7 +35,7 @@ def _paths(spec: str) -> list[str]:
     return [os.path.abspath(p) for p in spec.split(",")]
 
 
-def corpus_name(cfg: DataConfig) -> str:
+def corpus_name(cfg: CorpusSettings) -> str:
     """A folder name for a corpus given without data.name: distinct inputs get distinct names."""
     if cfg.source == "bible":
         name = f"bible_{cfg.src_module}_{cfg.tgt_module}"
@@ -33,7 +48,7 @@ def corpus_name(cfg: DataConfig) -> str:
     return re.sub(r"[^\w.-]+", "_", name)
 
 
-def corpus_folder(cfg: DataConfig) -> str:
+def corpus_folder(cfg: CorpusSettings) -> str:
     """``data/<name>``, with a suffix for each setting that changes what the corpus holds: ``_reverse``, the
     aligner's name, and ``_plus_<stem>_<digest>`` for extra training pairs (their files and tag)."""
     suffix = "_reverse" * cfg.reverse + ("" if cfg.aligner == "none" else f"_{cfg.aligner}")

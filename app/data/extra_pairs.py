@@ -13,17 +13,15 @@ word as one piece.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Optional
 
 from app.config.schema import DataConfig
 from app.data.sources import Pair, read_parallel_file, reversed_pair
 from app.data.text_files import check_file
 from app.run.errors import UserError
-
-if TYPE_CHECKING:
-    from app.data.prepare import PairFilter
 
 
 def _digest(text: str) -> bytes:
@@ -57,20 +55,25 @@ def check_extra_train(cfg: DataConfig) -> None:
 
 
 def extra_pairs(
-    cfg: DataConfig, held_out: HeldOut, clean: PairFilter, split_of_id: Callable[[str], str]
+    cfg: DataConfig,
+    held_out: HeldOut,
+    clean: Callable[[Pair], Optional[Pair]],
+    dropped: Counter[str],
+    split_of_id: Callable[[str], str],
 ) -> Iterator[Pair]:
     """The pairs of ``data.extra_train`` that may join the train split, cleaned by ``clean`` (the train split's
     filters; sharing its record of pairs seen, a copy of a corpus pair is a duplicate), turned round with the corpus
-    (``data.reverse``) and tagged (``data.extra_tag``). ``clean.dropped`` counts what is dropped, by reason."""
+    (``data.reverse``) and tagged (``data.extra_tag``). ``dropped``, the counter ``clean`` fills, gains the pairs
+    dropped here, by reason."""
     for pair in read_parallel_file(str(cfg.extra_train), cfg.src_lang, cfg.tgt_lang):
         if not pair.numbered and split_of_id(pair.id) != "train":
-            clean.dropped["held-out id"] += 1
+            dropped["held-out id"] += 1
             continue
         cleaned = clean(reversed_pair(pair) if cfg.reverse else pair)
         if cleaned is None:
             continue
         if held_out.holds(cleaned):
-            clean.dropped["held-out sentence"] += 1
+            dropped["held-out sentence"] += 1
             continue
         source = f"{cfg.extra_tag} {cleaned.src}" if cfg.extra_tag else cleaned.src
         yield replace(cleaned, id=f"extra:{cleaned.id}", src=source)

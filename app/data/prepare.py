@@ -188,7 +188,7 @@ def prepare(cfg: DataConfig, verify: bool = False) -> dict:
         extra.seen = filters["train"].seen  # a copy of a corpus pair is a duplicate
         if cfg.extra_train:
             split_of_id = lambda pair_id: split_of(pair_id, dev_fraction, test_fraction)  # noqa: E731
-            kept["extra"] = _write_pairs(extra_pairs(cfg, held_out, extra, split_of_id), out["train"])
+            kept["extra"] = _write_pairs(extra_pairs(cfg, held_out, extra, extra.dropped, split_of_id), out["train"])
             if not kept["extra"]:
                 raise UserError(f"data.extra_train={cfg.extra_train}: every pair was dropped ({dict(extra.dropped)})")
         for split in SPLITS:
