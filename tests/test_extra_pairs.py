@@ -8,6 +8,7 @@ from dataclasses import asdict
 
 import pytest
 from conftest import TINY, run_cli
+from test_prepare import corpus_rows, data_cfg
 
 from app.config.schema import DataConfig, FilterConfig, TokenizerConfig
 from app.data.prepare import PREPARE_VERSION, _fingerprint, cache_key, prepare, read_tsv
@@ -15,15 +16,6 @@ from app.data.sources import SPLITS
 from app.data.tokenizer import build_tokenizer
 from app.run.errors import UserError
 from app.run.files import stable_hash
-
-
-def corpus_rows(n=300):
-    return [(f"s{i}", f"frase numero {i} en espanol", f"sentence number {i} in english") for i in range(n)]
-
-
-def data_cfg(tmp_path, **kw) -> DataConfig:
-    base = dict(source="files", name="t", dir=str(tmp_path / "d"), dev_fraction=0.1, test_fraction=0.1)
-    return DataConfig(**{**base, **kw})
 
 
 def splits_of(cfg):
@@ -38,7 +30,7 @@ def write_lines(path, lines):
 @pytest.fixture
 def corpus(tmp_path, write_tsv):
     """The corpus prepared without extra pairs: its splits, and the path of its file."""
-    path = write_tsv("corpus.tsv", corpus_rows())
+    path = write_tsv("corpus.tsv", corpus_rows(300))
     plain = data_cfg(tmp_path, train=path, dir=str(tmp_path / "plain"))
     prepare(plain)
     return splits_of(plain), path
