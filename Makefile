@@ -107,6 +107,8 @@ $(BROWSER_STAMP): | setup
 # run at full speed), then the tests that hold runs to wall-clock budgets, alone: beside another worker their
 # timings would measure the machine. Both parts run; the recipe fails with the first failing part's code.
 # pytest exits 5 when it collected no test: a failure, unless ARGS narrowed the selection to one part's tests.
+# Each worker runs the CLI as forks of a warm interpreter that imported torch & co. once (tests/warm_cli.py);
+# NMT_TESTS_FRESH=1 gives every CLI run an interpreter of its own instead.
 NARROWED := $(if $(strip $(ARGS)),1,0)
 test: lint $(BROWSER_STAMP)
 	@OMP_NUM_THREADS=1 $(PY) -m pytest tests -n 2 --dist loadfile -m "not wall_clock" $(ARGS); parallel=$$?; \

@@ -9,6 +9,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+import atexit  # noqa: E402
 import subprocess  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 
@@ -83,16 +84,58 @@ TINY = [
 ]
 
 
-def run_cli(cwd, *args, stdin=None, timeout=600, env=None):
-    """``python -m app ARGS`` in ``cwd``, as a user runs it; returns the CompletedProcess."""
-    env = {**os.environ, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0", **(env or {})}
+_warm = None  # tests/warm_cli.py WarmInterpreter, made at the first run
+_fresh_test = False  # the running test is marked fresh_interpreter
+forked_runs = 0  # the runs a warm interpreter answered
+
+
+@pytest.fixture(autouse=True)
+def _fresh_interpreters(request):
+    """A test marked fresh_interpreter compares processes (a resume, a seed): each of its runs gets its own
+    interpreter, with its own string hash seed, as a user's would."""
+    global _fresh_test
+    _fresh_test = request.node.get_closest_marker("fresh_interpreter") is not None
+    yield
+    _fresh_test = False
+
+
+def _close_warm() -> None:
+    if _warm is not None:
+        _warm.close()
+
+
+def run_cli(cwd, *args, stdin=None, timeout=600, env=None, fresh=False):
+    """``python -m app ARGS`` in ``cwd``, as a user runs it; returns the CompletedProcess.
+
+    A fork of this test process's warm interpreter runs it (tests/warm_cli.py: the same command without its
+    seconds of imports) unless ``fresh``, ``env`` or a fresh_interpreter test asks for an interpreter of its own,
+    or NMT_TESTS_FRESH=1 asks it of every run. A test that changed the environment gets a new warm interpreter,
+    made in it."""
+    global _warm, forked_runs
+    full_env = {**os.environ, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0", **(env or {})}
+    if not (fresh or env or _fresh_test or os.environ.get("NMT_TESTS_FRESH") == "1"):
+        from warm_cli import WarmInterpreter
+
+        if _warm is None:
+            atexit.register(_close_warm)
+        elif not _warm.serves(full_env):
+            _warm.close()
+            _warm = None
+        _warm = _warm or WarmInterpreter(full_env, REPO)
+        if _warm.lock.acquire(blocking=False):
+            try:
+                result = _warm.run(cwd, args, stdin, timeout, full_env)
+                forked_runs += 1
+                return result
+            finally:
+                _warm.lock.release()
     return subprocess.run(
         [sys.executable, "-m", "app", *args],
         cwd=cwd,
         input=stdin,
         capture_output=True,
         text=True,
-        env=env,
+        env=full_env,
         timeout=timeout,
     )
 

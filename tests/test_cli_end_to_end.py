@@ -155,6 +155,7 @@ def test_translate_reads_stdin_and_writes_one_line_per_input(workdir):
     )
 
 
+@pytest.mark.fresh_interpreter
 def test_translate_samples_the_same_translations_for_the_same_seed(workdir):
     lines = "En el principio.\nY dijo Dios.\nY fue la tarde y la mañana.\n"
     sample = ("command=translate", "name=tiny", "device=cpu", "decode.beam_size=1", "decode.sampling=true")
@@ -436,6 +437,7 @@ def test_an_ensemble_of_checkpoints_evaluates_and_translates_as_one_model(workdi
         assert refused.returncode == 2 and message in refused.stderr and "Traceback" not in refused.stderr, args
 
 
+@pytest.mark.fresh_interpreter
 def test_resume_continues_from_last_checkpoint(workdir):
     result = run_cli(workdir, "command=train", *TINY, "train.max_steps=60", "train.resume=true")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -113,6 +113,7 @@ def test_a_tokenizer_dir_without_the_model_is_named(parent, monkeypatch):
         build_tokenizer("data/other", cfg.tokenizer)
 
 
+@pytest.mark.fresh_interpreter
 @pytest.mark.slow
 def test_fine_tune_then_eval_translate_and_resume_through_the_cli(parent):
     """The fine-tuned run as a user meets it: trained, evaluated and used to translate with the parent's

@@ -30,6 +30,7 @@ def test_the_run_says_how_long_its_epochs_take():
     assert hint == "at 0.5 s/step, the 16 steps left of train.max_steps=20 take about 8 s"
 
 
+@pytest.mark.fresh_interpreter
 @pytest.mark.slow
 def test_a_run_stops_after_its_epochs_and_a_resume_trains_the_next(tmp_path, corpus_tsv):
     shutil.copy(corpus_tsv, tmp_path / "corpus.tsv")

@@ -66,6 +66,7 @@ def workdir(tmp_path_factory, corpus_tsv):
     return root
 
 
+@pytest.mark.fresh_interpreter
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_saves_and_resume_is_bit_exact(workdir, sig):
     name = f"stopped_{sig.name}"
@@ -110,6 +111,7 @@ def test_sigkill_loses_only_the_steps_since_the_last_checkpoint(workdir):
         assert torch.equal(value, weights(run / "last.pt")[key]), key
 
 
+@pytest.mark.fresh_interpreter
 def test_auto_resume_continues_a_killed_run_and_keeps_a_finished_one(workdir):
     """What lets make compare continue a cut sweep: the same command again resumes a killed run from its
     last.pt, then leaves the finished run (and its evaluation) as it is, and evaluates it if that was cut."""

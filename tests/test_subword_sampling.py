@@ -148,6 +148,7 @@ RUN = [a for a in TINY if not a.startswith(("train.eval_every", "train.save_ever
 ]
 
 
+@pytest.mark.fresh_interpreter
 @pytest.mark.slow
 def test_a_resumed_run_trains_on_the_same_segmentations(tiny_corpus):
     """Per-step losses of a run stopped at step 15 and resumed, against one run straight through: bit for bit,

@@ -81,6 +81,7 @@ def test_windows_write_what_one_window_writes(workdir, settings):
     )
 
 
+@pytest.mark.fresh_interpreter
 @pytest.mark.parametrize("nbest", [1, 3])
 def test_an_output_cut_anywhere_is_resumed_to_the_same_bytes(workdir, nbest):
     """The whole output, cut at a line's end, in the middle of lines and at its end, then resumed with
