@@ -167,6 +167,7 @@ class WarmInterpreter:
         if self.alive():
             self.process.stdin.close()
             self.process.wait(30)
+        self.log.close()
         os.unlink(self.log.name)
 
 
