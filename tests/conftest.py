@@ -104,6 +104,59 @@ def _close_warm() -> None:
         _warm.close()
 
 
+def _warm_interpreter(full_env: dict, fresh: bool):
+    """The test process's warm interpreter for this environment, or None where a fresh one is asked for."""
+    global _warm
+    if fresh or _fresh_test or os.environ.get("NMT_TESTS_FRESH") == "1":
+        return None
+    from warm_cli import WarmInterpreter
+
+    if _warm is None:
+        atexit.register(_close_warm)
+    elif not _warm.serves(full_env):
+        _warm.close()
+        _warm = None
+    _warm = _warm or WarmInterpreter(full_env, REPO)
+    return _warm
+
+
+def start_cli(cwd, *args, output):
+    """``python -m app ARGS`` started in ``cwd`` as a shell starts it (its own process group, SIGINT handled),
+    its stdout and stderr written into the file ``output``; returns the process (``pid``, ``poll``, ``wait``,
+    ``returncode``). A fork of the warm interpreter where run_cli would use one and it is free, else a fresh
+    interpreter. The caller waits for it, or kills its process group and then waits."""
+    global forked_runs
+    full_env = {**os.environ, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0"}
+    open(output, "wb").close()  # there, empty, from the start
+    warm = _warm_interpreter(full_env, fresh=False)
+    if warm is not None and warm.lock.acquire(blocking=False):
+        try:
+            process = warm.start(cwd, args, full_env, str(output), str(output), on_end=warm.lock.release)
+        except BaseException:
+            warm.lock.release()
+            raise
+        forked_runs += 1
+        return process
+    with open(output, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "app", *args],
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            start_new_session=True,
+            preexec_fn=as_a_terminal_starts_it,
+        )
+
+
+def as_a_terminal_starts_it() -> None:
+    """In the child, before Python starts: SIGINT handled by default, as in a process a terminal's shell starts. A
+    test runner's worker (pytest-xdist's) may ignore SIGINT, and a child inherits an ignored signal."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_cli(cwd, *args, stdin=None, timeout=600, env=None, fresh=False):
     """``python -m app ARGS`` in ``cwd``, as a user runs it; returns the CompletedProcess.
 
@@ -111,24 +164,16 @@ def run_cli(cwd, *args, stdin=None, timeout=600, env=None, fresh=False):
     seconds of imports) unless ``fresh``, ``env`` or a fresh_interpreter test asks for an interpreter of its own,
     or NMT_TESTS_FRESH=1 asks it of every run. A test that changed the environment gets a new warm interpreter,
     made in it."""
-    global _warm, forked_runs
+    global forked_runs
     full_env = {**os.environ, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0", **(env or {})}
-    if not (fresh or env or _fresh_test or os.environ.get("NMT_TESTS_FRESH") == "1"):
-        from warm_cli import WarmInterpreter
-
-        if _warm is None:
-            atexit.register(_close_warm)
-        elif not _warm.serves(full_env):
-            _warm.close()
-            _warm = None
-        _warm = _warm or WarmInterpreter(full_env, REPO)
-        if _warm.lock.acquire(blocking=False):
-            try:
-                result = _warm.run(cwd, args, stdin, timeout, full_env)
-                forked_runs += 1
-                return result
-            finally:
-                _warm.lock.release()
+    warm = _warm_interpreter(full_env, fresh=fresh or bool(env))
+    if warm is not None and warm.lock.acquire(blocking=False):
+        try:
+            result = warm.run(cwd, args, stdin, timeout, full_env)
+            forked_runs += 1
+            return result
+        finally:
+            warm.lock.release()
     return subprocess.run(
         [sys.executable, "-m", "app", *args],
         cwd=cwd,

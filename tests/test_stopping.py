@@ -11,62 +11,40 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY, run_cli
+from conftest import REPO, TINY, as_a_terminal_starts_it, run_cli, start_cli
 
 from app.run.folder_lock import LOCK_FILE, FolderLock
 
-# A larger tiny model on the whole tiny corpus in one batch: about 3-4 s a step on 2 CPU cores
+# A larger tiny model on the whole tiny corpus in one batch: about 4 s a step on one CPU core
 LONG_STEP = [
-    "model.d_model=256",
+    "model.d_model=128",
     "model.heads=4",
     "model.enc_layers=2",
     "model.dec_layers=2",
-    "model.ff_dim=1024",
+    "model.ff_dim=512",
     "train.batch_tokens=40000",
 ]
 BASE = [a for a in TINY if not a.startswith(("name=", "train.eval_every=", "train.save_every=", "train.log_every="))]
 BASE += ["train.log_every=1", "train.save_every=1000", "train.average_snapshots=0"]
 ENV = {**os.environ, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0"}
-STARTED: list[subprocess.Popen] = []  # killed after each test, should one fail before its command ended
-
-
-def as_a_terminal_starts_it() -> None:
-    """In the child, before Python starts: SIGINT handled by default, as in a process a terminal's shell starts. A
-    test runner's worker (pytest-xdist's) may ignore SIGINT, and a child inherits an ignored signal."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+STARTED: list = []  # killed after each test, should one fail before its command ended
 
 
 class Command:
-    """``python -m app ARGS`` in its own process group (as a shell starts it), its stdout and stderr read as
-    they come."""
+    """``python -m app ARGS`` in its own process group (as a shell starts it), its output read as it comes."""
 
     def __init__(self, cwd, *args):
-        self.start = time.time()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "app", *args],
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=ENV,
-            start_new_session=True,
-            preexec_fn=as_a_terminal_starts_it,
-        )
+        self.log = Path(cwd) / f"command-{len(STARTED)}.log"
+        self.process = start_cli(cwd, *args, output=self.log)
         STARTED.append(self.process)
-        self.raw = b""
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        while chunk := os.read(self.process.stdout.fileno(), 65536):
-            self.raw += chunk
 
     def output(self) -> str:
-        return self.raw.decode(errors="replace")
+        return self.log.read_bytes().decode(errors="replace")
 
     def wait_for(self, pattern: str, seconds: float = 300) -> float:
         """When the output first held ``pattern`` (looked at every 20 ms)."""
@@ -86,9 +64,15 @@ class Command:
             code = self.process.wait(timeout=120)
         finally:
             if self.process.poll() is None:
-                os.killpg(self.process.pid, signal.SIGKILL)
-        self.reader.join(10)
+                kill(self.process)
         return code, time.time() - sent
+
+
+def kill(process) -> None:
+    """SIGKILL to the process group of a command that has not ended, then its end."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(60)
 
 
 def lock_files(root) -> list[str]:
@@ -108,10 +92,7 @@ def root(tmp_path, corpus_tsv):
     shutil.copy(corpus_tsv, tmp_path / "corpus.tsv")
     yield tmp_path
     while STARTED:
-        process = STARTED.pop()
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        kill(STARTED.pop())
 
 
 @pytest.mark.slow
@@ -144,10 +125,10 @@ def test_a_signal_in_a_long_step_stops_at_its_end_saves_and_resumes(root, sig):
 
 @pytest.mark.slow
 def test_a_signal_during_a_validation_stops_it_at_once_and_saves(root):
-    """A validation of 80 dev sentences decoded to 900 pieces each (an untrained model writes no end) takes
+    """A validation of 80 dev sentences decoded to 600 pieces each (an untrained model writes no end) takes
     15-20 s on 2 cores: Ctrl-C in it stops at once, saves the step before it, and the run resumes."""
     name, run = "validating", root / "checkpoints" / "validating"
-    data = ["data.name=tiny_dev50", "data.dev_fraction=0.5", "decode.max_len_extra=900", "train.eval_every=1"]
+    data = ["data.name=tiny_dev50", "data.dev_fraction=0.5", "decode.max_len_extra=600", "train.eval_every=1"]
     args = [a for a in BASE if not a.startswith(("data.name=", "data.dev_fraction="))] + LONG_STEP + data
     command = Command(root, "command=train", *args, f"name={name}", "train.max_steps=3")
     command.wait_for(r"\| 1/3 ")  # the validation of step 1 begins

@@ -1,7 +1,9 @@
 """The tests' warm interpreter (tests/warm_cli.py) runs ``python -m app`` as a fresh interpreter does."""
 
+import subprocess
+
 import conftest
-from conftest import run_cli
+from conftest import run_cli, start_cli
 
 
 def test_a_forked_run_answers_as_a_fresh_interpreter(tmp_path):
@@ -36,3 +38,21 @@ def test_the_fork_runs_in_the_requested_folder_with_the_requested_input(tmp_path
     assert conftest.forked_runs == answered + 1
     assert result.returncode == fresh.returncode != 0
     assert result.stderr == fresh.stderr and str(tmp_path) in result.stderr
+
+
+def test_a_started_fork_is_waited_for_and_a_second_start_beside_it_is_fresh(tmp_path):
+    """start_cli returns at once; the fork's output and error arrive in one file, its exit code by wait. A
+    second start while the first runs gets a fresh interpreter: one fork at a time. (tests/test_stopping.py
+    signals started forks' process groups in every phase of a run.)"""
+    answered = conftest.forked_runs
+    refused = start_cli(tmp_path, "command=eval", "name=nothing_here", output=tmp_path / "refused.log")
+    assert conftest.forked_runs == answered + 1
+    assert refused.wait(120) == 2 and refused.poll() == 2 and refused.returncode == 2
+    assert "nothing_here/best.pt: checkpoint not found" in (tmp_path / "refused.log").read_text()
+
+    first = start_cli(tmp_path, "command=eval", "name=nothing_here", output=tmp_path / "first.log")
+    beside = start_cli(tmp_path, "--help", output=tmp_path / "beside.log")
+    assert isinstance(beside, subprocess.Popen) and conftest.forked_runs == answered + 2
+    assert beside.wait(120) == 0 and "command=" in (tmp_path / "beside.log").read_text()
+    assert first.wait(120) == 2
+    assert run_cli(tmp_path, "--help").returncode == 0 and conftest.forked_runs == answered + 3  # free again

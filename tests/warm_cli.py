@@ -2,11 +2,13 @@
 
 A CLI run in the tests spends 4-7 s of a 2-core CPU importing torch (2.5 s), torch._dynamo (2.5 s: the
 optimizer's first call imports it), datasets (1.2 s) and the rest, before its first line of work; the suite
-starts several hundred. This module, run as a script, imports them once, then forks a child for each
-request. The child becomes what ``python -m app ARGS`` is: its own session, the request's folder,
-environment, standard input, output and error files, ``sys.argv`` and ``sys.path[0]``, and it runs the
-package's ``__main__`` with runpy as ``-m`` does, ending through the interpreter's own exit (exit handlers,
-threads joined, exit code).
+starts several hundred. This module, run as a script, imports them once (and the project's modules that
+the common commands import), then forks a child for each request. The child becomes what ``python -m app
+ARGS`` is: its own session (its process group, which a test signals as a terminal's Ctrl-C does), the
+request's folder, environment, standard input, output and error files, ``sys.argv`` and ``sys.path[0]``,
+and it runs the package's ``__main__`` with runpy as ``-m`` does, ending through the interpreter's own exit
+(exit handlers, threads joined, exit code). ``run`` waits for it as ``subprocess.run`` does; ``start``
+returns it at once, as ``subprocess.Popen`` does.
 
 What a fork shares with its siblings, and a fresh interpreter would not: the string hash seed, and the
 modules imported before the fork (imported as ``app/__main__.py`` would, its oneDNN cache settings first).
@@ -16,6 +18,7 @@ time, asks for a fresh interpreter (``run_cli(..., fresh=True)``; any ``env=`` d
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import locale
@@ -29,6 +32,17 @@ import threading
 
 # what app/__main__.py sets before torch is first imported
 ONEDNN_CACHES = ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+APP_MODULES = (
+    "matplotlib.backends.backend_agg",
+    "sacrebleu.metrics",
+    "app.cli",
+    "app.data.corpus",
+    "app.train.trainer",
+    "app.evaluation.eval_run",
+    "app.report.evaluation_files",
+    "app.decode.translate",
+    "app.decode.likelihood",
+)
 
 
 def _preload() -> None:
@@ -47,6 +61,10 @@ def _preload() -> None:
 
     matplotlib.use("Agg")
     del torch
+    # the project's own modules that the common commands import (app/cli.py imports each command's lazily):
+    # about 0.5 s of a tiny training's imports, 0.3 s of a refused command's
+    for module in APP_MODULES:
+        importlib.import_module(module)
 
 
 def _read_line(fd: int) -> bytes:
@@ -82,11 +100,15 @@ def _become(request: dict) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    written = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
     for fd, path, flags in (
         (0, request["stdin"] or os.devnull, os.O_RDONLY),
-        (1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-        (2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+        (1, request["stdout"], written),
+        (2, request["stderr"], written),
     ):
+        if fd == 2 and path == request["stdout"]:  # one file for both, as stderr=subprocess.STDOUT
+            os.dup2(1, 2)
+            continue
         opened = os.open(path, flags, 0o644)
         os.dup2(opened, fd)
         os.close(opened)
@@ -142,9 +164,22 @@ class WarmInterpreter:
         line, self.buffer = self.buffer.split(b"\n", 1)
         return line.decode()
 
+    def start(
+        self, cwd, args, env: dict[str, str], stdout: str, stderr: str, stdin: str | None = None, on_end=None
+    ) -> Forked:
+        """``python -m app ARGS`` started in a fork, writing to the files ``stdout`` and ``stderr`` (the same path
+        for both merges them) and reading the file ``stdin``. The interpreter forks one at a time: the caller
+        holds ``lock`` until the fork has ended (``on_end`` is called when its end is read)."""
+        request = {"cwd": os.path.abspath(cwd), "args": list(args), "env": env, "stdin": stdin}
+        self.process.stdin.write((json.dumps({**request, "stdout": stdout, "stderr": stderr}) + "\n").encode())
+        self.process.stdin.flush()
+        pid = self._line(timeout=60)
+        if pid is None:
+            raise RuntimeError(f"the warm interpreter did not fork in 60 s: {open(self.log.name).read()[-2000:]}")
+        return Forked(self, int(pid), [sys.executable, "-m", "app", *args], on_end)
+
     def run(self, cwd, args, stdin: str | None, timeout: float, env: dict[str, str]):
         """subprocess.run(python -m app ARGS, capture_output=True, text=True)'s result, from a fork."""
-        command = [sys.executable, "-m", "app", *args]
         with tempfile.TemporaryDirectory(prefix="warm_cli-") as folder:
             stdin_path = None
             if stdin is not None:
@@ -152,16 +187,13 @@ class WarmInterpreter:
                 with open(stdin_path, "w", encoding="utf-8") as f:
                     f.write(stdin)
             out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
-            request = {"cwd": os.path.abspath(cwd), "args": list(args), "env": env, "stdin": stdin_path}
-            self.process.stdin.write((json.dumps({**request, "stdout": out, "stderr": err}) + "\n").encode())
-            self.process.stdin.flush()
-            pid = int(self._line(timeout=60))
-            code = self._line(timeout=timeout)
-            if code is None:
-                os.killpg(pid, signal.SIGKILL)
-                self._line(timeout=60)
-                raise subprocess.TimeoutExpired(command, timeout, _read(out), _read(err))
-            return subprocess.CompletedProcess(command, int(code), _read(out), _read(err))
+            child = self.start(cwd, args, env, out, err, stdin_path)
+            try:
+                code = child.wait(timeout)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                raise subprocess.TimeoutExpired(child.args, timeout, _read(out), _read(err)) from None
+            return subprocess.CompletedProcess(child.args, code, _read(out), _read(err))
 
     def close(self) -> None:
         if self.alive():
@@ -169,6 +201,42 @@ class WarmInterpreter:
             self.process.wait(30)
         self.log.close()
         os.unlink(self.log.name)
+
+
+class Forked:
+    """A forked ``python -m app`` as a ``subprocess.Popen`` is seen: ``pid`` (also its process group's: it leads
+    its own session), ``poll``, ``wait``, ``kill`` and ``returncode``."""
+
+    def __init__(self, interpreter: WarmInterpreter, pid: int, args: list[str], on_end=None) -> None:
+        self.interpreter, self.pid, self.args, self.on_end = interpreter, pid, args, on_end
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self._ended(0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self._ended(timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL to its process group (with what it started), then wait for its end."""
+        if self.returncode is None:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:  # ended, its end not yet read
+                pass
+            self.wait(60)
+
+    def _ended(self, timeout: float | None) -> int | None:
+        if self.returncode is None:
+            line = self.interpreter._line(timeout)  # the interpreter writes a child's exit code when it ends
+            if line is not None:
+                self.returncode = int(line)
+                if self.on_end is not None:
+                    self.on_end()
+        return self.returncode
 
 
 def _without_test_name(env: dict[str, str]) -> dict[str, str]:
