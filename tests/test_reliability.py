@@ -6,13 +6,12 @@ import random
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY, run_cli
+from conftest import TINY, run_cli, start_cli
 
 pytestmark = pytest.mark.slow  # every test here runs the real CLI in a subprocess, or compiles
 
@@ -26,15 +25,11 @@ RUN = [a for a in TINY if not a.startswith(("train.eval_every", "train.save_ever
 STEPS = 60
 
 
-def start_training(cwd, name, log, *extra):
-    env = {**os.environ, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "app", "command=train", *RUN, f"name={name}", f"train.max_steps={STEPS}", *extra],
-        cwd=cwd,
-        stdout=log,
-        stderr=log,
-        env=env,
-    )
+def start_training(cwd, name, *extra):
+    """The run ``name`` started (a fork of the warm interpreter, or a fresh one in a fresh_interpreter test), its
+    output in ``name``.log."""
+    args = ["command=train", *RUN, f"name={name}", f"train.max_steps={STEPS}", *extra]
+    return start_cli(cwd, *args, output=Path(cwd) / f"{name}.log")
 
 
 def wait_for(path, process, seconds=300):
@@ -70,12 +65,11 @@ def workdir(tmp_path_factory, corpus_tsv):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_saves_and_resume_is_bit_exact(workdir, sig):
     name = f"stopped_{sig.name}"
-    with open(workdir / f"{name}.log", "w") as log:
-        process = start_training(workdir, name, log)
-        wait_for(workdir / "checkpoints" / name / "last.pt", process)
-        time.sleep(random.uniform(0.0, 0.4))  # a random step after the first checkpoint
-        process.send_signal(sig)
-        assert process.wait(timeout=120) == 128 + sig
+    process = start_training(workdir, name)
+    wait_for(workdir / "checkpoints" / name / "last.pt", process)
+    time.sleep(random.uniform(0.0, 0.4))  # a random step after the first checkpoint
+    process.send_signal(sig)
+    assert process.wait(timeout=120) == 128 + sig
     output = (workdir / f"{name}.log").read_text()
     assert "Traceback" not in output
     stopped = int(re.search(r"stopped after step (\d+)", output).group(1))
@@ -96,12 +90,11 @@ def test_signal_saves_and_resume_is_bit_exact(workdir, sig):
 def test_sigkill_loses_only_the_steps_since_the_last_checkpoint(workdir):
     name = "killed"
     run = workdir / "checkpoints" / name
-    with open(workdir / f"{name}.log", "w") as log:
-        process = start_training(workdir, name, log)
-        wait_for(run / "last.pt", process)
-        time.sleep(random.uniform(0.0, 0.4))
-        process.kill()
-        process.wait(timeout=60)
+    process = start_training(workdir, name)
+    wait_for(run / "last.pt", process)
+    time.sleep(random.uniform(0.0, 0.4))
+    process.kill()
+    process.wait(timeout=60)
     saved = torch.load(run / "last.pt", weights_only=True)["progress"]["step"]  # never a torn file
     assert saved % 5 == 0 and saved >= 5
     result = run_cli(workdir, "command=train", *RUN, f"name={name}", f"train.max_steps={STEPS}", "train.resume=true")
@@ -117,12 +110,11 @@ def test_auto_resume_continues_a_killed_run_and_keeps_a_finished_one(workdir):
     last.pt, then leaves the finished run (and its evaluation) as it is, and evaluates it if that was cut."""
     name, auto = "auto", ("train.auto_resume=true", "train.evaluate=true")
     run = workdir / "checkpoints" / name
-    with open(workdir / f"{name}.log", "w") as log:
-        process = start_training(workdir, name, log, *auto)
-        wait_for(run / "last.pt", process)
-        time.sleep(random.uniform(0.0, 0.4))
-        process.kill()
-        process.wait(timeout=60)
+    process = start_training(workdir, name, *auto)
+    wait_for(run / "last.pt", process)
+    time.sleep(random.uniform(0.0, 0.4))
+    process.kill()
+    process.wait(timeout=60)
     saved = torch.load(run / "last.pt", weights_only=True)["progress"]["step"]
     again = [*RUN, f"name={name}", f"train.max_steps={STEPS}", *auto]
     result = run_cli(workdir, "command=train", *again)

@@ -4,13 +4,12 @@ killed) continued by translate.resume=true to the same bytes; the refusals. Thro
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import REPO, run_cli, trained_tiny_run
+from conftest import REPO, run_cli, start_cli, trained_tiny_run
 
 from app.decode.line_files import open_line_file, read_lines, resume_point, windows
 from app.run.errors import UserError
@@ -136,17 +135,15 @@ def test_a_killed_translation_resumed_equals_an_uninterrupted_one(workdir):
     settings = ("decode.beam_size=1", "translate.input=big.txt", "translate.window=100")
     translate(workdir, *settings, "translate.output=big_whole.txt")
     output = workdir / "big_killed.txt"
-    env = {**os.environ, "PYTHONPATH": REPO}
-    args = [sys.executable, "-m", "app", *BASE, *settings, "translate.output=big_killed.txt"]
-    process = subprocess.Popen(args, cwd=workdir, env=env, stderr=subprocess.DEVNULL)
+    process = start_cli(workdir, *BASE, *settings, "translate.output=big_killed.txt", output=workdir / "killed.log")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
         if output.exists() and output.read_bytes().count(b"\n") >= 300:
             break
         time.sleep(0.02)
     assert process.poll() is None, "finished before it could be killed"
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    process.kill()
+    process.wait(60)
     kept = output.read_bytes().count(b"\n")
     assert 300 <= kept < len(lines)
     resumed = translate(workdir, *settings, "translate.output=big_killed.txt", "translate.resume=true")
