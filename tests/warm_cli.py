@@ -18,6 +18,7 @@ time, asks for a fresh interpreter (``run_cli(..., fresh=True)``; any ``env=`` d
 
 from __future__ import annotations
 
+import gc
 import importlib
 import io
 import json
@@ -65,6 +66,9 @@ def _preload() -> None:
     # about 0.5 s of a tiny training's imports, 0.3 s of a refused command's
     for module in APP_MODULES:
         importlib.import_module(module)
+    # the imports' ~420,000 objects out of the collector's full collections, which would walk them in every
+    # fork (two in a tiny training: 0.5 s) and touch each page they lie on, copying it
+    gc.freeze()
 
 
 def _read_line(fd: int) -> bytes:
