@@ -1,6 +1,7 @@
 """The files and hf sources: every accepted format, and one-line UserErrors for bad input."""
 
 import json
+import os
 import re
 
 import datasets
@@ -337,11 +338,13 @@ def test_train_align_lone_cr_and_bom(write_tsv, tmp_path):
     [
         ("missing.align", "{path}: file not found"),
         ("", "{path}: a folder, not a file"),
+        ("pipe.align", "{path}: a pipe or a device, not a file: write it into a file and give that"),
         ("latin1.align", "{path}:2: not valid UTF-8"),
     ],
 )
 def test_read_pharaoh_bad_files_are_one_line_errors(tmp_path, name, message):
     (tmp_path / "latin1.align").write_bytes(b"0-0\n0-1 caf\xe9\n")
+    os.mkfifo(tmp_path / "pipe.align")  # as a shell's <(...): it is there, and no writer will come
     path = tmp_path / name  # "": the folder itself
     with pytest.raises(UserError, match=re.escape(message.format(path=path))):
         read_pharaoh(str(path))

@@ -11,9 +11,13 @@ from app.run.errors import UserError
 
 
 def check_file(path: str, where: str = "") -> None:
-    """A UserError unless ``path`` is a file; ``where`` is how the error names it (the path by default)."""
+    """A UserError unless ``path`` is a file; ``where`` is how the error names it (the path by default). A named
+    pipe (a shell's ``<(...)``) or a device is refused as such: a corpus is read more than once and known by
+    its size and time."""
     if os.path.isdir(path):
         raise UserError(f"{where or path}: a folder, not a file")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise UserError(f"{where or path}: a pipe or a device, not a file: write it into a file and give that")
     if not os.path.isfile(path):
         raise UserError(f"{where or path}: file not found")
 
