@@ -1,6 +1,11 @@
 import gc
 import os
 
+# The collector is paused until the command starts (app/cli.py then imports torch, freezes what is there and resumes
+# it): Hydra's and torch's ~200,000 import-made objects live to the end, and each full collection while they were
+# made walked all of them (a one-line CPU make translate: 4.9 -> 4.2 s, docs/benchmarking.md).
+gc.disable()
+
 # oneDNN's caches of kernels made for one shape (PyTorch's LRU_CACHE_CAPACITY and oneDNN's own, 1,024 each by
 # default): a CPU decoding meets a new shape at every batch size, so a long make translate or make serve grew by
 # ~0.5 GB a few hundred batches in before they filled. 128 each hold a decoding's shapes at the same speed

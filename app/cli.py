@@ -7,6 +7,7 @@ Hydra's own record of a run (``.hydra/<command>/``) says which command ran with 
 from __future__ import annotations
 
 import difflib
+import gc
 import hashlib
 import os
 import sys
@@ -284,6 +285,11 @@ register_configs()
 def run(dict_cfg: DictConfig) -> None:
     try:
         cfg = checked(dict_cfg)
+        if not gc.isenabled():  # paused by app/__main__.py: what the imports made stays out of every collection
+            import torch  # noqa: F401  (every command imports it: ~170,000 objects, imported while paused)
+
+            gc.freeze()
+            gc.enable()
         COMMANDS[str(cfg.command)](cfg)  # a known command (checked)
     except TrainingInterrupted as err:
         if _rank() == 0:  # every rank stopped at the same step: say it once
