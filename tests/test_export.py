@@ -281,7 +281,8 @@ def train(model, src, tgt, steps: int, batch_size: int = 32, lr: float = 3e-3, s
 
 @pytest.fixture(scope="module")
 def trained(genesis, one_thread):
-    """Half-trained (300 steps, ~20 s): outputs of every length, many of them cut at the limit."""
+    """Half-trained (300 steps: about 70 s on one core of a 2-core CPU, most of it matrix products, CPU flash
+    attention and dropout masks): outputs of every length, many of them cut at the limit."""
     cfg = model_cfg(d_model=64, ff_dim=128, dropout=0.1)
     vocab = genesis["sp"].get_piece_size()
     torch.manual_seed(0)
