@@ -505,6 +505,18 @@ def test_help_lists_every_command_the_presets_and_the_settings(tmp_path, args):
 PREPARE = ["command=prepare", "data=files", "data.name=p", "data.train=corpus.tsv", "tokenizer.vocab_size=400"]
 
 
+def run_watched(cwd, corpus_tsv, watch: str, args: list[str]) -> subprocess.CompletedProcess:
+    """A fresh ``python -m app ARGS`` in ``cwd`` (with the tiny corpus), ``watch`` run first in it: Python code
+    with atexit, gc and sys imported, that registers what the interpreter is to report."""
+    probe = f"import atexit, gc, runpy, sys; {watch}; sys.argv = ['app', *sys.argv[1:]]; "
+    probe += "runpy.run_module('app', run_name='__main__')"
+    env = {**os.environ, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0"}
+    shutil.copy(corpus_tsv, cwd / "corpus.tsv")
+    return subprocess.run(
+        [sys.executable, "-c", probe, *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300
+    )
+
+
 @pytest.mark.parametrize(
     "args, code", [(["command=fly"], 2), (["command=train", "train.max_stepz=3"], 2), (PREPARE, 0)]
 )
@@ -513,16 +525,8 @@ def test_a_command_ends_without_collecting_what_its_imports_made(tmp_path, corpu
     of the interpreter then skips collecting what torch and its companions made at import (about half a
     second after every command's last line on a CPU), and the exit handlers still run. A refused command
     line is told before torch is imported (0.4 s, where it took 2)."""
-    probe = (
-        "import atexit, gc, runpy, sys; "
-        "atexit.register(lambda: print('frozen', gc.get_freeze_count(), 'torch' in sys.modules)); "
-        "sys.argv = ['app', *sys.argv[1:]]; runpy.run_module('app', run_name='__main__')"
-    )
-    env = {**os.environ, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0"}
-    shutil.copy(corpus_tsv, tmp_path / "corpus.tsv")
-    result = subprocess.run(
-        [sys.executable, "-c", probe, *args], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300
-    )
+    watch = "atexit.register(lambda: print('frozen', gc.get_freeze_count(), 'torch' in sys.modules))"
+    result = run_watched(tmp_path, corpus_tsv, watch, args)
     assert result.returncode == code, result.stderr[-2000:]
     frozen, torch_imported = re.fullmatch(r"frozen (\d+) (True|False)", result.stdout.strip().splitlines()[-1]).groups()
     assert int(frozen) > 10000
@@ -534,19 +538,13 @@ def test_a_training_command_never_collects_what_torch_made_at_import(tmp_path, c
     """The collector is paused while ``python -m app`` starts and resumed, with torch imported and everything
     frozen, as the command starts: a training runs no full collection over torch's ~170,000 objects. Without the
     pause its imports alone ran five to seven, 1.4 s of a tiny training's start."""
-    probe = (
-        "import atexit, gc, runpy, sys; frozen = []; "
-        "gc.callbacks.append(lambda phase, info: phase == 'start' and info['generation'] == 2 "
+    watch = (
+        "frozen = []; gc.callbacks.append(lambda phase, info: phase == 'start' and info['generation'] == 2 "
         "and frozen.append(gc.get_freeze_count())); "
-        "atexit.register(lambda: print('frozen at each full collection', *frozen)); "
-        "sys.argv = ['app', *sys.argv[1:]]; runpy.run_module('app', run_name='__main__')"
+        "atexit.register(lambda: print('frozen at each full collection', *frozen))"
     )
-    env = {**os.environ, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0"}
-    shutil.copy(corpus_tsv, tmp_path / "corpus.tsv")
     args = ["command=train", *TINY, "train.max_steps=2", "train.evaluate=false"]
-    result = subprocess.run(
-        [sys.executable, "-c", probe, *args], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300
-    )
+    result = run_watched(tmp_path, corpus_tsv, watch, args)
     assert result.returncode == 0, result.stderr[-2000:]
     line = result.stdout.strip().splitlines()[-1]
     frozen = [int(count) for count in line.removeprefix("frozen at each full collection").split()]
