@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from app.data.batching import Batcher, make_batches
+from app.data.batching import Batcher, _numpy, make_batches
 from app.data.tokenizer import BOS, EOS, PAD
 
 
@@ -124,6 +124,43 @@ def test_batcher_source_only():
     assert batch.tgt_in is None and batch.tgt_out is None
     moved = batch.to(torch.device("cpu"))
     assert moved.tgt_in is None and torch.equal(moved.src, batch.src)
+
+
+def test_a_sliced_arrow_column_of_several_chunks_pads_as_its_lists_do():
+    """A memory-mapped split is a chunked Arrow column, often a slice of a larger one: its offsets start
+    past zero, in each chunk and in the values the lists share."""
+    import pyarrow as pa
+
+    rng = random.Random(1)
+    src = [[rng.randint(4, 99) for _ in range(rng.randint(0, 9))] for _ in range(40)]
+    tgt = [[rng.randint(4, 99) for _ in range(rng.randint(0, 9))] for _ in range(40)]
+
+    def column(lists):
+        chunks = [pa.array(lists[:13], type=pa.list_(pa.int32())), pa.array(lists[13:], type=pa.list_(pa.int32()))]
+        return pa.chunked_array(chunks).slice(5, 30)
+
+    indices = [29, 0, 7, 8, 12, 3]  # across both chunks, first and last rows of the slice
+    from_arrow, from_lists = Batcher(column(src), column(tgt))(indices), Batcher(src[5:35], tgt[5:35])(indices)
+    for name in ("src", "tgt_in", "tgt_out", "index", "src_lengths"):
+        assert torch.equal(getattr(from_arrow, name), getattr(from_lists, name)), name
+    assert from_lists.src[1, : len(src[5])].tolist() == src[5]
+    # a take's arrays start at offset 0; the reader still honours a slice's own offset
+    assert _numpy(pa.array([3, 1, 4, 1, 5], type=pa.int32()).slice(2, 2)).tolist() == [4, 1]
+
+
+def test_batching_a_translation_does_not_import_pandas():
+    """pandas takes 0.4-0.6 s to import on a CPU; translating and serving read no table (training does,
+    through datasets), so they never import it."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from app.data.batching import Batcher; "
+        "Batcher([[5, 6], [7]], [[8], [9, 10]])([1, 0]); Batcher([[5]])(range(1)); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas'))"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout[:300]
 
 
 def test_make_batches_feed_batcher_end_to_end():
