@@ -139,6 +139,32 @@ def test_only_requested_refs_are_read(web):
     assert list(web) == ["Gen.1.1", "Matt.1.1", "Ps.23.1", "Rev.22.21"]
 
 
+@pytest.mark.parametrize("module", [WEB, RV])
+def test_a_compressed_block_is_decompressed_once_for_all_its_verses(module, monkeypatch):
+    """A SWORD module stores its verses in compressed blocks of a chapter or a book: reading Genesis 1 and
+    across the testaments (Malachi 4 to Matthew 1) decompresses each block once, and each verse is what
+    pysword reads for it alone."""
+    import zlib
+
+    from pysword.modules import SwordModules
+
+    refs = [f"Gen.1.{v}" for v in range(1, 32)] + [f"Mal.4.{v}" for v in range(1, 7)] + ["Matt.1.1", "Matt.1.2"]
+    one_by_one = SwordModules(SWORD)
+    one_by_one.parse_modules()
+    bible = one_by_one.get_bible_from_module(module)
+    expected = {
+        ref: bible.get(
+            books=[ref.split(".")[0]], chapters=[int(ref.split(".")[1])], verses=[int(ref.split(".")[2])], clean=False
+        )
+        for ref in refs
+    }
+    blocks = []
+    decompress = zlib.decompress
+    monkeypatch.setattr(zlib, "decompress", lambda data, *a: blocks.append(len(data)) or decompress(data, *a))
+    assert osis.raw_verses(SWORD, module, refs) == expected
+    assert 3 <= len(blocks) <= 6, blocks  # Genesis, Malachi, Matthew: a block each, or one per chapter
+
+
 def test_web_revelation_glossary_dropped_by_max_chars(web, rv):
     assert len(web["Rev.22.21"]) > 10000  # the WEB module appends its glossary to the last verse
     assert web["Rev.22.21"].startswith("The grace of the Lord Jesus Christ be with all the saints. Amen.")
