@@ -152,12 +152,10 @@ def test_a_compressed_block_is_decompressed_once_for_all_its_verses(module, monk
     one_by_one = SwordModules(SWORD)
     one_by_one.parse_modules()
     bible = one_by_one.get_bible_from_module(module)
-    expected = {
-        ref: bible.get(
-            books=[ref.split(".")[0]], chapters=[int(ref.split(".")[1])], verses=[int(ref.split(".")[2])], clean=False
-        )
-        for ref in refs
-    }
+    expected = {}
+    for ref in refs:
+        book, chapter, verse = ref.split(".")
+        expected[ref] = bible.get(books=[book], chapters=[int(chapter)], verses=[int(verse)], clean=False)
     blocks = []
     decompress = zlib.decompress
     monkeypatch.setattr(zlib, "decompress", lambda data, *a: blocks.append(len(data)) or decompress(data, *a))
