@@ -82,7 +82,12 @@ def eval_command(cfg: Config) -> None:
 
 
 def translate_command(cfg: Config) -> None:
-    """make translate: translates lines from a file or stdin."""
+    """make translate: translates lines from a file or stdin; lines typed at a terminal one at a time, as entered."""
+    if cfg.translate.input is None and sys.stdin.isatty():
+        from app.decode.interactive import translate_typed
+
+        translate_typed(cfg)
+        return
     from app.decode.translate import translate_lines
 
     translate_lines(cfg)

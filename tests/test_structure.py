@@ -25,6 +25,7 @@ DEFERRED = {
             "app.train.trainer",
             "app.train.stop_rules",
             "app.decode.translate",
+            "app.decode.interactive",
             "app.decode.likelihood",
             "app.decode.export",
             "app.run.checkpoint",

@@ -1,6 +1,7 @@
 """make translate on files of any size (app/decode/line_files.py, app/decode/translate.py): a window of lines at a
 time, written as it goes, equal to one window of the whole file; an interrupted output (cut mid-line, or a process
-killed) continued by translate.resume=true to the same bytes; the refusals. Through the CLI on the tiny run."""
+killed) continued by translate.resume=true to the same bytes; the refusals. Lines typed at a terminal, each
+translated as it is entered (app/decode/interactive.py). Through the CLI on the tiny run."""
 
 import os
 import re
@@ -9,8 +10,9 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, run_cli, start_cli, trained_tiny_run
+from conftest import REPO, compose_config, run_cli, start_cli, trained_tiny_run
 
+from app.decode.interactive import translate_typed
 from app.decode.line_files import open_line_file, read_lines, resume_point, windows
 from app.run.errors import UserError
 
@@ -191,6 +193,72 @@ def test_a_line_too_long_for_the_model_is_named_by_its_line_before_anything_is_t
     message = rf"error: {re.escape(where)} has \d{{4}} subword tokens; {limit}"
     assert re.fullmatch(message, result.stderr.strip()), result.stderr  # the one line, nothing translated
     assert not output.exists()
+
+
+class Terminal:
+    """``python -m app ARGS`` in ``cwd`` with a pseudo-terminal as its standard input and output, as a user's shell
+    starts it: ``type`` a line, ``wait_for`` what the terminal shows."""
+
+    def __init__(self, cwd, *args) -> None:
+        import pty
+
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: never returns
+            os.chdir(cwd)
+            os.environ.update(PYTHONPATH=REPO, HYDRA_FULL_ERROR="0")
+            os.execv(sys.executable, [sys.executable, "-m", "app", *args])
+        self.shown = b""
+
+    def wait_for(self, text: str, seconds: float = 120) -> int:
+        """Where ``text`` shows, once it has (waiting at most ``seconds``)."""
+        import select
+
+        wanted, deadline = text.encode("utf-8"), time.monotonic() + seconds
+        while wanted not in self.shown and time.monotonic() < deadline:
+            if select.select([self.fd], [], [], 0.2)[0]:
+                try:
+                    self.shown += os.read(self.fd, 4096)
+                except OSError:  # the child ended and its terminal closed
+                    break
+        assert wanted in self.shown, f"{text!r} did not show: {self.shown.decode('utf-8', 'replace')[-2000:]}"
+        return self.shown.index(wanted)
+
+    def type(self, line: bytes) -> None:
+        os.write(self.fd, line)
+
+    def end(self) -> int:
+        """Ctrl-D, then the exit code."""
+        self.type(b"\x04")
+        self.wait_for("typed lines")
+        return os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+
+
+def test_lines_typed_at_a_terminal_are_translated_as_each_is_entered(workdir):
+    """The model loads first and says so; each line is translated once it is entered, as the same line given in a
+    pipe is; a line that cannot be translated is refused in one line and the session goes on; Ctrl-D ends it."""
+    expected = translate(workdir, stdin=f"{LINES[0]}\n{LINES[1]}\n").stdout.splitlines()
+    terminal = Terminal(workdir, *BASE)
+    ready = terminal.wait_for("type a line and press Enter: its translation is written here; Ctrl-D ends")
+    loaded = terminal.wait_for("translating the lines typed here with ")
+    assert loaded < terminal.wait_for("checkpoints/tiny/best.pt (step 40): beam 3, length penalty 1.0") < ready
+    terminal.type(f"{LINES[0]}\n".encode())
+    first = terminal.wait_for(f"{expected[0]}\r\n")  # before the next line is typed
+    terminal.type(b"\xff\xfe Hola\n")
+    terminal.wait_for("error: line 2: not valid UTF-8\r\n")
+    terminal.type(("principio " * 200 + "\n").encode())  # 1,400 pieces; the model takes 1,023
+    terminal.wait_for("error: line 3 has 1400 subword tokens; this model takes at most 1023")
+    terminal.type(f"{LINES[1]}\n".encode())
+    second = terminal.wait_for(f"{expected[1]}\r\n")
+    assert terminal.end() == 0
+    assert terminal.wait_for("translated 2 of 4 typed lines in") > second > first > ready
+    assert b"Traceback" not in terminal.shown
+
+
+@pytest.mark.parametrize("setting", ["translate.prefix=p.txt", "translate.constraints=c.txt", "translate.resume=true"])
+def test_typed_lines_refuse_what_pairs_a_file_line_by_line_with_them(setting):
+    cfg = compose_config("name=tiny", "translate.output=out.txt", setting, command="translate")
+    with pytest.raises(UserError, match=r"a line per line to translate: give those lines in a file \(translate\.input"):
+        translate_typed(cfg)
 
 
 @pytest.mark.parametrize("window", [1, 2, 5])

@@ -38,20 +38,7 @@ def translate_lines(cfg: Config) -> None:
     ``index ||| hypothesis ||| score`` (and ``||| links`` with translate.alignments); with translate.resume an
     interrupted output is continued."""
     t = cfg.translate
-    if t.resume and not t.output:
-        raise UserError("translate.resume=true continues the file translate.output names: set translate.output")
-    if t.alignments and cfg.decode.n_best > 1 and t.engine == "ct2":
-        raise UserError(
-            f"translate.alignments=true with decode.n_best={cfg.decode.n_best}: a CTranslate2 export returns the best "
-            "hypothesis' attention only; translate.engine=torch links every hypothesis"
-        )
-    if t.engine == "ct2":  # before the model loads
-        check_ct2_decoding(cfg.decode, "translate.engine")
-    if t.constraints and t.engine == "ct2":
-        raise UserError(
-            f"translate.constraints={t.constraints!r}: CTranslate2 has no constrained decoding; translate.engine=torch "
-            "has"
-        )
+    check_settings(cfg)
     with tempfile.TemporaryDirectory(prefix="translate-") as spool:  # bad input fails before the model loads
         source = open_line_file(t.input, "translate.input", "translate", spool)
         prefixes = constraints = None
@@ -102,6 +89,25 @@ def translate_lines(cfg: Config) -> None:
     rate = f"{done / max(seconds, 1e-9):.1f} lines/s"
     spent = f"; minimum Bayes risk: {mbr_seconds(merged(mbr))}" if mbr else ""
     print(f"translated {lines} in {seconds:.1f} s ({rate}) into {where}{spent}", file=sys.stderr)
+
+
+def check_settings(cfg: Config) -> None:
+    """The translate settings that cannot go together, refused before the model loads."""
+    t = cfg.translate
+    if t.resume and not t.output:
+        raise UserError("translate.resume=true continues the file translate.output names: set translate.output")
+    if t.alignments and cfg.decode.n_best > 1 and t.engine == "ct2":
+        raise UserError(
+            f"translate.alignments=true with decode.n_best={cfg.decode.n_best}: a CTranslate2 export returns the best "
+            "hypothesis' attention only; translate.engine=torch links every hypothesis"
+        )
+    if t.engine == "ct2":
+        check_ct2_decoding(cfg.decode, "translate.engine")
+    if t.constraints and t.engine == "ct2":
+        raise UserError(
+            f"translate.constraints={t.constraints!r}: CTranslate2 has no constrained decoding; translate.engine=torch "
+            "has"
+        )
 
 
 def check_lines(given: LineFile, source: LineFile, rule: str) -> None:
