@@ -31,7 +31,7 @@ def translate_typed(cfg: Config) -> None:
     check_settings(cfg)
     engine, tokenizer, used = load_engine(cfg)
     one_line = dataclasses.replace(cfg, translate=dataclasses.replace(t, window=1))
-    where = t.output or "here"
+    where = f"to {t.output}" if t.output else "here"
     print(f"translating the lines typed here with {used}: {describe(cfg.decode)}", file=sys.stderr)
     print(f"type a line and press Enter: its translation is written {where}; Ctrl-D ends", file=sys.stderr, flush=True)
     out = open_output(t.output, None)
