@@ -257,7 +257,8 @@ def test_lines_typed_at_a_terminal_are_translated_as_each_is_entered(workdir):
 @pytest.mark.parametrize("setting", ["translate.prefix=p.txt", "translate.constraints=c.txt", "translate.resume=true"])
 def test_typed_lines_refuse_what_pairs_a_file_line_by_line_with_them(setting):
     cfg = compose_config("name=tiny", "translate.output=out.txt", setting, command="translate")
-    with pytest.raises(UserError, match=r"a line per line to translate: give those lines in a file \(translate\.input"):
+    refusal = r"give the lines to translate in a file \(translate\.input=\.\.\.\) or a pipe, not typed at a terminal"
+    with pytest.raises(UserError, match=refusal):
         translate_typed(cfg)
 
 

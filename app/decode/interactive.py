@@ -17,7 +17,7 @@ from app.decode.search import check_lengths, describe
 from app.decode.translate import check_settings, load_engine, translate_window
 from app.run.errors import UserError
 
-FROM_A_FILE = "a line per line to translate: give those lines in a file (translate.input=...) or a pipe, not typed"
+FROM_A_FILE = "give the lines to translate in a file (translate.input=...) or a pipe, not typed at a terminal"
 
 
 def translate_typed(cfg: Config) -> None:
@@ -25,9 +25,9 @@ def translate_typed(cfg: Config) -> None:
     t = cfg.translate
     if t.prefix or t.constraints:
         setting, value = ("translate.prefix", t.prefix) if t.prefix else ("translate.constraints", t.constraints)
-        raise UserError(f"{setting}={value!r} holds {FROM_A_FILE}")
+        raise UserError(f"{setting}={value!r} holds a line per line to translate: {FROM_A_FILE}")
     if t.resume:
-        raise UserError(f"translate.resume=true continues a translation of {FROM_A_FILE}")
+        raise UserError(f"translate.resume=true continues the translation of a file: {FROM_A_FILE}")
     check_settings(cfg)
     engine, tokenizer, used = load_engine(cfg)
     one_line = dataclasses.replace(cfg, translate=dataclasses.replace(t, window=1))
