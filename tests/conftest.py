@@ -85,35 +85,52 @@ TINY = [
 
 
 _warm = None  # tests/warm_cli.py WarmInterpreter, made at the first run
+# a fresh_interpreter test's warm interpreters, each with a string hash seed of its own: its runs take them in turn
+_seeded: list = []
+SEEDED = 3  # a run, the one it resumes and the one they are compared with: three seeds
+_seeded_turn = 0  # the running fresh_interpreter test's runs so far
 _fresh_test = False  # the running test is marked fresh_interpreter
 forked_runs = 0  # the runs a warm interpreter answered
 
 
 @pytest.fixture(autouse=True)
 def _fresh_interpreters(request):
-    """A test marked fresh_interpreter compares processes (a resume, a seed): each of its runs gets its own
-    interpreter, with its own string hash seed, as a user's would."""
-    global _fresh_test
+    """A test marked fresh_interpreter compares processes (a resume, a seed): each of its runs gets another string
+    hash seed than the run before it, and than the one before that, as separate interpreters of a user's would
+    (set and dictionary orders of strings are the hash seed's): forks of SEEDED warm interpreters, each started
+    with a seed of its own, taken in turn."""
+    global _fresh_test, _seeded_turn
     _fresh_test = request.node.get_closest_marker("fresh_interpreter") is not None
+    _seeded_turn = 0
     yield
     _fresh_test = False
 
 
 def _close_warm() -> None:
-    if _warm is not None:
-        _warm.close()
+    for warm in [_warm, *_seeded]:
+        if warm is not None:
+            warm.close()
 
 
 def _warm_interpreter(full_env: dict, fresh: bool):
-    """The test process's warm interpreter for this environment, or None where a fresh one is asked for."""
-    global _warm
-    if fresh or _fresh_test or os.environ.get("NMT_TESTS_FRESH") == "1":
+    """The test process's warm interpreter for this environment (in a fresh_interpreter test, the next of the seeded
+    ones), or None where a fresh interpreter is asked for."""
+    global _warm, _seeded_turn
+    if fresh or os.environ.get("NMT_TESTS_FRESH") == "1":
         return None
     from warm_cli import WarmInterpreter
 
-    if _warm is None:
+    if _warm is None and not _seeded:
         atexit.register(_close_warm)
-    elif not _warm.serves(full_env):
+    if _fresh_test:
+        turn, _seeded_turn = _seeded_turn % SEEDED, _seeded_turn + 1
+        if turn < len(_seeded) and not _seeded[turn].serves(full_env):
+            _seeded[turn].close()
+            del _seeded[turn:]
+        while len(_seeded) <= turn:  # seeds 1, 2, 3: any fixed seeds differ from one another
+            _seeded.append(WarmInterpreter(full_env, REPO, hash_seed=len(_seeded) + 1))
+        return _seeded[turn]
+    if _warm is not None and not _warm.serves(full_env):
         _warm.close()
         _warm = None
     _warm = _warm or WarmInterpreter(full_env, REPO)
@@ -161,9 +178,9 @@ def run_cli(cwd, *args, stdin=None, timeout=600, env=None, fresh=False):
     """``python -m app ARGS`` in ``cwd``, as a user runs it; returns the CompletedProcess.
 
     A fork of this test process's warm interpreter runs it (tests/warm_cli.py: the same command without its
-    seconds of imports) unless ``fresh``, ``env`` or a fresh_interpreter test asks for an interpreter of its own,
-    or NMT_TESTS_FRESH=1 asks it of every run. A test that changed the environment gets a new warm interpreter,
-    made in it."""
+    seconds of imports; in a fresh_interpreter test, the next of the seeded ones) unless ``fresh`` or ``env`` asks
+    for an interpreter of its own, or NMT_TESTS_FRESH=1 asks it of every run. A test that changed the environment
+    gets a new warm interpreter, made in it."""
     global forked_runs
     full_env = {**os.environ, "PYTHONPATH": REPO, "HYDRA_FULL_ERROR": "0", **(env or {})}
     warm = _warm_interpreter(full_env, fresh=fresh or bool(env))

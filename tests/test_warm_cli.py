@@ -3,6 +3,7 @@
 import subprocess
 
 import conftest
+import pytest
 from conftest import run_cli, start_cli
 
 
@@ -56,3 +57,22 @@ def test_a_started_fork_is_waited_for_and_a_second_start_beside_it_is_fresh(tmp_
     assert beside.wait(120) == 0 and "command=" in (tmp_path / "beside.log").read_text()
     assert first.wait(120) == 2
     assert run_cli(tmp_path, "--help").returncode == 0 and conftest.forked_runs == answered + 3  # free again
+
+
+@pytest.mark.fresh_interpreter
+def test_the_runs_of_a_test_that_compares_processes_fork_interpreters_of_other_hash_seeds(tmp_path):
+    """Each run of a fresh_interpreter test has another string hash seed than the two runs before it, as separate
+    interpreters have, without paying their imports: a fork of the next of three warm interpreters, each started
+    with a seed of its own."""
+    answered = conftest.forked_runs
+    before = {id(warm): warm.forks for warm in conftest._seeded}
+    for _ in range(4):
+        assert run_cli(tmp_path, "--help").returncode == 0
+    assert conftest.forked_runs == answered + 4  # forks answered each run
+    assert [warm.forks - before.get(id(warm), 0) for warm in conftest._seeded] == [2, 1, 1]  # in turn
+    seeds = []
+    for warm in conftest._seeded:  # the seed each interpreter started with, which its forks share
+        with open(f"/proc/{warm.process.pid}/environ", "rb") as environ:
+            seeds += [v for v in environ.read().split(b"\0") if v.startswith(b"PYTHONHASHSEED=")]
+    assert seeds == [b"PYTHONHASHSEED=1", b"PYTHONHASHSEED=2", b"PYTHONHASHSEED=3"]
+    assert all("PYTHONHASHSEED" not in warm.env for warm in conftest._seeded)  # not passed on to the runs

@@ -12,8 +12,10 @@ returns it at once, as ``subprocess.Popen`` does.
 
 What a fork shares with its siblings, and a fresh interpreter would not: the string hash seed, and the
 modules imported before the fork (imported as ``app/__main__.py`` would, its oneDNN cache settings first).
-So a test that compares two processes' outputs for exactness, or that needs another environment at import
-time, asks for a fresh interpreter (``run_cli(..., fresh=True)``; any ``env=`` does too).
+So a test that compares two processes' outputs for exactness is marked fresh_interpreter: its runs fork, in
+turn, warm interpreters started with string hash seeds of their own (``hash_seed``; tests/conftest.py). One that
+needs another environment at import time asks for a fresh interpreter (``run_cli(..., fresh=True)``; any
+``env=`` does too).
 """
 
 from __future__ import annotations
@@ -131,14 +133,18 @@ def _become(request: dict) -> None:
 class WarmInterpreter:
     """The test side: one warm interpreter per test process, one request at a time."""
 
-    def __init__(self, env: dict[str, str], cwd: str) -> None:
-        self.env = dict(env)
+    def __init__(self, env: dict[str, str], cwd: str, hash_seed: int | None = None) -> None:
+        """``hash_seed``: the string hash seed of the interpreter and so of its every fork (PYTHONHASHSEED at its
+        start, not passed on to the forks' environment); a random one, as a user's interpreter has, if None."""
+        self.env, self.hash_seed = dict(env), hash_seed
+        self.forks = 0  # the runs it answered
         self.lock = threading.Lock()
         self.log = tempfile.NamedTemporaryFile(prefix="warm_cli-", suffix=".log", delete=False)
+        seeded = {} if hash_seed is None else {"PYTHONHASHSEED": str(hash_seed)}
         self.process = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__)],
             cwd=cwd,
-            env=self.env,
+            env={**self.env, **seeded},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -180,6 +186,7 @@ class WarmInterpreter:
         pid = self._line(timeout=60)
         if pid is None:
             raise RuntimeError(f"the warm interpreter did not fork in 60 s: {open(self.log.name).read()[-2000:]}")
+        self.forks += 1
         return Forked(self, int(pid), [sys.executable, "-m", "app", *args], on_end)
 
     def run(self, cwd, args, stdin: str | None, timeout: float, env: dict[str, str]):
@@ -209,7 +216,7 @@ class WarmInterpreter:
 
 class Forked:
     """A forked ``python -m app`` as a ``subprocess.Popen`` is seen: ``pid`` (also its process group's: it leads
-    its own session), ``poll``, ``wait``, ``kill`` and ``returncode``."""
+    its own session), ``poll``, ``wait``, ``send_signal``, ``kill`` and ``returncode``."""
 
     def __init__(self, interpreter: WarmInterpreter, pid: int, args: list[str], on_end=None) -> None:
         self.interpreter, self.pid, self.args, self.on_end = interpreter, pid, args, on_end
@@ -223,6 +230,14 @@ class Forked:
         if code is None:
             raise subprocess.TimeoutExpired(self.args, timeout)
         return code
+
+    def send_signal(self, signum: int) -> None:
+        """``signum`` to it (not to its process group), as ``Popen.send_signal`` sends one; nothing once it ended."""
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:  # ended, its end not yet read
+                pass
 
     def kill(self) -> None:
         """SIGKILL to its process group (with what it started), then wait for its end."""
