@@ -112,6 +112,9 @@ def _close_warm() -> None:
             warm.close()
 
 
+atexit.register(_close_warm)
+
+
 def _warm_interpreter(full_env: dict, fresh: bool):
     """The test process's warm interpreter for this environment (in a fresh_interpreter test, the next of the seeded
     ones), or None where a fresh interpreter is asked for."""
@@ -120,13 +123,12 @@ def _warm_interpreter(full_env: dict, fresh: bool):
         return None
     from warm_cli import WarmInterpreter
 
-    if _warm is None and not _seeded:
-        atexit.register(_close_warm)
     if _fresh_test:
         turn, _seeded_turn = _seeded_turn % SEEDED, _seeded_turn + 1
-        if turn < len(_seeded) and not _seeded[turn].serves(full_env):
-            _seeded[turn].close()
-            del _seeded[turn:]
+        if turn < len(_seeded) and not _seeded[turn].serves(full_env):  # the environment changed: all made anew
+            for warm in _seeded:
+                warm.close()
+            _seeded.clear()
         while len(_seeded) <= turn:  # seeds 1, 2, 3: any fixed seeds differ from one another
             _seeded.append(WarmInterpreter(full_env, REPO, hash_seed=len(_seeded) + 1))
         return _seeded[turn]

@@ -136,7 +136,7 @@ class WarmInterpreter:
     def __init__(self, env: dict[str, str], cwd: str, hash_seed: int | None = None) -> None:
         """``hash_seed``: the string hash seed of the interpreter and so of its every fork (PYTHONHASHSEED at its
         start, not passed on to the forks' environment); a random one, as a user's interpreter has, if None."""
-        self.env, self.hash_seed = dict(env), hash_seed
+        self.env = dict(env)
         self.forks = 0  # the runs it answered
         self.lock = threading.Lock()
         self.log = tempfile.NamedTemporaryFile(prefix="warm_cli-", suffix=".log", delete=False)
