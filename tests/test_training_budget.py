@@ -44,10 +44,10 @@ def test_eval_every_zero_means_no_validation_and_best_is_the_last_checkpoint(wor
 
 @pytest.mark.parametrize("closing_average", [False, True])
 def test_the_time_budget_includes_the_closing_validation(workdir, closing_average):
-    """Validations every 4 steps, a budget of 12 s: training stops early enough for the closing validation
+    """Validations every 4 steps, a budget of 8 s: training stops early enough for the closing validation
     to end inside the budget (it is given as long as the last validation took), where it used to start at
     the budget and run past it; and for the closing average's validation as well where there is one."""
-    budget = 12.0
+    budget = 8.0
     limits = ["train.max_steps=100000", f"train.max_minutes={budget / 60}", "train.patience=0"]
     average = ["train.average_snapshots=2", "train.save_every=4"] if closing_average else ["train.average_snapshots=0"]
     cfg = config(workdir / "run", "train.eval_every=4", *limits, *average)
@@ -79,7 +79,7 @@ def test_a_budget_that_ends_before_the_first_validation_keeps_time_for_the_closi
     sampled on dev once the first steps are timed, and training stops early enough for it, where it used to
     start at the budget and run past it."""
     caplog.set_level("INFO")
-    budget = 20.0
+    budget = 10.0
     limits = ["train.max_steps=100000", f"train.max_minutes={budget / 60}", "train.eval_every=100000"]
     cfg = config(workdir / "run", *limits, "train.average_snapshots=0", "train.max_dev_sentences=0")
     summary = training.train(cfg)
@@ -95,13 +95,13 @@ def test_a_budget_that_ends_before_the_warm_up_says_so_at_once(workdir, caplog, 
     """A budget that the measured speed shows to end before the learning-rate warm-up does is told at the
     first estimate (after the first ten steps), with the setting that fixes it; the summary says it again."""
     caplog.set_level("INFO")
-    limits = ["train.max_steps=100000", "train.max_minutes=0.2", "train.eval_every=0", "train.warmup_steps=100000"]
+    limits = ["train.max_steps=100000", "train.max_minutes=0.1", "train.eval_every=0", "train.warmup_steps=100000"]
     summary = training.train(config(workdir / "run", *limits))
     warnings = [r for r in caplog.records if "before the learning-rate warm-up ends" in r.getMessage()]
     assert len(warnings) == 1, caplog.text
     message = warnings[0].getMessage()
     assert re.match(
-        r"train\.max_minutes=0\.2 ends near step \d+ at [\d.e-]+ s/step, before the learning-rate "
+        r"train\.max_minutes=0\.1 ends near step \d+ at [\d.e-]+ s/step, before the learning-rate "
         r"warm-up ends at step 100000 \(train\.warmup_steps\): too few updates",
         message,
     ), message
