@@ -70,6 +70,17 @@ class EndsEarly(torch.nn.Module):
         return logits, attention, state
 
 
+def test_a_min_len_that_no_repeat_ngram_size_leaves_no_pieces_for_ends_short_instead_of_padding():
+    """decode.no_repeat_ngram_size=1 with six tokens leaves three pieces to output (UNK, A, B: never PAD or BOS, and
+    none twice): min_len=5 cannot be met, and once they are spent the row ends, not with PAD, nor in an IndexError."""
+    UNK = 1
+    greedy = greedy_decode(EAGER, SRC, no_repeat_ngram_size=1, min_len=5).tokens
+    assert greedy == [[A, B, UNK]]  # each step's likeliest piece that is not a repeat, then EOS: nothing else is left
+    hyps = beam_search(EAGER, SRC, beam_size=3, alpha=0.0, n_best=3, no_repeat_ngram_size=1, min_len=5)
+    assert hyps.tokens[0] in ([A, B, UNK], [B, A, UNK])
+    assert all(sorted(tokens) == [UNK, A, B] and score > float("-inf") for tokens, score in hyps.nbest[0])
+
+
 @pytest.mark.parametrize("family", ["transformer", "rnn_bahdanau", "rnn_plain"])
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_every_hypothesis_of_a_model_has_min_len_pieces_however_it_is_batched(family, beam_size):

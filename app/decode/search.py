@@ -261,7 +261,10 @@ class Search(Generic[MemoryT, StateT]):
         if self.min_lengths is not None and self.t < self.min_len:  # too short to end (after the constraints, whose
             # rows that would end take a phrase's piece)
             early = (self.min_lengths > self.t).repeat_interleave(self.beam)
-            logp[:, EOS].masked_fill_(early, float("-inf"))
+            # ...unless nothing but EOS is left (no_repeat_ngram_size can ban every other piece): then it ends short
+            others = torch.isfinite(logp)
+            others[:, EOS] = False
+            logp[:, EOS].masked_fill_(early & others.any(-1), float("-inf"))
         if forced is not None:
             only = torch.full_like(logp, float("-inf")).scatter_(1, forced, forced_logp)
             logp = torch.where(forced != PAD, only, logp)
