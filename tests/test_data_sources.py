@@ -196,6 +196,27 @@ def test_tsv_wrong_column_count_names_file_and_line(tmp_path):
     assert "got 4" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "text,got,first",
+    [
+        ("a\tb\nla casa es grande\tthe house is big\t\n", 3, "2 (src, tgt)"),  # a trailing tab: not an id
+        ("a\tb\tc\nel perro\tthe dog\n", 2, "3 (id, src, tgt)"),
+    ],
+    ids=["a stray tab", "an id missing"],
+)
+def test_a_tsv_keeps_the_layout_of_its_first_line(tmp_path, text, got, first):
+    """One row with a tab more (a spreadsheet's trailing tab, a tab in a sentence) was read as id, src, tgt: its
+    source an id, its target the source, the pair lost as empty or trained on half a sentence."""
+    path = tmp_path / "c.tsv"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(UserError) as err:
+        read_parallel_file(str(path))
+    assert str(err.value) == (
+        f"{path}:2: {got} tab-separated columns, but line 1 has {first}: one layout per file "
+        "(a tab inside a sentence, or at the end of a line?)"
+    )
+
+
 def test_tsv_single_column_is_user_error(tmp_path):
     path = tmp_path / "c.tsv"
     path.write_text("a\tb\njust one column\n", encoding="utf-8")
@@ -411,6 +432,26 @@ def test_hf_jsonl_folder_through_load_dataset(tmp_path):
     splits = read_source(hf_cfg(folder))
     assert splits["train"] == [Pair(f"train:{i}", es, en) for i, (es, en) in enumerate(TRAIN)]
     assert splits["dev"] is None and splits["test"] is None
+
+
+def test_hf_null_text_is_empty_and_a_null_id_numbers_its_row(tmp_path):
+    """A hub row's null was the sentence "None", trained on; now it is empty text (the filters drop it, counted:
+    tests/test_prepare.py), and a null id leaves its row numbered, as a JSON Lines row without an id."""
+    path = tmp_path / "nulls"
+    columns = {"id": ["a", None, "c"], "es": ["hola", "adiós", None], "en": ["hello", None, "thanks"]}
+    datasets.DatasetDict(train=datasets.Dataset.from_dict(columns)).save_to_disk(str(path))
+    rows = read_hf(hf_cfg(path, src_field="es", tgt_field="en", id_field="id"))["train"]
+    assert rows == [Pair("a", "hola", "hello"), Pair("train:1", "adiós", ""), Pair("c", "", "thanks")]
+    assert [row.numbered for row in rows] == [False, True, False]
+
+
+def test_hf_text_that_is_not_a_string_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "lists"
+    columns = {"es": [["uno", "un"]], "en": ["one"]}
+    datasets.DatasetDict(train=datasets.Dataset.from_dict(columns)).save_to_disk(str(path))
+    with pytest.raises(UserError) as err:
+        read_hf(hf_cfg(path, src_field="es", tgt_field="en"))
+    assert str(err.value) == f'{path}[train] row 0: \'es\' holds an array (["uno", "un"]), not a string'
 
 
 def test_hf_missing_field_names_field(saved_dict):

@@ -1,7 +1,9 @@
 """Corpus preparation: deterministic hash split, filter rules, cached prepare()."""
 
+import dataclasses
 import json
 import os
+import unicodedata
 from collections import Counter
 
 import pytest
@@ -181,6 +183,35 @@ def test_copies_of_a_pair_without_an_id_share_a_split(tmp_path, write_tsv):
     assert len(read_tsv(os.path.join(cfg.dir, "train.tsv"))) == len(splits["train"])  # one copy each
 
 
+def test_copies_that_differ_in_unicode_composition_share_a_split_and_are_written_composed(tmp_path, write_tsv):
+    """A "café" typed with a combining accent (e + U+0301) is "café" to SentencePiece and to a reader: hashed as other
+    text, such a copy landed in train beside its twin in test."""
+    rows = [(f"el café número {i}", f"the café number {i}") for i in range(200)]
+    decomposed = [(unicodedata.normalize("NFD", src), unicodedata.normalize("NFD", tgt)) for src, tgt in rows]
+    cfg = data_cfg(tmp_path, train=write_tsv("mixed.tsv", [pair for both in zip(rows, decomposed) for pair in both]))
+    report = prepare(cfg)
+    splits = {s: [(p.src, p.tgt) for p in read_tsv(os.path.join(cfg.dir, f"{s}.tsv"))] for s in SPLITS}
+    held_out = splits["dev"] + splits["test"]
+    assert held_out and not set(splits["train"]) & set(held_out)  # each pair's two copies in one split
+    assert Counter(Counter(held_out).values()) == {2: len(held_out) // 2}  # dev and test keep both copies, train one
+    assert len(set(splits["train"])) == len(splits["train"]) == report["dropped"]["train"]["duplicate"]
+    assert len(set(splits["train"] + held_out)) == 200
+    assert all(unicodedata.is_normalized("NFC", src + tgt) for pairs in splits.values() for src, tgt in pairs)
+
+
+def test_a_given_test_set_is_scored_whole_but_for_pairs_with_an_empty_side(tmp_path, write_tsv):
+    """The length rules clean training pairs: a test set the user gives keeps its short answer to a long question
+    and its long line, as sacrebleu would score it; the splits carved out of train are filtered as train is."""
+    test_rows = [("t1", "Sí.", "Yes, that is right."), ("t2", "x " * 600, "y " * 600), ("t3", "", "nothing")]
+    rows = corpus_rows(200) + [("ratio", "a", "a very long sentence for one letter")]
+    cfg = data_cfg(tmp_path, train=write_tsv("corpus.tsv", rows), test=write_tsv("test.tsv", test_rows))
+    report = prepare(cfg)
+    assert [p.id for p in read_tsv(os.path.join(cfg.dir, "test.tsv"))] == ["t1", "t2"]
+    assert report["dropped"]["test"] == {"empty": 1}
+    assert "ratio" not in {p.id for s in ("train", "dev") for p in read_tsv(os.path.join(cfg.dir, f"{s}.tsv"))}
+    assert sum(report["dropped"][s].get("max_ratio", 0) for s in ("train", "dev")) == 1
+
+
 def test_prepare_given_dev_is_kept_and_test_carved(tmp_path, write_tsv):
     dev_rows = [("d1", "uno", "one"), ("d1b", "uno", "one"), ("d2", "dos", "two")]
     cfg = data_cfg(tmp_path, train=write_tsv("corpus.tsv", corpus_rows()), dev=write_tsv("dev.tsv", dev_rows))
@@ -307,6 +338,29 @@ def test_prepare_hf_local_folder_edit_reprepares(tmp_path):
     prepare(hf_folder_cfg(tmp_path))
     write_jsonl_folder(tmp_path / "folder", 80)
     assert sum(prepare(hf_folder_cfg(tmp_path))["pairs"].values()) == 80
+
+
+def test_prepare_hf_with_a_link_file_reprepares_when_the_links_change(tmp_path):
+    """The link file joins the cache key of every source, not of local files only: mended, its links are read."""
+    write_jsonl_folder(tmp_path / "folder", 50)
+    links = tmp_path / "train.align"
+    links.write_text("0-0 1-1 2-2\n" * 50)
+    cfg = dataclasses.replace(hf_folder_cfg(tmp_path), train_align=str(links))
+    prepare(cfg)
+    assert set(open(os.path.join(cfg.dir, "train.align")).read().splitlines()) == {"0-0 1-1 2-2"}
+    links.write_text("0-1 1-0 2-2\n" * 50)
+    prepare(cfg)
+    assert set(open(os.path.join(cfg.dir, "train.align")).read().splitlines()) == {"0-1 1-0 2-2"}
+
+
+def test_prepare_hf_null_text_is_dropped_as_empty_and_counted(tmp_path):
+    folder = tmp_path / "folder"
+    write_jsonl_folder(folder, 50)
+    with open(folder / "train.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"translation": {"es": "adiós", "en": None}}) + "\n")
+    report = prepare(hf_folder_cfg(tmp_path))
+    assert sum(report["pairs"].values()) == 50 and sum(d.get("empty", 0) for d in report["dropped"].values()) == 1
+    assert not any("None" in open(os.path.join(tmp_path / "d", f"{s}.tsv")).read() for s in SPLITS)
 
 
 def test_prepare_hf_streaming_takes_a_shuffled_sample(tmp_path):

@@ -10,6 +10,8 @@ import contextlib
 import hashlib
 import logging
 import os
+import sys
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict
@@ -27,11 +29,17 @@ from app.run.errors import UserError
 from app.run.files import atomic_open, stable_hash
 
 log = logging.getLogger(__name__)
-PREPARE_VERSION = 1  # bump when cleaning/splitting logic changes, to invalidate old caches
+PREPARE_VERSION = 2  # bump when cleaning/splitting logic changes, to invalidate old caches (2: NFC text)
+
+
+WHOLE = FilterConfig(min_chars=1, max_chars=sys.maxsize, max_ratio=0.0, dedup=False)  # only an empty side is dropped
 
 
 def normalize(text: str) -> str:
-    return " ".join(text.replace("\u00a0", " ").split())
+    """One space between words, and Unicode's composed form (NFC): a copy of a sentence typed with combining
+    accents (``e`` + U+0301) is the same sentence to the split rule, to the duplicate and held-out checks, to
+    SentencePiece (which normalizes too) and to BLEU's references."""
+    return " ".join(unicodedata.normalize("NFC", text).replace("\u00a0", " ").split())
 
 
 def split_key(pair: Pair) -> str:
@@ -97,7 +105,6 @@ def _fingerprint(cfg: DataConfig) -> dict:
     paths = []
     if cfg.source == "files":
         paths = [p for split in SPLITS if getattr(cfg, split) for p in getattr(cfg, split).split(",")]
-        paths += [cfg.train_align] if cfg.train_align else []
     elif cfg.source == "bible":
         paths = [os.path.join(cfg.sword_path, "mods.d", f"{m.lower()}.conf") for m in (cfg.src_module, cfg.tgt_module)]
     elif cfg.source == "hf" and cfg.hf_path and os.path.exists(cfg.hf_path):  # a local dataset: every file in it
@@ -106,6 +113,7 @@ def _fingerprint(cfg: DataConfig) -> dict:
             if os.path.isfile(cfg.hf_path)
             else sorted(os.path.join(folder, name) for folder, _, names in os.walk(cfg.hf_path) for name in names)
         )
+    paths += [cfg.train_align] if cfg.train_align else []  # a link file joins any source's train split
     paths += cfg.extra_train.split(",") if cfg.extra_train else []
     return {p: (os.path.getsize(p), os.stat(p).st_mtime_ns) if os.path.exists(p) else None for p in paths}
 
@@ -153,8 +161,15 @@ def prepare(cfg: DataConfig, verify: bool = False) -> dict:
     # Splits the source does not provide are carved out of train by the id hash.
     dev_fraction = cfg.dev_fraction if raw["dev"] is None else 0.0
     test_fraction = cfg.test_fraction if raw["test"] is None else 0.0
-    # Dev/test keep duplicates: they are what the user asked to be scored on.
-    filters = {s: PairFilter(cfg.filters, dedup=cfg.filters.dedup and s == "train") for s in SPLITS}
+    # Dev/test keep duplicates: they are what the user asked to be scored on. A dev or test set the source gives is
+    # kept whole but for pairs with an empty side (counted), as sacrebleu, fairseq and JoeyNMT score one: the length
+    # rules clean training pairs, and the splits carved out of them.
+    filters = {
+        s: PairFilter(
+            cfg.filters if s == "train" or raw[s] is None else WHOLE, dedup=cfg.filters.dedup and s == "train"
+        )
+        for s in SPLITS
+    }
     kept: Counter[str] = Counter()
     held_out = HeldOut()  # what extra training pairs must not hold
     full = lambda split: split == "train" and 0 < cfg.max_train_pairs <= kept["train"]  # noqa: E731

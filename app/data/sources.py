@@ -114,21 +114,31 @@ def _pair_id(value: str, where: str) -> str:
 
 
 def _read_tsv(path: str) -> Iterator[Pair]:
-    name = os.path.basename(path)
+    """``src\ttgt`` or ``id\tsrc\ttgt`` rows; the first row decides which for the whole file, so a stray tab in
+    one row is refused instead of turning its source into an id and its target into its source."""
+    name, layout = os.path.basename(path), None
     for line_no, row in text_lines(path):
         if not row.strip():
             continue
         cols = row.split("\t")
-        if len(cols) == 2:
-            yield Pair(f"{name}:{line_no}", cols[0], cols[1], numbered=True)
-        elif len(cols) == 3:
-            yield Pair(_pair_id(cols[0], f"{path}:{line_no}"), cols[1], cols[2])
-        else:
+        if len(cols) not in (2, 3):
             cr = " (it holds a lone \\r: lines end at \\n only)" if "\r" in row else ""
             raise UserError(
                 f"{path}:{line_no}: expected 2 (src, tgt) or 3 (id, src, tgt) tab-separated columns, "
                 f"got {len(cols)}{cr}"
             )
+        if layout is None:
+            layout = (len(cols), line_no)
+        elif len(cols) != layout[0]:
+            first = "2 (src, tgt)" if layout[0] == 2 else "3 (id, src, tgt)"
+            raise UserError(
+                f"{path}:{line_no}: {len(cols)} tab-separated columns, but line {layout[1]} has {first}: "
+                "one layout per file (a tab inside a sentence, or at the end of a line?)"
+            )
+        if len(cols) == 2:
+            yield Pair(f"{name}:{line_no}", cols[0], cols[1], numbered=True)
+        else:
+            yield Pair(_pair_id(cols[0], f"{path}:{line_no}"), cols[1], cols[2])
 
 
 def _json_rows(path: str) -> Iterator[tuple[int, str, Any]]:
@@ -162,12 +172,12 @@ def _json_kind(value: Any) -> str:
         list: "an array",
         dict: "an object",
     }
-    return kinds.get(type(value), "null")
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
 
 
 def _text(value: Any, field: str, where: str) -> str:
     if not isinstance(value, str):
-        shown = json.dumps(value, ensure_ascii=False)
+        shown = json.dumps(value, ensure_ascii=False, default=str)
         shown = shown if len(shown) <= 40 else shown[:39] + "…"
         raise UserError(f"{where}: {field} holds {_json_kind(value)} ({shown}), not a string")
     return value
@@ -285,9 +295,18 @@ def _hf_pairs(rows, cfg: DataConfig, split_name: str) -> Iterator[Pair]:
     for i, row in enumerate(rows):
         if cfg.id_field and cfg.id_field not in row:
             raise UserError(f"data.id_field={cfg.id_field!r} not found in {where} (columns: {sorted(row)})")
+        given = row[cfg.id_field] if cfg.id_field else None  # a null id: the row is numbered, as in JSON Lines
+        src, tgt = (_hf_text(row, field, f"{where} row {i}") for field in (cfg.src_field, cfg.tgt_field))
         yield Pair(
-            _pair_id(str(row[cfg.id_field]), f"{where} row {i}") if cfg.id_field else f"{split_name}:{i}",
-            str(_field(row, cfg.src_field, f"{where} row {i}")),
-            str(_field(row, cfg.tgt_field, f"{where} row {i}")),
-            numbered=not cfg.id_field,
+            _pair_id(str(given), f"{where} row {i}") if given is not None else f"{split_name}:{i}",
+            src,
+            tgt,
+            numbered=given is None,
         )
+
+
+def _hf_text(row: dict, field: str, where: str) -> str:
+    """A text field of a hub row; a null one is empty text, which the filters drop and count as ``empty`` (a hub
+    dataset is not the user's to mend, as a JSON Lines file is), never the sentence "None"."""
+    value = _field(row, field, where)
+    return "" if value is None else _text(value, repr(field), where)
