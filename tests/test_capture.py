@@ -105,9 +105,11 @@ def test_the_window_keeps_the_last_updates_grad_norm_when_its_graph_output_is_re
     """A replayed graph writes its outputs into the same tensors each time: the window copies the gradient norm
     it is given instead of holding the tensor, which the next replay of that shape would change."""
     window = MetricsWindow(torch.device("cpu"))
-    outputs = StepResult(torch.tensor(12.0), torch.tensor(2.5), torch.tensor(True), torch.tensor(0.0), None)
+    outputs = StepResult(
+        torch.tensor(12.0), torch.tensor(2.5), torch.tensor(True), torch.tensor(0.0), None, torch.tensor(11.0)
+    )
     window.add(outputs, local_tokens=4, update_tokens=4)
     outputs.grad_norm.fill_(9.0)  # the next replay of this shape, not yet added
     outputs.loss_sum.fill_(99.0)
     values = window.summary()
-    assert values["grad_norm"] == 2.5 and values["loss"] == 3.0
+    assert values["grad_norm"] == 2.5 and values["loss"] == 3.0 and values["nll_loss"] == 2.75

@@ -105,18 +105,25 @@ def test_a_time_budget_without_validations_that_ends_long_before_the_decay_is_a_
 
 
 def test_a_plateau_cuts_the_rate_after_its_patience_down_to_the_floor():
-    """Every train.lr_patience validations without a gain the rate is halved (lr_decay), now and from then on, not
-    below lr × lr_floor; a scheduler restored from the state_dict goes on at the cut rate."""
+    """After more than train.lr_patience validations without a gain the rate is halved (lr_decay), now and from then
+    on, not below lr × lr_floor, as torch's ReduceLROnPlateau with that patience does (JoeyNMT's "plateau": a config
+    of theirs means the same here); a scheduler restored from the state_dict goes on at the cut rate."""
     model = torch.nn.Linear(4, 4)
     t = TrainConfig(lr=1e-3, warmup_steps=1, lr_schedule="plateau", lr_patience=2, lr_decay=0.5, lr_floor=0.2)
     optimizer, scheduler = make_optimizer(model, Config(train=t))
-    rates = []
-    for bad_evals in range(1, 10):
+    reference = torch.optim.SGD(torch.nn.Linear(4, 4).parameters(), lr=1e-3)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(reference, mode="max", factor=0.5, patience=2, min_lr=2e-4)
+    plateau.step(10.0)  # the best dev score; each validation after it scores lower
+    rates, torch_rates = [], []
+    for bad_evals in range(1, 13):
         optimizer.step()
         scheduler.step()
         cut_on_plateau(scheduler, t, bad_evals, bad_evals, torch.device("cpu"), main=True)
         rates.append(optimizer.param_groups[0]["lr"])
-    assert rates == pytest.approx([1e-3, 5e-4, 5e-4, 2.5e-4, 2.5e-4, 2e-4, 2e-4, 2e-4, 2e-4])
+        plateau.step(9.0)
+        torch_rates.append(reference.param_groups[0]["lr"])
+    assert rates == pytest.approx([1e-3, 1e-3, 5e-4, 5e-4, 5e-4, 2.5e-4, 2.5e-4, 2.5e-4, 2e-4, 2e-4, 2e-4, 2e-4])
+    assert rates == pytest.approx(torch_rates)
     optimizer.step()
     scheduler.step()
     assert optimizer.param_groups[0]["lr"] == pytest.approx(2e-4)
@@ -129,11 +136,11 @@ def test_a_plateau_cuts_the_rate_after_its_patience_down_to_the_floor():
 
     learning_rate_on_device(restored_optimizer, torch.device("cpu"))  # as a captured update reads it: a tensor
     rate = restored_optimizer.param_groups[0]["lr"]
-    cut_on_plateau(restored, t, 2, 12, torch.device("cpu"), main=True)  # at the floor already: no cut
+    cut_on_plateau(restored, t, 3, 12, torch.device("cpu"), main=True)  # at the floor already: no cut
     assert restored_optimizer.param_groups[0]["lr"] is rate and float(rate) == pytest.approx(2e-4)
     restored.base_lrs = [1e-3]
     rate.fill_(1e-3)
-    cut_on_plateau(restored, t, 2, 12, torch.device("cpu"), main=True)
+    cut_on_plateau(restored, t, 3, 12, torch.device("cpu"), main=True)
     assert restored_optimizer.param_groups[0]["lr"] is rate and float(rate) == pytest.approx(5e-4)  # in place
     other = TrainConfig(lr=1e-3, lr_schedule="constant", lr_patience=1)
     optimizer, scheduler = make_optimizer(model, Config(train=other))
@@ -143,11 +150,11 @@ def test_a_plateau_cuts_the_rate_after_its_patience_down_to_the_floor():
 
 @pytest.mark.slow
 def test_a_run_that_does_not_learn_cuts_its_rate_at_each_validation(tmp_path, corpus_tsv):
-    """A rate too small to learn anything: BLEU 0 at every validation, so with lr_patience=1 each validation after
+    """A rate too small to learn anything: BLEU 0 at every validation, so with lr_patience=0 each validation after
     the first halves it, said in the log."""
     shutil.copy(corpus_tsv, tmp_path / "corpus.tsv")
     args = [a for a in TINY if not a.startswith("name=")] + ["name=plateau", "train.lr=1e-7"]
-    args += ["train.lr_schedule=plateau", "train.lr_patience=1", "train.max_steps=60", "train.average_snapshots=0"]
+    args += ["train.lr_schedule=plateau", "train.lr_patience=0", "train.max_steps=60", "train.average_snapshots=0"]
     result = run_cli(tmp_path, "command=train", *args)
     assert result.returncode == 0, result.stderr[-3000:]
     history = [

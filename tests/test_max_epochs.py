@@ -1,8 +1,10 @@
 """train.max_epochs: a run stops after its Nth pass over the training data, with the last update of that epoch, and
 a resume asked for more epochs goes on to them."""
 
+import dataclasses
 import json
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,7 +12,9 @@ from conftest import TINY, run_cli
 
 from app.config.schema import Config, TrainConfig
 from app.data.schedule import BatchSchedule
+from app.train.decay_end import DecayEnd
 from app.train.summary import duration_hint
+from app.train.update import make_optimizer
 
 
 def test_the_run_says_how_long_its_epochs_take():
@@ -28,6 +32,43 @@ def test_the_run_says_how_long_its_epochs_take():
     cfg = Config(train=TrainConfig(max_steps=20, max_epochs=3))  # max_steps first
     hint = duration_hint(cfg, torch.device("cpu"), None, 4, 0.5, None, schedule.step_of_epochs(4, 3))
     assert hint == "at 0.5 s/step, the 16 steps left of train.max_steps=20 take about 8 s"
+
+
+def test_where_the_epochs_end_is_the_same_from_every_step_and_from_a_resumed_schedule():
+    """20 batches an epoch, 3 to an update (train.accum_steps=3): 6 updates an epoch, 2 batches left out. Counted
+    from the share of the epoch's batches done, a schedule resumed at step 5 put the end of 1 epoch at step 7, of
+    2 at 13: a resumed run decayed its learning rate to another step than the uninterrupted one."""
+    schedule = BatchSchedule([5] * 200, [6] * 200, 130, seed=1, accum=3)
+    assert len(schedule.epoch_batches()) == 20
+    for step, update in enumerate(schedule, start=1):
+        schedule.advance(update)
+        resumed = BatchSchedule([5] * 200, [6] * 200, 130, seed=1, accum=3)
+        resumed.load_state_dict(schedule.state_dict(), 130, 130)
+        ends = [resumed.step_of_epochs(step, epochs) for epochs in (1, 2, 3)]
+        assert ends == [max(end, step) for end in (6, 12, 18)], step  # an end passed already is now
+        if step == 15:
+            break
+
+
+def test_a_resumed_run_decays_to_the_end_its_epochs_were_given_and_a_new_limit_moves_it():
+    """Later epochs can cut another number of batches (shuffled, or segmented anew): the end a run computed at its
+    start is what a resume to the same train.max_epochs keeps (LambdaLR's state_dict carries it); another
+    train.max_epochs is counted again from where the run stands."""
+    t = TrainConfig(lr=1e-3, warmup_steps=1, lr_schedule="linear", max_epochs=2)
+
+    def trainer(cfg: Config, scheduler, end_from_here: int):
+        schedule = SimpleNamespace(step_of_epochs=lambda step, epochs: end_from_here if epochs else None)
+        progress = SimpleNamespace(step=6, eval_seconds=0.0)
+        return SimpleNamespace(cfg=cfg, scheduler=scheduler, schedule=schedule, progress=progress, elapsed=lambda: 0)
+
+    model = torch.nn.Linear(2, 2)
+    _, first = make_optimizer(model, Config(train=t))
+    assert DecayEnd(trainer(Config(train=t), first, 14)).rate.epochs_end == 14
+    _, resumed = make_optimizer(model, Config(train=t))
+    resumed.load_state_dict(first.state_dict())
+    assert DecayEnd(trainer(Config(train=t), resumed, 15)).rate.epochs_end == 14
+    more = dataclasses.replace(t, max_epochs=3)
+    assert DecayEnd(trainer(Config(train=more), resumed, 21)).rate.epochs_end == 21
 
 
 @pytest.mark.fresh_interpreter

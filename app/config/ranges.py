@@ -60,7 +60,7 @@ def train_rules(t: Any) -> dict[str, bool]:
         f"train.warmup_steps={t.warmup_steps} must be >= 0 (0: no warm-up)": t.warmup_steps < 0,
         f"train.max_epochs={t.max_epochs} must be >= 0 (0: no limit)": t.max_epochs < 0,
         f"train.lr_floor={t.lr_floor} must be in [0, 1]: where a decay ends, × train.lr": not (0 <= t.lr_floor <= 1),
-        f"train.lr_patience={t.lr_patience} must be >= 1: validations without a gain before a cut": t.lr_patience < 1,
+        f"train.lr_patience={t.lr_patience} must be >= 0: validations without a gain before a cut": t.lr_patience < 0,
         f"train.lr_decay={t.lr_decay} must be in (0, 1): what a plateau's cut multiplies the rate by": not (
             0 < t.lr_decay < 1
         ),

@@ -260,7 +260,8 @@ class TrainConfig(Checked, section="train"):
     lr: float = 1e-3
     warmup_steps: int = 1000
     # after the warm-up: ∝ 1/√step (Vaswani et al.), cosine or linear decay over train.max_steps to lr × lr_floor,
-    # constant, or plateau: constant, × lr_decay after lr_patience validations without a gain (not below lr × lr_floor)
+    # constant, or plateau: constant, × lr_decay after more than lr_patience validations without a gain (torch's
+    # ReduceLROnPlateau patience; not below lr × lr_floor)
     lr_schedule: str = choice("inverse_sqrt", "cosine", "linear", "constant", "plateau")
     lr_floor: float = 0.0
     lr_patience: int = 4

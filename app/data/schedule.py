@@ -157,12 +157,12 @@ class BatchSchedule:
         return self.finished
 
     def step_of_epochs(self, step: int, epochs: int) -> Optional[int]:
-        """About the step at which ``epochs`` epochs are finished, from ``step`` where the schedule stands (the rest
-        at the current epoch's updates an epoch); None for no limit (0)."""
+        """About the step at which ``epochs`` epochs are finished, from ``step`` where the schedule stands: the current
+        epoch's updates left, exactly, then its updates an epoch for each epoch after it; None for no limit (0)."""
         if not epochs:
             return None
         per_epoch = len(self.epoch_batches()) // self.group
-        return step + max(round((epochs - self.epochs_done()) * per_epoch), 0)
+        return step + max((epochs - self.epoch) * per_epoch - self.position // self.group, 0)
 
     def epochs_done(self) -> float:
         """Epochs trained, with the share of the current one."""

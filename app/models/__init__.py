@@ -62,3 +62,18 @@ def sequence_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: f
     return F.cross_entropy(
         logits.flatten(0, 1), target.flatten(), ignore_index=PAD, label_smoothing=label_smoothing, reduction="sum"
     )
+
+
+@torch.no_grad()
+def unsmoothed_loss(
+    smoothed: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, label_smoothing: float
+) -> torch.Tensor:
+    """The summed cross-entropy without label smoothing (whose exp is the perplexity), from ``sequence_loss``'s
+    smoothed one. Smoothing aims at q = (1 - ε)·onehot(y) + ε/V (Szegedy et al. 2016, torch's label_smoothing), so
+    S = (1 - ε)·NLL + ε·U with U = Σ_i mean_v(-log p_iv); log-softmax's normalizer cancels in NLL - U =
+    Σ_i (mean_v z_iv - z_iy) for logits z, so NLL = S + ε·Σ_i (mean_v z_iv - z_iy): a pass over the logits, no
+    second softmax."""
+    if not label_smoothing:
+        return smoothed
+    gap = logits.mean(-1, dtype=torch.float32) - logits.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    return torch.add(smoothed, (gap * (target != PAD)).sum(), alpha=label_smoothing)  # few operators: one per update

@@ -31,7 +31,10 @@ class DecayEnd:
         self.rate: Optional[LearningRate] = rate if isinstance(rate, LearningRate) and t.lr_schedule in DECAYS else None
         if self.rate is not None:  # this run's settings (a resumed run keeps only its estimate of the budget's end)
             self.rate.max_steps = t.max_steps
-            self.rate.epochs_end = trainer.schedule.step_of_epochs(trainer.progress.step, t.max_epochs) or 0
+            if self.rate.max_epochs != t.max_epochs or not t.max_epochs:  # a resume to the same epochs keeps its end:
+                # estimated again, it would count later epochs at the current one's batches, another number
+                self.rate.epochs_end = trainer.schedule.step_of_epochs(trainer.progress.step, t.max_epochs) or 0
+                self.rate.max_epochs = t.max_epochs
         self.mark = self.trained_seconds(), trainer.progress.step  # the speed is measured from here
 
     def trained_seconds(self) -> float:

@@ -31,6 +31,7 @@ class MetricsWindow:
     def reset(self) -> None:
         self.start, self.update_tokens, self.updates, self.flops = time.time(), 0, 0, 0.0
         self.loss_sum, self.loss_tokens = self._zero(torch.float32), self._zero(torch.long)
+        self.nll_sum = self._zero(torch.float32)
         self.skipped, self.align_loss = self._zero(torch.long), self._zero(torch.float32)
         self.coverage_sum = self._zero(torch.float32)
         self.worst_bad_run = self.bad_run.clone()
@@ -43,6 +44,7 @@ class MetricsWindow:
         self.updates += 1
         self.flops += flops
         self.loss_sum += torch.where(finite, step.loss_sum, 0.0)
+        self.nll_sum += torch.where(finite, step.nll_sum, 0.0)
         self.loss_tokens += finite * local_tokens
         self.align_loss += torch.where(finite, step.align_loss, 0.0)
         if step.coverage_loss is not None:
@@ -59,17 +61,17 @@ class MetricsWindow:
         return skipped, worst
 
     def summary(self) -> dict:
-        """The window's scalars: loss (over all ranks), perplexity, gradient norm, target tokens per
-        second and per update, guided alignment's and the coverage loss when trained on, and MFU where the device's
-        peak is known."""
-        loss_sum, tokens, coverage_sum = distributed.sum_all(
-            torch.stack([self.loss_sum.double(), self.loss_tokens.double(), self.coverage_sum.double()])
-        ).tolist()
-        loss = loss_sum / tokens if tokens else float("nan")
+        """The window's scalars: loss (over all ranks; label-smoothed where trained so), the loss without smoothing and
+        its perplexity, gradient norm, target tokens per second and per update, guided alignment's and the coverage
+        loss when trained on, and MFU where the device's peak is known."""
+        sums = [self.loss_sum, self.nll_sum, self.loss_tokens, self.coverage_sum]
+        loss_sum, nll_sum, tokens, coverage_sum = distributed.sum_all(torch.stack([t.double() for t in sums])).tolist()
+        loss, nll = (loss_sum / tokens, nll_sum / tokens) if tokens else (float("nan"), float("nan"))
         elapsed = time.time() - self.start
         values = {
-            "loss": loss,
-            "ppl": math.exp(min(loss, 50)),
+            "loss": loss,  # the objective: label-smoothed where train.label_smoothing is on
+            "nll_loss": nll,  # the cross-entropy alone, as dev/loss is: its exp is the perplexity (fairseq's too)
+            "ppl": math.exp(min(nll, 50)),
             "grad_norm": float(self.grad_norm),
             "tgt_tokens_per_s": self.update_tokens / elapsed,
             "tgt_tokens_per_update": self.update_tokens / max(self.updates, 1),

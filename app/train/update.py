@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, Optional, Protocol, Union, cast
 import torch
 
 from app.config.schema import CUDA_GRAPH_MODES, Config, TrainConfig
-from app.models import sequence_loss
+from app.models import sequence_loss, unsmoothed_loss
 from app.models.coverage import coverage_loss
 from app.models.rnn import RNNSeq2Seq
 from app.models.transformer import Transformer
@@ -47,6 +47,7 @@ class LearningRate:
     def __init__(self, t: TrainConfig):
         self.schedule, self.warmup, self.floor = t.lr_schedule, max(t.warmup_steps, 1), t.lr_floor
         self.max_steps, self.epochs_end, self.budget_end = t.max_steps, 0, 0  # 0: no such limit
+        self.max_epochs = 0  # the train.max_epochs that epochs_end is the end of
 
     @property
     def end(self) -> int:
@@ -67,14 +68,15 @@ class LearningRate:
 
 
 def cut_on_plateau(scheduler: Any, t: TrainConfig, bad_evals: int, step: int, device: torch.device, main: bool) -> None:
-    """train.lr_schedule=plateau, after a validation, on every rank: where rank 0's validations have gone
-    train.lr_patience without a better dev score (``bad_evals`` of them, a multiple of it), the learning rate is
-    multiplied by train.lr_decay, not below train.lr × train.lr_floor (JoeyNMT's "plateau", torch's
-    ReduceLROnPlateau), from the next update on: the scheduler's base rate, which its state_dict keeps for a
-    resume, and the rate in force (in place: a captured update reads it from the device)."""
+    """train.lr_schedule=plateau, after a validation, on every rank: where rank 0's validations have gone more than
+    train.lr_patience without a better dev score (``bad_evals`` of them, a multiple of lr_patience + 1: the count
+    starts again after a cut), the learning rate is multiplied by train.lr_decay, not below train.lr × train.lr_floor
+    (torch's ReduceLROnPlateau, which JoeyNMT's "plateau" is, patience for patience), from the next update on: the
+    scheduler's base rate, which its state_dict keeps for a resume, and the rate in force (in place: a captured
+    update reads it from the device)."""
     if t.lr_schedule != "plateau":
         return
-    due = main and bad_evals > 0 and bad_evals % t.lr_patience == 0
+    due = main and bad_evals > 0 and bad_evals % (t.lr_patience + 1) == 0
     before = scheduler.base_lrs[0]
     after = max(before * t.lr_decay, t.lr * t.lr_floor)
     if not distributed.from_main(due, device) or after >= before:
@@ -89,7 +91,7 @@ def cut_on_plateau(scheduler: Any, t: TrainConfig, bad_evals: int, step: int, de
             "(train.lr_decay=%g)",
             step,
             t.best_metric,
-            t.lr_patience,
+            t.lr_patience + 1,
             before,
             after,
             t.lr_decay,
@@ -193,11 +195,12 @@ def training_compiled(
 class StepResult(NamedTuple):
     """An update's numbers, as device tensors (reading them is a host sync)."""
 
-    loss_sum: torch.Tensor  # summed cross-entropy over this rank's target tokens
+    loss_sum: torch.Tensor  # summed (label-smoothed) cross-entropy over this rank's target tokens: the objective
     grad_norm: torch.Tensor  # before clipping
     finite: torch.Tensor  # loss and gradient finite: the update was applied
     align_loss: torch.Tensor  # guided alignment's L_a, the mean of the micro-batches' (0 without it)
     coverage_loss: Optional[torch.Tensor]  # the coverage loss summed over this rank's target tokens (None without it)
+    nll_sum: torch.Tensor  # the cross-entropy without label smoothing (the perplexity's), summed as loss_sum is
 
 
 def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
@@ -251,6 +254,7 @@ def device_update(
     device = batches[0].src.device
     graphs = cfg.train.compile and cfg.train.compile_mode in CUDA_GRAPH_MODES
     loss_sum, align_sum = torch.zeros((), device=device), torch.zeros((), device=device)
+    nll_sum = torch.zeros((), device=device) if cfg.train.label_smoothing else loss_sum
     # made only when trained on: each operator of an update is one more for the host to issue on a GPU
     coverage_sum = torch.zeros((), device=device) if cfg.train.coverage_weight > 0 else None
     accumulated = False  # master gradients hold this update's
@@ -281,6 +285,8 @@ def device_update(
             master.accumulate(first=not accumulated)
             accumulated = True
         loss_sum += loss.detach().float()
+        if cfg.train.label_smoothing:
+            nll_sum += unsmoothed_loss(loss, logits, batch.tgt_out, cfg.train.label_smoothing)  # no gradient
     parameters = [p for group in optimizer.param_groups for p in group["params"]]  # the fp32 masters
     grad_norm = clip_gradients(parameters, cfg.train.clip_norm)
     finite = torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
@@ -294,4 +300,4 @@ def device_update(
         master.zero_grad(optimizer)
     else:
         optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss_sum, grad_norm, finite, align_sum, coverage_sum)
+    return StepResult(loss_sum, grad_norm, finite, align_sum, coverage_sum, nll_sum)
