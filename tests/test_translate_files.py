@@ -171,6 +171,19 @@ def test_refusals(workdir, settings, message):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("setting", ["input", "prefix"])
+def test_an_output_that_is_a_file_it_reads_is_refused_and_left_as_it_was(workdir, setting):
+    """The output was opened (emptied) before the input was read: no line translated, "translated 7 lines", rc 0."""
+    before = (workdir / "in.txt").read_bytes()
+    (workdir / "read.txt").write_bytes(before)  # a prefix per line: the lines to translate will do
+    reads = ["translate.input=in.txt"] + ([f"translate.{setting}=read.txt"] if setting != "input" else [])
+    read = "read.txt" if setting != "input" else "in.txt"
+    result = run_cli(workdir, *BASE, *reads, f"translate.output=./{read}")
+    message = f"error: translate.output='./{read}' is the file translate.{setting} names: it would be emptied"
+    assert result.returncode == 2 and result.stderr.strip().startswith(message), result.stderr
+    assert (workdir / read).read_bytes() == before
+
+
 @pytest.mark.parametrize(
     "settings,where",
     [

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import sys
 import tempfile
 import time
@@ -108,6 +109,13 @@ def check_settings(cfg: Config) -> None:
             f"translate.constraints={t.constraints!r}: CTranslate2 has no constrained decoding; translate.engine=torch "
             "has"
         )
+    for setting in ("input", "prefix", "constraints"):  # the output is opened (emptied) before they are read
+        read = getattr(t, setting)
+        if t.output and read and os.path.exists(t.output) and os.path.exists(read) and os.path.samefile(t.output, read):
+            raise UserError(
+                f"translate.output={t.output!r} is the file translate.{setting} names: it would be emptied before it "
+                "is read; write the translations to another file"
+            )
 
 
 def check_lines(given: LineFile, source: LineFile, rule: str) -> None:
