@@ -190,6 +190,18 @@ def test_byte_fallback_spells_unseen_characters_in_bytes(data_dir):
     assert "and the 256 bytes (tokenizer.byte_fallback)" in str(small.value)
 
 
+def test_a_byte_piece_that_spells_a_line_break_decodes_to_one_line(data_dir):
+    """A model may write the byte pieces of a line break or a tab (tokenizer.byte_fallback has all 256): the text
+    is still one line, its whitespace one space as the training text's, so a file keeps one translation a line."""
+    tok = build_tokenizer(data_dir, TokenizerConfig(vocab_size=VOCAB + 300, byte_fallback=True))
+    dios, luz = tok.encode_tgt(["Dios", "luz"])
+    for spelled in ("\n", "\r", "\r\n", "\t", "\x0b", "\x1e", "\u2028"):
+        breaks = [tok.tgt.piece_to_id(f"<0x{b:02X}>") for b in spelled.encode("utf-8")]
+        assert UNK not in breaks and tok.tgt.decode([dios + breaks + luz]) != "Dios luz"  # what the fix mends
+        assert tok.decode_tgt([dios + breaks + luz, breaks + dios + breaks]) == ["Dios luz", "Dios"], spelled
+    assert tok.decode_tgt([dios + tok.encode_tgt(["  en  el "])[0] + luz]) == ["Dios en el luz"]
+
+
 @pytest.mark.slow
 def test_a_byte_fallback_run_trains_and_translates_what_its_corpus_never_had(tmp_path, corpus_tsv):
     from conftest import TINY, run_cli
@@ -203,3 +215,17 @@ def test_a_byte_fallback_run_trains_and_translates_what_its_corpus_never_had(tmp
         tmp_path, "command=translate", "name=bytes", "device=cpu", "translate.alignments=true", stdin="光 y luz\n"
     )
     assert out.returncode == 0 and len(out.stdout.splitlines()) == 1, out.stderr[-3000:]
+    # sampled from a model 10 updates old: byte pieces (line breaks among them) come often; each is one line still
+    lines = "".join(f"{line}\n" for line in ("Y dijo Dios", "Sea la luz", "y fue la tarde") * 40)
+    sampled = run_cli(
+        tmp_path,
+        "command=translate",
+        "name=bytes",
+        "device=cpu",
+        "decode.beam_size=1",
+        "decode.sampling=true",
+        "decode.sampling_temperature=2.0",
+        stdin=lines,
+    )
+    assert sampled.returncode == 0 and sampled.stdout.count("\n") == 120, sampled.stderr[-3000:]
+    assert len(sampled.stdout.splitlines()) == 120 and "\t" not in sampled.stdout

@@ -46,7 +46,10 @@ class Tokenizer:
         return self.tgt.encode(texts)
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
-        return self.tgt.decode(ids)
+        """Each sequence as one line of text: the whitespace its pieces decode to is one space, as the training
+        text's is (app.data.prepare.normalize). A byte piece (tokenizer.byte_fallback) can spell a line break or
+        a tab, which would split one translation over lines of a file that holds one a line."""
+        return [" ".join(text.split()) for text in self.tgt.decode(ids)]
 
     def src_pieces(self, ids: list[int]) -> list[str]:
         return [self.src.id_to_piece(i) for i in ids]
