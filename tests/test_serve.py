@@ -600,6 +600,30 @@ def test_constraints_are_met_by_every_hypothesis_as_in_make_translate(served, wo
 
 
 @pytest_slow
+def test_constraints_longer_than_the_model_refuse_only_their_request(served):
+    """Phrases that with the prefix take more pieces than the model has positions (model.max_len 1024) are refused
+    on their own request, before it is batched: it makes no decoding call, and a request sent beside it (the same
+    batch key: prefix and constraints) is answered."""
+    # pieces of about one character each: a prefix of 404 characters and a phrase of 899 (within serve.max_chars),
+    # each within the model's positions, together beyond them
+    prefix, phrase = " ".join(["qz xk wj"] * 45), " ".join(["a1 b2 c3"] * 100)
+    long = {"text": LINES[0], "prefix": prefix, "constraints": [[phrase]]}
+    good = {"text": LINES[1], "prefix": "And", "constraints": [["light"]]}
+    calls = request(served.port, "GET", "/info")[1]["decoded"]["calls"]
+    status, answer = request(served.port, "POST", "/translate", long)
+    assert status == 422 and re.fullmatch(
+        r"constrained translation 1 has \d+ subword tokens; this model takes at most 1023 \(model.max_len=1024\): "
+        r"split it",
+        answer["error"],
+    ), answer
+    assert request(served.port, "GET", "/info")[1]["decoded"]["calls"] == calls  # refused before the batcher
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda b: request(served.port, "POST", "/translate", b), [long, good]))
+    assert answers[0][0] == 422 and answers[1][0] == 200, answers[1]
+    assert answers[1][1]["translations"][0]["hypotheses"][0]["text"].startswith("And")
+
+
+@pytest_slow
 def test_attention_of_every_hypothesis_with_its_views_and_links(served):
     status, answer = request(served.port, "POST", "/translate", {"text": LINES[:2], "n_best": 2, "attention": True})
     assert status == 200, answer

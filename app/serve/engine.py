@@ -28,7 +28,7 @@ from app.config.commands import DecodeConfig
 from app.config.schema import Config
 from app.data.links import hard_alignments, piece_links
 from app.data.tokenizer import Tokenizer
-from app.decode.constraints import encode_phrases
+from app.decode.constraints import encode_phrases, forced_lengths
 from app.decode.ensemble import ensemble_of
 from app.decode.passes import forced_copy_shares, forced_self_attention
 from app.decode.search import check_lengths
@@ -63,6 +63,11 @@ class Engine:
     def encode_constraints(self, phrases: list[list[str]]) -> list[list[list[int]]]:
         """Target token ids of each line's phrases; a phrase with none is a UserError naming it."""
         return encode_phrases(self.tokenizer.encode_tgt, phrases, lambda i, j: f"constraints[{i}][{j}]", "[]")
+
+    def check_forced(self, phrases: list[list[list[int]]], prefix: Optional[list[list[int]]]) -> None:
+        """Each line's phrases and prefix within the model's positions (a UserError naming the first that is not):
+        checked for a request on its own, before it joins a batch, where it would fail every request beside it."""
+        check_lengths(self.max_positions, forced_lengths(phrases, prefix), "constrained translation")
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Source token ids of ``texts``; a line longer than the model takes is a UserError naming it."""

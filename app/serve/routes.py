@@ -129,6 +129,8 @@ def create_app(engine: Engine, limits: ServeConfig, defaults: DecodeConfig) -> F
                 raise RequestError(422, "constraints: the CTranslate2 export has no constrained decoding")
             prefix = [[]] * len(lines) if given is None else engine.encode_targets(given, "prefix")
             phrases = [[]] * len(lines) if body.constraints is None else engine.encode_constraints(body.constraints)
+            if body.constraints is not None:
+                engine.check_forced(phrases, prefix)
             sources = list(zip(sources, prefix, phrases))
         results = await batcher.submit(sources, key)
         return JSONResponse({"translations": results, "seconds": round(time.monotonic() - start, 4)})
