@@ -2,6 +2,7 @@
 profile's kinds of work, and the one FLOP count (app/models/flops.py) checked by hand."""
 
 import pytest
+import torch
 from conftest import TINY, Vocab, compose_config
 
 
@@ -164,13 +165,45 @@ def test_training_flops_count_by_hand():
         "model.ff_dim=16",
     )
     model = build_model(cfg.model, Vocab(10, 10))
-    # encoder layer: q, k, v, out (4 × 8×8) + ff (8×16 + 16×8); decoder adds cross attention and the
-    # output projection (10×8, tied to the embedding but still a matrix multiply per target token)
-    p_enc, p_dec = 4 * 64 + 2 * 128, 8 * 64 + 2 * 128 + 80
-    assert matmul_parameters(model.encoder) == p_enc and matmul_parameters(model) == p_enc + p_dec
+    # encoder layer: q, k, v, out (4 × 8×8) + ff (8×16 + 16×8); decoder adds cross attention, whose k and v
+    # (2 × 8×8) read the encoder's states, once per source token, and the output projection (10×8, tied to the
+    # embedding but still a matrix multiply per target token)
+    p_enc, p_mem, p_dec = 4 * 64 + 2 * 128, 2 * 64, 6 * 64 + 2 * 128 + 80
+    assert matmul_parameters(model.encoder) == p_enc and matmul_parameters(model) == p_enc + p_mem + p_dec
     flops = training_flops(model, [3], [2])
     attention = 12 * 8 * (1 * 3 * 3 + 1 * (2 * 3 / 2 + 2 * 3))
-    assert flops == 6 * (p_enc * 3 + p_dec * 2) + attention
+    assert flops == 6 * ((p_enc + p_mem) * 3 + p_dec * 2) + attention
+
+
+@pytest.mark.parametrize("lengths", [(60, 5), (5, 60)])
+def test_the_flop_count_is_what_torch_counts_of_a_training_step(lengths):
+    """Against torch's FlopCounterMode over a forward and backward: a Transformer exactly (attention on the math
+    kernel, which computes the causal square whole: added back), RNNs within 1 % (it counts the recurrent matrix
+    of the first step, on the zero state, differently; Bahdanau's scores as more than multiplies): source-side
+    weights once per source token, the bridge once per sentence."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from app.models import build_model, sequence_loss
+    from app.models.flops import training_flops
+
+    S, T = lengths
+
+    def measured(model, *args):
+        torch.manual_seed(0)
+        src, tgt = torch.randint(4, 40, (1, S)), torch.randint(4, 40, (1, T))
+        with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counted:
+            sequence_loss(model(src, tgt, *args), tgt).backward()
+        return counted.get_total_flops()
+
+    sizes = ("model.d_model=32", "model.heads=2", "model.ff_dim=64", "model.dropout=0.0")
+    transformer = build_model(compose_config("model=transformer_small", *sizes).model, Vocab(40, 40))
+    causal_square = 12 * 32 * transformer.cfg.dec_layers * (T * T - T * (T + 1) / 2)
+    assert training_flops(transformer, [S], [T]) + causal_square == measured(transformer)
+    for attention in ("none", "bahdanau", "luong"):
+        rnn_settings = ("model=rnn_bahdanau", f"model.attention={attention}", "model.hidden=32", "model.emb_dim=32")
+        rnn = build_model(compose_config(*rnn_settings, "model.dropout=0.0").model, Vocab(40, 40))
+        assert training_flops(rnn, [S], [T]) == pytest.approx(measured(rnn, torch.tensor([S])), rel=0.01), attention
 
 
 def test_windowed_attention_counts_only_the_pairs_in_the_window():
@@ -254,3 +287,22 @@ def test_a_model_ctranslate2_cannot_express_is_benched_without_its_rows(tmp_path
     assert (
         "no CTranslate2 rows: model.copy_attention=true: CTranslate2's decoder cannot copy" in capsys.readouterr().out
     )
+
+
+def test_each_h100_part_gets_its_own_peak(monkeypatch):
+    """MFU's peak is the device's own (dense bf16, NVIDIA's data sheets): the PCIe and NVL parts of the H100 are
+    not the SXM part, whose name ("H100") theirs contain."""
+    from app.models.flops import peak_flops
+
+    parts = {
+        "NVIDIA H100 80GB HBM3": 989e12,
+        "NVIDIA H100 PCIe": 756e12,
+        "NVIDIA H100 NVL": 835e12,
+        "NVIDIA H200": 989e12,
+        "NVIDIA A100-SXM4-80GB": 312e12,
+        "Some Other GPU": None,
+    }
+    for name, peak in parts.items():
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
+        assert peak_flops(torch.device("cuda")) == peak, name
+    assert peak_flops(torch.device("cpu")) is None

@@ -111,24 +111,30 @@ def test_without_freeze_every_parameter_trains_and_nothing_is_said():
 
 def test_the_flop_count_drops_what_a_frozen_weights_backward_does_not_compute():
     """6 FLOPs per weight and token when it trains; 4 when frozen below a part that trains (forward and its input's
-    gradient); 2 when nothing below it trains (forward only), attention then 4 per pair and width, not 12."""
+    gradient); 2 when nothing below it trains (forward only), attention then 4 per pair and width, not 12. The
+    cross-attention's [K V] projections read the encoder's states once per source token, their input's gradient
+    computed only where the encoder or the embeddings train."""
     src, tgt = [7, 9], [8, 6]
     model = small_model(**SMALL)
     full = FlopCounter(model)(src, tgt)
     p_enc, p_dec = matmul_parameters(model.encoder), matmul_parameters(model) - matmul_parameters(model.encoder)
+    kv = sum(layer.cross_attn.kv_proj.weight.numel() for layer in model.decoder)
+    p_dec -= kv
     width, pairs_ss, pairs_tt, pairs_ts = 32, 7 * 7 + 9 * 9, 8 * 9 / 2 + 6 * 7 / 2, 7 * 8 + 9 * 6
     attention = lambda enc, dec: width * (2 * enc * pairs_ss + 2 * dec * (pairs_tt + pairs_ts))  # noqa: E731
-    assert full == pytest.approx(6 * (p_enc * 16 + p_dec * 14) + attention(12, 12))
+    assert full == pytest.approx(6 * (p_enc * 16 + kv * 16 + p_dec * 14) + attention(12, 12))
     freeze(model, ["encoder"])  # the embeddings below it train: its input's gradient is still computed
-    assert FlopCounter(model)(src, tgt) == pytest.approx(4 * p_enc * 16 + 6 * p_dec * 14 + attention(12, 12))
-    freeze(model, ["embeddings"])  # now nothing below the encoder trains: forward only
+    assert FlopCounter(model)(src, tgt) == pytest.approx(
+        4 * p_enc * 16 + 6 * kv * 16 + 6 * p_dec * 14 + attention(12, 12)
+    )
+    freeze(model, ["embeddings"])  # now nothing below the encoder trains: forward only, [K V] without input grads
     tied = model.out_proj.weight.numel()  # tied to the embeddings: frozen with them, below the trained decoder
-    expected = 2 * p_enc * 16 + (6 * (p_dec - tied) + 4 * tied) * 14 + attention(4, 12)
+    expected = 2 * p_enc * 16 + 4 * kv * 16 + (6 * (p_dec - tied) + 4 * tied) * 14 + attention(4, 12)
     assert FlopCounter(model)(src, tgt) == pytest.approx(expected)
     decoder_frozen = small_model(**SMALL)
     freeze(decoder_frozen, ["decoder"])  # the encoder below trains: the decoder's input gradients are computed
     assert FlopCounter(decoder_frozen)(src, tgt) == pytest.approx(
-        6 * p_enc * 16 + (4 * (p_dec - tied) + 6 * tied) * 14 + attention(12, 12)
+        6 * p_enc * 16 + 4 * kv * 16 + (4 * (p_dec - tied) + 6 * tied) * 14 + attention(12, 12)
     )
 
 

@@ -66,6 +66,9 @@ class MultiHeadAttention(nn.Module):
     on an H200 (cuDNN wins from about 300 keys on: scripts/sdpa_backends.py, docs/gpu/2026-11-28-budget).
     """
 
+    # its projections applied to the memory, once per source token (app/models/flops.py): [K V] of cross-attention
+    SOURCE_SIDE = ("kv_proj",)
+
     def __init__(self, d_model: int, heads: int, dropout: float = 0.0, kv_heads: int = 0, self_attention: bool = False):
         super().__init__()
         if d_model % heads:
@@ -231,6 +234,8 @@ class AdditiveAttention(RNNAttention):
         e_tj = vᵀ tanh(W s_{t-1} + U h_j + w_c c_tj)
     """
 
+    SOURCE_SIDE = ("U",)  # U h_j: once per source token (app/models/flops.py)
+
     def __init__(self, query_dim: int, key_dim: int, attn_dim: int, coverage: bool = False):
         super().__init__()
         self.W = nn.Linear(query_dim, attn_dim, bias=False)
@@ -266,6 +271,8 @@ class GeneralAttention(RNNAttention):
     """Luong et al. 2015, eq. 8, general:   score(h_t, h̄_s) = h_tᵀ W_a h̄_s
 
     W_a h̄_s does not depend on t: ``prepare`` computes it once per sentence."""
+
+    SOURCE_SIDE = ("W_a",)  # W_a h̄_s: once per source token (app/models/flops.py)
 
     def __init__(self, query_dim: int, key_dim: int):
         super().__init__()

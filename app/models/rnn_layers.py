@@ -152,6 +152,7 @@ class RNNDecoder(nn.Module):
     length), which a compiled step takes as symbols from its first call on. ``loop_step`` gets the RNN's
     weights as its last argument, so that a compiled step never touches the RNN module."""
 
+    ONCE_PER_SENTENCE = ("bridge",)  # the initial state from the encoder's summary (app/models/flops.py)
     loop_dims: tuple = ()
     loop_step: Callable[..., tuple]  # a decoder that loops: one target position
     attention: RNNAttention  # a decoder with attention (Bahdanau's, Luong's)
