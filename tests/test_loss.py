@@ -14,7 +14,7 @@ from app.data.batching import Batch
 from app.data.tokenizer import PAD
 from app.models import build_model, sequence_loss, unsmoothed_loss
 from app.train.metrics_window import MetricsWindow
-from app.train.update import device_update, make_optimizer
+from app.train.update import StepResult, device_update, make_optimizer
 
 
 def plain_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -78,3 +78,24 @@ def test_an_update_reports_the_perplexity_of_the_cross_entropy_not_of_the_smooth
     assert values["nll_loss"] == pytest.approx(plain / tokens, rel=1e-5)
     assert values["ppl"] == pytest.approx(math.exp(plain / tokens), rel=1e-5)
     assert values["loss"] == pytest.approx(smoothed / tokens, rel=1e-5)
+
+
+def test_the_windows_speed_leaves_out_the_validation_it_holds(monkeypatch):
+    """Tokens per second and MFU over the seconds the window trained: a validation inside it (the run's
+    eval_seconds grew) is left out, as train_summary.json leaves it out; the next window starts afresh."""
+    import app.train.metrics_window as metrics_window
+
+    now, validations = [100.0], [0.0]
+    monkeypatch.setattr(metrics_window.time, "time", lambda: now[0])
+    window = MetricsWindow(torch.device("cpu"), peak_flops=1e3, paused=lambda: validations[0])
+    zero = torch.zeros(())
+    result = StepResult(zero, zero, torch.tensor(True), zero, None, zero)
+    window.add(result, local_tokens=500, update_tokens=500, flops=2e3)
+    now[0] += 3.0  # 1 s of the update, then a 2 s validation
+    validations[0] += 2.0
+    values = window.summary()
+    assert values["tgt_tokens_per_s"] == pytest.approx(500.0) and values["mfu"] == pytest.approx(2.0)
+    window.reset()
+    window.add(result, local_tokens=500, update_tokens=500, flops=2e3)
+    now[0] += 0.5
+    assert window.summary()["tgt_tokens_per_s"] == pytest.approx(1000.0)

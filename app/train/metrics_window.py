@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Optional
 
 import torch
@@ -17,10 +18,20 @@ from app.train.update import StepResult
 
 
 class MetricsWindow:
+    """``paused``: the seconds training has spent not training so far (validations: the run's eval_seconds), which
+    the window's speed and MFU leave out, as train_summary.json's do; a window that holds a validation would
+    otherwise read slower than the updates ran."""
+
     def __init__(
-        self, device: torch.device, peak_flops: Optional[float] = None, guided: bool = False, covering: bool = False
+        self,
+        device: torch.device,
+        peak_flops: Optional[float] = None,
+        guided: bool = False,
+        covering: bool = False,
+        paused: Callable[[], float] = lambda: 0.0,
     ):
         self.device, self.peak_flops, self.guided, self.covering = device, peak_flops, guided, covering
+        self.paused = paused
         self.bad_run = self._zero(torch.long)  # consecutive skipped updates: a run may span windows
         self.grad_norm = self._zero(torch.float32)  # the last update's, copied: a replayed graph rewrites its own
         self.reset()
@@ -30,6 +41,7 @@ class MetricsWindow:
 
     def reset(self) -> None:
         self.start, self.update_tokens, self.updates, self.flops = time.time(), 0, 0, 0.0
+        self.paused_before = self.paused()
         self.loss_sum, self.loss_tokens = self._zero(torch.float32), self._zero(torch.long)
         self.nll_sum = self._zero(torch.float32)
         self.skipped, self.align_loss = self._zero(torch.long), self._zero(torch.float32)
@@ -67,7 +79,7 @@ class MetricsWindow:
         sums = [self.loss_sum, self.nll_sum, self.loss_tokens, self.coverage_sum]
         loss_sum, nll_sum, tokens, coverage_sum = distributed.sum_all(torch.stack([t.double() for t in sums])).tolist()
         loss, nll = (loss_sum / tokens, nll_sum / tokens) if tokens else (float("nan"), float("nan"))
-        elapsed = time.time() - self.start
+        elapsed = max(time.time() - self.start - (self.paused() - self.paused_before), 1e-9)
         values = {
             "loss": loss,  # the objective: label-smoothed where train.label_smoothing is on
             "nll_loss": nll,  # the cross-entropy alone, as dev/loss is: its exp is the perplexity (fairseq's too)

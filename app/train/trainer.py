@@ -101,7 +101,8 @@ class Trainer:
         self.src_lens, self.tgt_lens = data.train.lengths(0)  # what make bench cuts its fixed batches by
         peak = peak_flops(device)
         self.flop_counter = FlopCounter(model) if peak else None  # MFU in the log where the peak is known
-        self.window = MetricsWindow(device, peak, data.align_targets is not None, cfg.train.coverage_weight > 0)
+        guided, covering = data.align_targets is not None, cfg.train.coverage_weight > 0
+        self.window = MetricsWindow(device, peak, guided, covering, paused=lambda: self.progress.eval_seconds)
         self.writer = distributed.writer(os.path.join(self.run_dir, "tb"))
         self.limits = StopRules(cfg.train, self.world, device)
         self.bar = progress_bar(cfg.train, self.progress.step, self.main and not quiet)  # quiet: make bench
