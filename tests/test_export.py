@@ -249,6 +249,16 @@ def test_empty_source_gives_empty_output(genesis, tmp_path):
     )
     assert hyps.tokens[0] == [] and hyps.nbest[0][0] == ([], 0.0) and hyps.attention[0].tolist() == [[1.0]]
     assert hyps.tokens[1] and hyps.attention[1].shape[-1] == len(genesis["src"][0]) + 1
+    # with a target prefix: the prefix alone, its rows (and the EOS's) over the one EOS column (it crashed)
+    translator, prefix = export(model, cfg, genesis, tmp_path), [genesis["tgt"][0][:3], genesis["tgt"][1][:2]]
+    for beam in (1, 2):
+        sources = [[], genesis["src"][1]]
+        hyps = translator.translate(sources, DecodeConfig(beam_size=beam), need_attention=True, prefix=prefix)
+        assert hyps.tokens[0] == prefix[0] and hyps.attention[0].tolist() == [[1.0]] * 4
+        assert hyps.tokens[1][:2] == prefix[1] and hyps.attention[1].shape == (
+            len(hyps.tokens[1]) + 1,
+            len(sources[1]) + 1,
+        )
 
 
 def test_too_long_input_is_refused_as_ours(genesis, tmp_path):

@@ -302,8 +302,10 @@ def _rank(
         pieces = hyp[:-1] if ended else hyp
         log_p = score * len(hyp) ** alpha + prefix_log_p  # CTranslate2's score is log p / |hyp|^α, </s> included
         weights = None
-        if with_attention and not hyp:  # an empty source: CTranslate2 skips it (an empty output, score 0)
-            weights = torch.ones(1, 1)  # its one EOS row over its one EOS column
+        if with_attention and not any(result.attention[k]):
+            # an empty source: CTranslate2 skips it (its output: nothing, or its target prefix; score 0), its rows
+            # empty; every row (its pieces' and the EOS's) is over its one column, the EOS
+            weights = torch.ones(len(pieces) + 1, 1)
         elif with_attention:
             weights = torch.tensor(result.attention[k], dtype=torch.float32).reshape(len(hyp), -1)
             if first_row is not None:
