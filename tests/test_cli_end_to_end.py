@@ -1254,6 +1254,15 @@ def test_an_export_of_another_checkpoint_or_a_damaged_one_is_refused_in_one_line
     into_a_file = run_cli(workdir, "command=export", "name=tiny", "export.dir=corpus.tsv")
     assert into_a_file.returncode == 2
     assert into_a_file.stderr.strip() == "error: export.dir=corpus.tsv: a file, not a folder"
+    # viz.layer: the export's alignment layer, the one plots and word links read; one the model lacks is refused
+    # (an export baked it in, and CTranslate2 then crashed reading it; make translate raised IndexError)
+    lacking = "error: viz.layer=3: this model has 1 decoder layer; give -1 to 0 (-1: the last)"
+    for command in ("export", "translate", "train"):
+        args = ("name=tiny", "viz.layer=3", f"export.dir={tmp_path / 'layer3'}", "translate.alignments=true")
+        where = tmp_path if command == "train" else workdir  # a new run: refused before its data is read
+        refused = run_cli(where, f"command={command}", *(TINY if command == "train" else ()), *args, stdin="Hola\n")
+        assert (refused.returncode, refused.stderr.strip()) == (2, lacking), refused.stderr[-2000:]
+    assert not (tmp_path / "layer3").exists()
 
 
 def test_export_to_ctranslate2_then_translate_and_eval_with_it(workdir):
@@ -1348,6 +1357,13 @@ def test_export_to_ctranslate2_then_translate_and_eval_with_it(workdir):
     other = "step_0000040" if info["run"]["step"] == 20 else "step_0000020"
     stale = run_cli(workdir, "command=eval", "name=tiny", "eval.engine=ct2", f"eval.checkpoint={other}")
     assert stale.returncode == 2 and "make export again" in stale.stderr and len(stale.stderr.splitlines()) == 1
+    same_step = f"step_{info['run']['step']:07d}"  # another checkpoint of the exported one's step: still another one
+    twin = run_cli(workdir, "command=eval", "name=tiny", "eval.engine=ct2", f"eval.checkpoint={same_step}")
+    assert twin.returncode == 2 and twin.stderr.strip().endswith(f"give eval.checkpoint={info['run']['checkpoint']}")
+    assert (
+        f"holds {info['run']['checkpoint']} (step {info['run']['step']}), not eval.checkpoint={same_step}"
+        in twin.stderr
+    )
     missing = run_cli(workdir, "command=translate", "name=nothing", "translate.engine=ct2", stdin="Hola.\n")
     assert missing.returncode == 2 and 'make export ARGS="name=nothing"' in missing.stderr
     wrong = run_cli(workdir, "command=eval", "name=tiny", "eval.engine=onnx")

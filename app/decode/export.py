@@ -41,6 +41,7 @@ import torch
 from app.data.tokenizer import BOS, EOS, PAD, UNK
 from app.decode.ct2_engine import EXPORT_INFO, export_dir
 from app.decode.trained import load_trained
+from app.evaluation.views import check_layer
 from app.models.positions import LearnedPositions
 from app.models.transformer import Transformer
 from app.run.errors import UserError
@@ -64,6 +65,7 @@ def export_run(cfg) -> str:
     run_info = {"run_dir": cfg.run_dir, "checkpoint": cfg.export.checkpoint, "step": trained.step}
     tok = trained.tokenizer
     model_cfg = trained.config.model
+    check_layer(cfg.viz.layer, model_cfg)  # the alignment layer of the export
     print(f"exporting {cfg.run_dir} {cfg.export.checkpoint} (step {trained.step}) to {out_dir} ...", flush=True)
     with clock("convert"):
         convert(

@@ -21,6 +21,7 @@ from app.decode.line_files import read_parallel
 from app.decode.search import check_lengths
 from app.decode.trained import load_ct2, load_trained
 from app.decode.translate import word_links
+from app.evaluation.views import check_layer
 from app.models import has_attention
 from app.run.checkpoint import checkpoint_path
 from app.run.device import resolve_device
@@ -90,6 +91,7 @@ def load_scorer(cfg: Config) -> tuple:
         used = f"{ct2.model_dir}, the CTranslate2 export of {run.get('checkpoint')}.pt (step {run.get('step')})"
         return ct2, ct2.tokenizer(), ct2.max_positions, used
     engine = load_trained(cfg.run_dir, s.checkpoint, resolve_device(cfg.device), "score.checkpoint", cfg.ensemble)
+    check_layer(cfg.viz.layer, engine.config.model)
     if s.alignments and not has_attention(engine.config.model):
         raise UserError("score.alignments=true: this model has no attention to read word links from")
     used = ensemble_of(engine.members) or f"{checkpoint_path(cfg.run_dir, s.checkpoint)} (step {engine.step})"

@@ -27,6 +27,7 @@ from app.decode.line_files import LineFile, open_line_file, open_output, resume_
 from app.decode.mbr import mbr_seconds, merged
 from app.decode.search import check_lengths, describe
 from app.decode.trained import TrainedModel, load_ct2, load_trained
+from app.evaluation.views import check_layer
 from app.models import has_attention
 from app.run.checkpoint import checkpoint_path
 from app.run.device import resolve_device
@@ -167,6 +168,7 @@ def load_engine(cfg: Config) -> tuple[CT2Translator | TrainedModel, Any, str]:
         or f"{checkpoint_path(cfg.run_dir, cfg.translate.checkpoint)} (step {trained.step})"
     )
     trained.check_decoding(cfg.decode)
+    check_layer(cfg.viz.layer, trained.config.model)
     if cfg.translate.alignments and not has_attention(trained.config.model):
         raise UserError("translate.alignments=true: this model has no attention to read word links from")
     return trained, trained.tokenizer, used

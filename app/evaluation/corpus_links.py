@@ -30,6 +30,7 @@ from app.data.text_files import check_file, text_lines
 from app.decode.trained import TrainedModel, load_trained
 from app.evaluation.alignment import AlignmentScore, LinkCandidates, align_scope, link_candidates
 from app.evaluation.extraction import Method, default_method
+from app.evaluation.views import check_layer
 from app.models import has_attention
 from app.run.checkpoint import run_folder
 from app.run.device import resolve_device
@@ -54,6 +55,7 @@ def align_corpus(cfg: Config) -> dict:
     a = cfg.align
     device = resolve_device(cfg.device)
     forward = load_trained(cfg.run_dir, a.checkpoint, device, "align.checkpoint")
+    check_layer(cfg.viz.layer, forward.config.model)
     if not has_attention(forward.config.model):
         raise UserError(f"{cfg.run_dir}: this model has no attention to read word links from")
     reverse = None

@@ -26,6 +26,7 @@ from app.evaluation.alignment import align_scope
 from app.evaluation.metrics import bleu_tokenizer, sentence_bleu
 from app.evaluation.significance import in_words, paired_significance, sentence_wins
 from app.evaluation.split import Alignment, Asked, SplitResult, evaluate_split, with_ter
+from app.evaluation.views import check_layer
 from app.models import count_parameters, has_attention
 from app.models.api import Copying, SelfAttending
 from app.run.checkpoint import checkpoint_path, run_folder
@@ -117,10 +118,15 @@ def evaluate_run(cfg: Config) -> EvaluatedRun:
             cfg.run_dir, cfg.eval.checkpoint, resolve_device(cfg.device), "eval.checkpoint", cfg.ensemble
         )
         trained.check_decoding(cfg.decode)
+        check_layer(cfg.viz.layer, trained.config.model)
         data = evaluated_data(cfg, trained, texts)
         more = [lines[: cfg.eval.max_sentences or None] for lines in more_references(cfg, len(data))]
         split_size, data = len(data), data.head(cfg.eval.max_sentences)
-        ct2 = load_ct2(cfg, trained, "eval.engine") if cfg.eval.engine == "ct2" else None
+        exported = (
+            "eval.checkpoint",
+            cfg.eval.checkpoint,
+        )  # the checkpoint, not only its step (best and last share one)
+        ct2 = load_ct2(cfg, trained, "eval.engine", exported) if cfg.eval.engine == "ct2" else None
         baseline = baseline_hypotheses(cfg, len(data))
     if ct2:
         search = lambda src, attention, progress: ct2.translate(src, cfg.decode, need_attention=attention)  # noqa: E731

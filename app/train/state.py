@@ -24,6 +24,7 @@ from app.config.load import check_compatible
 from app.config.schema import Config, TrainConfig, target_language
 from app.data.schedule import BatchSchedule
 from app.evaluation.metrics import bleu_tokenizer
+from app.evaluation.views import check_layer
 from app.run.checkpoint import UnloadableCheckpoint, load_checkpoint, snapshot_name, snapshot_steps
 from app.run.device import rng_state, set_rng_state
 from app.run.errors import UserError
@@ -232,6 +233,7 @@ def check_settings(cfg: Config, last_path: str, world: int, resume: bool) -> Non
     retries cut batches differently on each rank; validation's BLEU tokenizer must be at hand (sacrebleu's extras
     for ja-mecab and ko-mecab), said before any data work, not at the first validation."""
     bleu_tokenizer(cfg.eval.bleu_tokenize, target_language(cfg.data))
+    check_layer(cfg.viz.layer, cfg.model)  # validation's figures, not minutes from now
     if world > 1 and cfg.train.oom_retry:
         raise UserError(
             "train.oom_retry=true works in a single process only: with several ranks every "
