@@ -104,3 +104,15 @@ def rnn_rules(m: Any) -> dict[str, bool]:
             m.local_alignment == "predictive" and not m.local_window
         ),
     }
+
+
+def check_layer(layer: int, model_cfg) -> None:
+    """``viz.layer`` within a Transformer's decoder layers (negative: counted from the last), else a UserError: an
+    export would bake a layer that is not there into its model (CTranslate2 then crashes reading it), plots
+    would show another one. An RNN has one map, whatever the setting."""
+    layers = getattr(model_cfg, "dec_layers", None)
+    if getattr(model_cfg, "arch", None) == "transformer" and layers and not -layers <= layer < layers:
+        raise UserError(
+            f"viz.layer={layer}: this model has {layers} decoder layer{'s' * (layers > 1)}; "
+            f"give {-layers} to {layers - 1} (-1: the last)"
+        )

@@ -38,10 +38,10 @@ from typing import Optional
 import numpy as np
 import torch
 
+from app.config.ranges import check_layer
 from app.data.tokenizer import BOS, EOS, PAD, UNK
 from app.decode.ct2_engine import EXPORT_INFO, export_dir
 from app.decode.trained import load_trained
-from app.evaluation.views import check_layer
 from app.models.positions import LearnedPositions
 from app.models.transformer import Transformer
 from app.run.errors import UserError

@@ -14,6 +14,7 @@ import time
 from typing import Optional
 
 from app.config.commands import ScoreConfig
+from app.config.ranges import check_layer
 from app.config.schema import Config
 from app.data.corpus import load_split
 from app.decode.ensemble import ensemble_of
@@ -21,7 +22,6 @@ from app.decode.line_files import read_parallel
 from app.decode.search import check_lengths
 from app.decode.trained import load_ct2, load_trained
 from app.decode.translate import word_links
-from app.evaluation.views import check_layer
 from app.models import has_attention
 from app.run.checkpoint import checkpoint_path
 from app.run.device import resolve_device

@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 from tqdm import tqdm
 
+from app.config.ranges import check_layer
 from app.config.schema import Config
 from app.data.links import hard_alignment, pharaoh_line
 from app.data.tokenizer import EOS
@@ -27,7 +28,6 @@ from app.decode.line_files import LineFile, open_line_file, open_output, resume_
 from app.decode.mbr import mbr_seconds, merged
 from app.decode.search import check_lengths, describe
 from app.decode.trained import TrainedModel, load_ct2, load_trained
-from app.evaluation.views import check_layer
 from app.models import has_attention
 from app.run.checkpoint import checkpoint_path
 from app.run.device import resolve_device

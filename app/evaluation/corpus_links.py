@@ -21,6 +21,7 @@ from typing import Optional
 import numpy as np
 from tqdm import tqdm
 
+from app.config.ranges import check_layer
 from app.config.schema import Config
 from app.data.corpus import load_split
 from app.data.links import check_within, pharaoh_line, read_pharaoh, reference_links
@@ -30,7 +31,6 @@ from app.data.text_files import check_file, text_lines
 from app.decode.trained import TrainedModel, load_trained
 from app.evaluation.alignment import AlignmentScore, LinkCandidates, align_scope, link_candidates
 from app.evaluation.extraction import Method, default_method
-from app.evaluation.views import check_layer
 from app.models import has_attention
 from app.run.checkpoint import run_folder
 from app.run.device import resolve_device

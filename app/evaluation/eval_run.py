@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from app.config.ranges import check_layer
 from app.config.schema import Config, target_language
 from app.data.corpus import ParallelData, load_split
 from app.data.links import check_within, read_pharaoh, reference_links
@@ -26,7 +27,6 @@ from app.evaluation.alignment import align_scope
 from app.evaluation.metrics import bleu_tokenizer, sentence_bleu
 from app.evaluation.significance import in_words, paired_significance, sentence_wins
 from app.evaluation.split import Alignment, Asked, SplitResult, evaluate_split, with_ter
-from app.evaluation.views import check_layer
 from app.models import count_parameters, has_attention
 from app.models.api import Copying, SelfAttending
 from app.run.checkpoint import checkpoint_path, run_folder

@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from app.models.coverage import coverage_loss
-from app.run.errors import UserError
 
 RNN_VIEW = "attention"
 
@@ -35,18 +34,6 @@ def check_shape(attention: np.ndarray) -> np.ndarray:
     if attention.ndim not in (2, 4):
         raise ValueError(f"attention of shape {attention.shape}: expected (tgt, src) or (layers, heads, tgt, src)")
     return attention
-
-
-def check_layer(layer: int, model_cfg) -> None:
-    """``viz.layer`` within a Transformer's decoder layers (negative: counted from the last), else a UserError: an
-    export would bake a layer that is not there into its model (CTranslate2 then crashes reading it), plots
-    would show another one. An RNN has one map, whatever the setting."""
-    layers = getattr(model_cfg, "dec_layers", None)
-    if getattr(model_cfg, "arch", None) == "transformer" and layers and not -layers <= layer < layers:
-        raise UserError(
-            f"viz.layer={layer}: this model has {layers} decoder layer{'s' * (layers > 1)}; "
-            f"give {-layers} to {layers - 1} (-1: the last)"
-        )
 
 
 def head_name(layer: int, head: int) -> str:

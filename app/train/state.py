@@ -21,10 +21,10 @@ from typing import Any, Optional
 import torch
 
 from app.config.load import check_compatible
+from app.config.ranges import check_layer
 from app.config.schema import Config, TrainConfig, target_language
 from app.data.schedule import BatchSchedule
 from app.evaluation.metrics import bleu_tokenizer
-from app.evaluation.views import check_layer
 from app.run.checkpoint import UnloadableCheckpoint, load_checkpoint, snapshot_name, snapshot_steps
 from app.run.device import rng_state, set_rng_state
 from app.run.errors import UserError

@@ -99,10 +99,9 @@ class Trainer:
         self.batcher = Batcher(data.train.src, data.train.tgt)
         self.pin_memory = True  # batches go to a GPU through pinned memory (false: make bench's ablation)
         self.src_lens, self.tgt_lens = data.train.lengths(0)  # what make bench cuts its fixed batches by
-        peak = peak_flops(device)
-        self.flop_counter = FlopCounter(model) if peak else None  # MFU in the log where the peak is known
-        guided, covering = data.align_targets is not None, cfg.train.coverage_weight > 0
-        self.window = MetricsWindow(device, peak, guided, covering, paused=lambda: self.progress.eval_seconds)
+        self.flop_counter = FlopCounter(model) if (peak := peak_flops(device)) else None  # MFU where a peak is known
+        guided, paused = data.align_targets is not None, lambda: self.progress.eval_seconds  # validations: not timed
+        self.window = MetricsWindow(device, peak, guided, cfg.train.coverage_weight > 0, paused)
         self.writer = distributed.writer(os.path.join(self.run_dir, "tb"))
         self.limits = StopRules(cfg.train, self.world, device)
         self.bar = progress_bar(cfg.train, self.progress.step, self.main and not quiet)  # quiet: make bench
