@@ -257,3 +257,54 @@ def model_config(**settings):
     from app.config.schema import MODEL_SCHEMAS
 
     return MODEL_SCHEMAS[settings.get("arch", "transformer")](**settings)
+
+
+# Text whose words hold characters SentencePiece's default normalization (nmt_nfkc) makes a space: a ZWNJ inside a
+# Persian word ("mi‌xahm", one word to str.split()), "´" (a space and a combining accent)
+NFKC_PAIRS = [
+    ("mi\u200cxahm ketab ra bexanam", "i want to read the book", {(0, 0), (0, 1), (3, 2), (3, 3), (1, 4), (1, 5)}),
+    ("don\u00b4t go there", "do not go there", {(0, 0), (0, 1), (1, 2), (2, 3)}),
+]
+
+
+@pytest.fixture(scope="session")
+def nfkc_tokenizer(tmp_path_factory):
+    """A joint SentencePiece model (the project's special ids, the default normalization) of a tiny corpus."""
+    import sentencepiece as spm
+
+    from app.data.tokenizer import Tokenizer
+
+    corpus = ["mi xahm ketab ra bexanam", "i want to read the book", "don´t go there", "do not go there"] * 50
+    prefix = str(tmp_path_factory.mktemp("nfkc") / "m")
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus),
+        model_prefix=prefix,
+        vocab_size=60,
+        pad_id=0,
+        unk_id=1,
+        bos_id=2,
+        eos_id=3,
+        character_coverage=1.0,
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
+    return Tokenizer(f"{prefix}.model", f"{prefix}.model")
+
+
+def surface_words(surfaces: list[str], text: str) -> list[int]:
+    """The whitespace word of ``text`` each piece's characters fall in, from the pieces' surfaces (which spell the
+    text, one after the other); a piece of no letter (a space, a ▁ the normalization made) is of the word the next
+    piece begins, where it begins one, else of none (-1): written apart from the tokenizer's byte spans, to check
+    them."""
+    import re
+
+    words = [m.span() for m in re.finditer(r"\S+", text)]
+    out, at = [], 0
+    for surface in surfaces:
+        begin, at = at, at + len(surface)
+        out.append(next((w for w, (a, b) in enumerate(words) if max(a, begin) < min(b, at)), -1))
+    assert at == len(text), (surfaces, text)
+    for k in range(len(surfaces) - 2, -1, -1):
+        if not surfaces[k].strip() and surfaces[k + 1][:1].strip():
+            out[k] = out[k + 1]
+    return out

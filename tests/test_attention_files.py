@@ -11,7 +11,7 @@ import torch
 from test_explorer import kept_views, peaked_attention
 
 from app.config.commands import EvalConfig
-from app.data.links import piece_links, word_index
+from app.data.links import piece_links
 from app.evaluation.views import attention_entropy, attention_views, store_attention
 from app.report.attention_files import read_attention, write_attention_files
 from app.run.errors import UserError
@@ -116,9 +116,9 @@ def test_piece_links_are_the_cells_of_the_linked_words():
     """The vectorized piece_links against the rule written as a loop over every cell."""
     rng = np.random.default_rng(3)
     for _ in range(50):
-        src = [("▁" if rng.random() < 0.6 else "") + f"s{k}" for k in range(int(rng.integers(1, 9)))] + ["</s>"]
-        tgt = [("▁" if rng.random() < 0.6 else "") + f"t{k}" for k in range(int(rng.integers(0, 9)))] + ["</s>"]
+        # each piece's word: a word of one or more pieces, or none (-1: </s>, a space)
+        sw = (np.cumsum(rng.random(int(rng.integers(1, 9))) < 0.6) - 1).tolist() + [-1]
+        tw = (np.cumsum(rng.random(int(rng.integers(0, 9))) < 0.6) - 1).tolist() + [-1]
         links = {(int(rng.integers(0, 8)), int(rng.integers(0, 8))) for _ in range(int(rng.integers(0, 6)))}
-        sw, tw = word_index(src), word_index(tgt)
-        loop = [(t, s) for t in range(len(tgt)) for s in range(len(src)) if (sw[s], tw[t]) in links]
-        assert piece_links(links, src, tgt) == loop
+        loop = [(t, s) for t in range(len(tw)) for s in range(len(sw)) if (sw[s], tw[t]) in links]
+        assert piece_links(links, sw, tw) == loop

@@ -925,7 +925,7 @@ def test_eval_writes_an_explorer_that_chromium_draws(workdir):
         # hyp.align's links of the sentence, outlined over the pieces of their words; a linked cell says so
         line = (out / "hyp.align").read_text(encoding="utf-8").splitlines()[1]
         links = {tuple(int(x) for x in link.split("-")) for link in line.split()}
-        cells = [list(c) for c in piece_links(links, rows[1]["src_tokens"], rows[1]["hyp_tokens"])]
+        cells = [list(c) for c in piece_links(links, rows[1]["src_words"], rows[1]["hyp_words"])]
         assert cells and b.evaluate("SENTENCES[1].hypLinks") == cells
         assert "hyp.align's word links (links read from layer 0 mean)" in b.evaluate("$('legend').textContent")
         x, y, cell = b.evaluate(

@@ -14,7 +14,7 @@ import pytest
 import torch
 from matplotlib import colormaps
 
-from app.data.links import piece_links, word_index
+from app.data.links import piece_links
 from app.evaluation.views import attention_entropy, plotted_view, reattention
 from app.report.explorer import ExplorerRecord, link_cells, text7, write_explorer
 
@@ -40,6 +40,12 @@ def peaked_attention(rng, layers: int, heads: int, tgt: int, src: int) -> np.nda
     logits[..., -1] += 4 * (rng.random((layers, heads, 1)) < 0.2)
     w = np.exp(logits - logits.max(-1, keepdims=True))
     return (w / w.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def marked_words(tokens: list[str]) -> list[int]:
+    """The word of each synthetic piece in the text these tests make of them: one starts at each ▁; </s> none."""
+    marks = np.cumsum([token.startswith("▁") for token in tokens]) - 1
+    return [-1 if token == "</s>" else int(w) for token, w in zip(tokens, marks)]
 
 
 def synthetic_records(
@@ -75,7 +81,8 @@ def synthetic_records(
             record.ref_tokens = list(vocab[rng.integers(len(vocab), size=ref_len - 1)]) + ["</s>"]
             record.reference = text(record.ref_tokens)
             record.ref_attention = peaked_attention(rng, layers, heads, ref_len, src_len)
-            src_words, ref_words = max(word_index(src)) + 1, max(word_index(record.ref_tokens)) + 1
+            record.src_words, record.ref_words = marked_words(src), marked_words(record.ref_tokens)
+            src_words, ref_words = max(record.src_words) + 1, max(record.ref_words) + 1
             sure = {(w, w) for w in range(min(src_words, ref_words)) if rng.random() < 0.7}
             maybe = {(w, w + 1) for w in range(min(src_words, ref_words - 1)) if rng.random() < 0.2}
             record.links = (sure, sure | maybe)
@@ -182,6 +189,8 @@ def known_records() -> list[ExplorerRecord]:
             ref_tokens=["▁And", "▁sa", "id", "</s>"],
             ref_attention=forced,
             links=LINKS,
+            src_words=[0, 1, -1],
+            ref_words=[0, 1, 1, -1],
         ),
         # a larger map: its text uses (nearly) every 7-bit value, the escaped three included; with self-attention
         ExplorerRecord(
@@ -311,7 +320,7 @@ def test_reference_word_links_become_the_cells_of_their_pieces(tmp_path):
     links = read_explorer(path)[2][1]["ref"]["links"]
     assert links == {"sure": SURE_CELLS, "possible": POSSIBLE_CELLS}
     src, ref = records[1].src_tokens, records[1].ref_tokens
-    assert [tuple(c) for c in links["sure"]] == piece_links(LINKS[0], src, ref)
+    assert [tuple(c) for c in links["sure"]] == piece_links(LINKS[0], marked_words(src), marked_words(ref))
     as_dict = ExplorerRecord(**{**vars(records[1]), "links": {"sure": [[0, 0], [1, 1]], "possible": [[1, 0]]}})
     assert link_cells(as_dict) == links  # possible given without the sure links: the same cells
     casas = ExplorerRecord(
@@ -322,6 +331,8 @@ def test_reference_word_links_become_the_cells_of_their_pieces(tmp_path):
         ref_tokens=["▁white", "▁house", "s", "</s>"],
         ref_attention=np.ones((4, 4)) / 4,
         links=({(0, 1), (1, 0)}, {(0, 1), (1, 0)}),
+        src_words=[0, 0, 1, -1],
+        ref_words=[0, 1, 1, -1],
     )
     assert link_cells(casas) == {"sure": [[0, 2], [1, 0], [1, 1], [2, 0], [2, 1]], "possible": []}
 

@@ -6,12 +6,12 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import Vocab, model_config
+from conftest import NFKC_PAIRS, Vocab, model_config, surface_words
 from toy_tasks import reversal_data, train_on_reversal
 
 from app.config.schema import DataConfig
 from app.data.batching import Batcher
-from app.data.links import hard_alignment, hard_alignments, piece_links, read_pharaoh, word_index
+from app.data.links import hard_alignment, hard_alignments, piece_links, read_pharaoh
 from app.data.prepare import prepare, read_tsv, split_of
 from app.data.sources import SPLITS
 from app.evaluation.alignment import AlignmentScore
@@ -86,11 +86,10 @@ def test_bad_link_files_are_one_line_errors(tmp_path, links, message):
 
 
 def test_vectorized_hard_alignments_equal_the_loop_over_words():
-    src = ["▁En", "▁el", "▁princip", "io", ",", "</s>"]
-    tgt = ["▁In", "▁the", "▁begin", "ning", "</s>"]
+    src = src_words = [0, 1, 2, 2, 2, -1]  # ▁En ▁el ▁princip io , </s>
+    tgt = tgt_words = [0, 1, 2, 2, -1]  # ▁In ▁the ▁begin ning </s>
     gen = torch.Generator().manual_seed(3)
     maps = torch.softmax(torch.randn(20, len(tgt), len(src), generator=gen), -1).numpy()
-    src_words, tgt_words = word_index(src), word_index(tgt)
     for weights, links in zip(maps, hard_alignments(maps, src, tgt)):
         merged = np.zeros((max(tgt_words) + 1, max(src_words) + 1))
         for t, tw in enumerate(tgt_words):
@@ -115,9 +114,9 @@ def test_every_head_and_layer_mean_is_a_view_scored_at_once():
         "layer 1 mean",
     ]
     assert np.array_equal(maps[4], attention[0].mean(0).numpy()) and maps.shape == (6, 2, 2)
-    pieces = ["▁a", "▁b"]
+    words = [0, 1]  # ▁a ▁b
     score = AlignmentScore(names)
-    score.add(hard_alignments(maps, pieces, pieces), sure={(0, 0)}, possible={(0, 0), (1, 1)})
+    score.add(hard_alignments(maps, words, words), sure={(0, 0)}, possible={(0, 0), (1, 1)})
     assert score.result("layer 0 head 0") == {"aer": 0.0, "precision": 1.0, "recall": 1.0, "links": 2}
     assert score.result("layer 0 head 1") == {"aer": 1.0, "precision": 0.0, "recall": 0.0, "links": 2}
     assert score.result("layer 1 head 0")["aer"] == pytest.approx(round(1 - 2 / 3, 4))  # links (0,0), (0,1)
@@ -126,7 +125,7 @@ def test_every_head_and_layer_mean_is_a_view_scored_at_once():
 
 
 def test_word_links_become_the_cells_of_their_pieces():
-    src, tgt = ["▁En", "▁el", "▁princip", "io", "</s>"], ["▁In", "▁the", "▁begin", "ning", "</s>"]
+    src = tgt = [0, 1, 2, 2, -1]  # ▁En ▁el ▁princip io </s>, ▁In ▁the ▁begin ning </s>
     assert piece_links({(2, 2), (0, 0)}, src, tgt) == [(0, 0), (2, 2), (2, 3), (3, 2), (3, 3)]
 
 
@@ -143,10 +142,16 @@ class Pieces:
     tgt_pieces = src_pieces
 
 
-def test_piece_word_numbers_match_word_index():
-    tok = Pieces()
-    for ids in ([4, 5, 6, 7, 12, 3], [7, 6, 3, 0, 0], [3, 0], [13, 14, 14, 5, 13, 1, 3, 0]):
-        assert word_numbers(np.array(ids), *piece_words(tok.pieces)).tolist() == word_index(tok.src_pieces(ids))
+def test_sentencepiece_word_numbers_start_a_word_at_each_mark():
+    flags = piece_words(Pieces().pieces)
+    expected = {  # ▁En ▁el ▁princip io , </s>; io ▁princip </s> <pad>...; a ▁ then bytes, <unk>
+        (4, 5, 6, 7, 12, 3): [0, 1, 2, 2, 2, -1],
+        (7, 6, 3, 0, 0): [0, 1, -1, -1, -1],
+        (3, 0): [-1, -1],
+        (13, 14, 14, 5, 13, 1, 3, 0): [0, 0, 0, 1, 2, 2, -1, -1],
+    }
+    for ids, words in expected.items():
+        assert word_numbers(np.array(ids), *flags).tolist() == words
 
 
 def test_alignment_targets_spread_links_over_pieces_and_normalize_rows():
@@ -157,6 +162,32 @@ def test_alignment_targets_spread_links_over_pieces_and_normalize_rows():
     expected[0, 0] = 1.0  # In -> En
     expected[1:3, 1:4] = 1 / 3  # begin, ning -> el, princip, io (the pieces of words 1 and 2)
     assert torch.allclose(targets, expected)
+
+
+def test_alignment_targets_of_a_word_the_normalization_splits_link_its_pieces(nfkc_tokenizer):
+    """SentencePiece numbers "mi‌xahm" (a ZWNJ inside) as two words and "don´t" as two, in every segmentation of
+    them: the links, over the text's words, are turned into its words at load, so each target piece's row spreads
+    over the pieces of exactly the source word it is linked to, in the best and in sampled segmentations."""
+    from app.data.tokenizer import EOS
+
+    tok = nfkc_tokenizer
+    texts = [src for src, _, _ in NFKC_PAIRS], [tgt for _, tgt, _ in NFKC_PAIRS]
+    targets = AlignmentTargets([links for _, _, links in NFKC_PAIRS], tok, texts)
+    for seed in range(6):  # 0: the best segmentation, then sampled ones (train.subword_alpha)
+        for i, (src, tgt, links) in enumerate(NFKC_PAIRS):
+            options = {} if seed == 0 else {"enable_sampling": True, "alpha": 0.5, "nbest_size": -1}
+            protos = [tok.src.encode(text, return_type="proto", **options) for text in (src, tgt)]
+            ids = [[p.id for p in proto.pieces] + [EOS] for proto in protos]
+            words = [
+                surface_words([p.surface for p in proto.pieces], text) + [-1] for proto, text in zip(protos, (src, tgt))
+            ]
+            expected = np.zeros((len(ids[1]), len(ids[0])))
+            for row, t in enumerate(words[1]):
+                cells = [c for c, s in enumerate(words[0]) if s >= 0 and (s, t) in links]
+                expected[row, cells] = 1 / max(len(cells), 1)
+            got = targets([i], torch.tensor([ids[0]]), torch.tensor([ids[1]]))[0]
+            assert np.allclose(got.numpy(), expected), (tok.src_pieces(ids[0]), tok.tgt_pieces(ids[1]))
+    assert set(targets.turned) == {0, 1}  # both pairs' links turned into SentencePiece's words, once
 
 
 def test_guided_alignment_loss_known_answer_and_gradient():

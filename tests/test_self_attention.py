@@ -160,7 +160,9 @@ def test_tensorboards_figures_of_a_sentence_add_each_layers_mean_of_its_self_att
     cross, encoder = rng.random((2, 4, 4, 3)), rng.random((3, 4, 3, 3))
     decoder = np.tril(rng.random((2, 4, 4, 4)))
     cross, encoder, decoder = (a / a.sum(-1, keepdims=True) for a in (cross, encoder, decoder))
-    record = SentenceRecord(0, "Gen.1.1", ["▁a", "▁b", "</s>"], ["▁x", "▁y", "▁z", "</s>"], cross)
+    record = SentenceRecord(
+        0, "Gen.1.1", ["▁a", "▁b", "</s>"], ["▁x", "▁y", "▁z", "</s>"], [0, 1, -1], [0, 1, 2, -1], cross
+    )
     record.self_attention = {"encoder": store_attention(encoder), "decoder": store_attention(decoder)}
     specs = alignment_figures("eval/test/alignment", [record], -1)
     assert {"eval/test/alignment/0/encoder_self", "eval/test/alignment/0/decoder_self"} <= set(specs)
@@ -200,7 +202,7 @@ def test_make_evals_pass_counts_every_head_of_both_stacks():
     model = tiny_model()
     src = [[5, 6, 7, 8], [9, 10]]
     hyps = [[11, 12, 13], [14]]
-    records = [SentenceRecord(i, str(i), [], []) for i in range(2)]
+    records = [SentenceRecord(i, str(i), [], [], [], []) for i in range(2)]
     roles = add_self_attention(records, model, src, hyps, torch.device("cpu"), 64)
     assert (roles["encoder"].pieces, roles["decoder"].pieces) == (5 + 3, 4 + 2)  # each with its </s>
     encoder, decoder = roles["encoder"].result(), roles["decoder"].result()

@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 
+import numpy as np
 import pytest
 
 from app.config.schema import DataConfig, TokenizerConfig
@@ -229,3 +230,47 @@ def test_a_byte_fallback_run_trains_and_translates_what_its_corpus_never_had(tmp
     )
     assert sampled.returncode == 0 and sampled.stdout.count("\n") == 120, sampled.stderr[-3000:]
     assert len(sampled.stdout.splitlines()) == 120 and "\t" not in sampled.stdout
+
+
+def test_on_ordinary_text_the_words_of_the_pieces_start_at_each_mark(data_dir):
+    """Each piece's word, from the text it spells (app.data.tokenizer.span_words), is what SentencePiece's ▁ marks
+    number on text whose whitespace is its own (every sentence of the corpus): of the text and of its sampled
+    segmentations decoded, as hypotheses are; so ordinary corpora link the words they linked before."""
+    from app.train.guided_alignment import piece_words, word_numbers
+
+    tok = build_tokenizer(data_dir, TokenizerConfig(vocab_size=VOCAB))
+    texts = [text for pair in read_tsv(os.path.join(data_dir, "train.tsv")) for text in (pair.src, pair.tgt)]
+    marks = piece_words(tok.src_pieces(list(range(tok.src_vocab_size))))
+    ids = tok.encode_src(texts)
+    sampled = tok.src.encode(texts, enable_sampling=True, alpha=0.5, nbest_size=-1)
+    by_marks = [word_numbers(np.array(i), *marks).tolist() for i in ids]
+    assert tok.src_words(texts) == by_marks == tok.hyp_words(ids)
+    assert tok.hyp_words(sampled) == [word_numbers(np.array(i), *marks).tolist() for i in sampled]
+    assert [max(words) + 1 for words in by_marks] == [len(text.split()) for text in texts]
+
+
+def test_characters_the_normalization_makes_a_space_stay_in_their_word(nfkc_tokenizer):
+    """nmt_nfkc turns a ZWNJ (inside Persian words), LRM/RLM, ZWSP and "´" (a space and an accent) into a ▁ of its
+    own: the pieces' words are still the text's, str.split()'s."""
+    tok = nfkc_tokenizer
+    for text in ("mi\u200cxahm ketab", "don\u00b4t go", "ra\u200e bexanam\u200f", "ke\u200btab ra"):
+        words = tok.src_words([text])[0]
+        assert max(words) + 1 == len(text.split()) and words == sorted(words), (
+            text,
+            tok.src_pieces(tok.encode_src([text])[0]),
+        )
+    assert tok.src_words(["mi\u200cxahm ketab"]) == [[0] * 7 + [1] * (len(tok.encode_src(["ketab"])[0]))]
+
+
+def test_a_hypothesis_numbers_its_words_as_its_line_of_text(data_dir):
+    """<unk> decodes as " ⁇ ", a word of its own, and a byte piece that spells a line break as a space
+    (decode_tgt): the words hyp.align numbers are those of hyp.txt's line (glued to a neighbour, they were not)."""
+    tok = build_tokenizer(data_dir, TokenizerConfig(vocab_size=VOCAB + 300, byte_fallback=True))
+    dios, luz = tok.encode_tgt(["Dios", "luz"])
+    line_break = tok.tgt.piece_to_id("<0x0A>")
+    hypotheses = [dios + [UNK] + luz, dios + [line_break] + luz, [UNK] + dios + [UNK], dios + luz + [line_break]]
+    words = tok.hyp_words(hypotheses)
+    assert [max(w) + 1 for w in words] == [len(line.split()) for line in tok.decode_tgt(hypotheses)] == [3, 2, 3, 2]
+    d, u = len(dios), len(luz)
+    assert words[0] == [0] * d + [1] + [2] * u and words[1] == [0] * d + [-1] + [1] * u
+    assert words[2] == [0] + [1] * d + [2] and words[3][-1] == -1

@@ -26,8 +26,8 @@ from app.evaluation.alignment import DirectionLinks, LinkCandidates, alignment_e
 from app.evaluation.extraction import Method, default_method, read_links, read_words, shift_att
 from app.run.errors import UserError
 
-SRC = ["▁a", "▁b", "▁c", "</s>"]
-TGT = ["▁x", "▁y", "▁z", "</s>"]
+SRC = [0, 1, 2, -1]  # the words of ▁a ▁b ▁c </s>
+TGT = [0, 1, 2, -1]  # of ▁x ▁y ▁z </s>
 # rows: the positions that write x, y, z, </s> (their inputs: <s>, x, y, z); each looks at one source word
 ROWS = np.array(
     [
@@ -117,7 +117,7 @@ def test_agreement_links_the_words_whose_two_directions_probabilities_multiply_t
     assert agreement(forward, reverse[:2, :2], 0.3) == {(0, 0), (1, 1)}
     # pieces summed into words, each target word's row a distribution; a row on </s> alone stays zeros
     maps = np.array([[[0.2, 0.2, 0.5, 0.1], [0.0, 0.0, 0.0, 1.0], [0.5, 0.25, 0.25, 0.0]]])
-    words = word_probabilities(maps, ["▁a", "b", "▁c", "</s>"], ["▁x", "▁y", "▁z"])
+    words = word_probabilities(maps, [0, 0, 1, -1], [0, 1, 2])  # ▁a b ▁c </s>, ▁x ▁y ▁z
     assert np.allclose(words, [[[0.4 / 0.9, 0.5 / 0.9], [0.0, 0.0], [0.75, 0.25]]])
 
 

@@ -1,24 +1,22 @@
 """Reference word links and the words a sentence's pieces make up.
 
 Link files use the Pharaoh format: one line per sentence pair, ``i-j`` for a sure link between source word
-i and target word j (0-based, whitespace words), ``i?j`` for a possible one. SentencePiece marks the first
-piece of each whitespace word with ``▁``, which is how pieces map back to words.
+i and target word j (0-based, whitespace words: ``str.split()``'s), ``i?j`` for a possible one. The functions
+that read links from attention take each piece's word number, which the tokenizer gives from the text the pieces
+spell (app.data.tokenizer.span_words: ``src_words``/``tgt_words`` of a text, ``hyp_words`` of a hypothesis), not
+from SentencePiece's ``▁`` marks: its normalization puts a ``▁`` where the text has none (a ZWNJ inside a word).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Optional
 
 import numpy as np
 
 from app.data.text_files import text_lines
 from app.run.errors import UserError
-
-WORD_START = "▁"  # SentencePiece marks the first piece of each whitespace word
-# the pieces of no word; <unk> and byte pieces (<0xE5>, tokenizer.byte_fallback) stand for characters of one
-CONTROL = frozenset({"<pad>", "<s>", "</s>"})
 
 
 def read_pharaoh(path: str) -> list[tuple[set, set]]:
@@ -72,64 +70,48 @@ def pharaoh_line(links: set[tuple[int, int]]) -> str:
     return " ".join(f"{i}-{j}" for i, j in sorted(links, key=lambda link: (link[1], link[0])))
 
 
-def word_index(pieces: list[str]) -> list[int]:
-    """Word number of every subword piece; -1 for the control pieces (``CONTROL``: </s>...), and for a lone ``▁``
-    that starts no word (a space before another word or at the end: a model's output can hold one, decoded as a
-    second space, which a whitespace split does not count). A ``▁`` before <unk> or byte pieces starts their
-    word."""
-    out, word = [], -1
-    for n, piece in enumerate(pieces):
-        if piece in CONTROL:
-            out.append(-1)
-            continue
-        following = pieces[n + 1] if n + 1 < len(pieces) else None
-        if piece == WORD_START and (following is None or following in CONTROL or following.startswith(WORD_START)):
-            out.append(-1)
-            continue
-        if piece.startswith(WORD_START) or word < 0:
-            word += 1
-        out.append(word)
-    return out
+def pieces_to_words(words: Sequence[int]) -> np.ndarray:
+    """(words, pieces) 0/1 matrix: which pieces make up each whitespace word, from each piece's word number
+    (-1: of none, such as ``</s>``)."""
+    numbers = np.asarray(words, dtype=np.intp)
+    return (np.arange(max(numbers.max(initial=-1) + 1, 0))[:, None] == numbers[None, :]).astype(np.float64)
 
 
-def pieces_to_words(pieces: list[str]) -> np.ndarray:
-    """(words, pieces) 0/1 matrix: which pieces make up each whitespace word (special tokens: none)."""
-    words = np.asarray(word_index(pieces))
-    return (np.arange(max(words.max(initial=-1) + 1, 0))[:, None] == words[None, :]).astype(np.float64)
-
-
-def piece_links(links: set[tuple[int, int]], src_pieces: list[str], tgt_pieces: list[str]) -> list[tuple[int, int]]:
-    """(source word, target word) links -> the (target piece, source piece) cells of those words."""
-    src_words, tgt_words = (np.asarray(word_index(pieces), dtype=np.intp) for pieces in (src_pieces, tgt_pieces))
-    linked = np.zeros((tgt_words.max(initial=-1) + 2, src_words.max(initial=-1) + 2), dtype=bool)  # row/col -1: none
+def piece_links(
+    links: set[tuple[int, int]], src_words: Sequence[int], tgt_words: Sequence[int]
+) -> list[tuple[int, int]]:
+    """(source word, target word) links -> the (target piece, source piece) cells of those words, given each
+    piece's word number."""
+    src, tgt = (np.asarray(words, dtype=np.intp) for words in (src_words, tgt_words))
+    linked = np.zeros((tgt.max(initial=-1) + 2, src.max(initial=-1) + 2), dtype=bool)  # row/col -1: none
     for s, t in links:
         if 0 <= s < linked.shape[1] - 1 and 0 <= t < linked.shape[0] - 1:
             linked[t, s] = True
-    cells = np.nonzero(linked[tgt_words[:, None], src_words[None, :]])  # row-major: by target piece, then source
+    cells = np.nonzero(linked[tgt[:, None], src[None, :]])  # row-major: by target piece, then source
     return list(zip(cells[0].tolist(), cells[1].tolist()))
 
 
-def word_attention(maps, src_pieces: list[str], tgt_pieces: list[str]) -> np.ndarray:
+def word_attention(maps, src_words: Sequence[int], tgt_words: Sequence[int]) -> np.ndarray:
     """Attention maps (views, tgt pieces, src pieces) -> (views, target words, source words): pieces summed into
-    words (special tokens such as ``</s>`` left out)."""
-    to_src, to_tgt = pieces_to_words(src_pieces), pieces_to_words(tgt_pieces)
+    words (pieces of no word, such as ``</s>``, left out)."""
+    to_src, to_tgt = pieces_to_words(src_words), pieces_to_words(tgt_words)
     return to_tgt @ np.asarray(maps, dtype=np.float64) @ to_src.T
 
 
-def most_attended(maps, src_pieces: list[str], tgt_pieces: list[str]) -> np.ndarray:
+def most_attended(maps, src_words: Sequence[int], tgt_words: Sequence[int]) -> np.ndarray:
     """Attention maps (views, tgt pieces, src pieces) -> (views, target words): the most attended source word of
     every target word, pieces summed into words (no columns where either side has no word)."""
-    merged = word_attention(maps, src_pieces, tgt_pieces)
+    merged = word_attention(maps, src_words, tgt_words)
     if not merged.shape[1] or not merged.shape[2]:
         return np.zeros((len(maps), 0), dtype=np.int64)
     return merged.argmax(-1)
 
 
-def word_probabilities(maps, src_pieces: list[str], tgt_pieces: list[str]) -> np.ndarray:
+def word_probabilities(maps, src_words: Sequence[int], tgt_words: Sequence[int]) -> np.ndarray:
     """Attention maps (views, tgt pieces, src pieces) -> (views, target words, source words): each target word's
     attention over the source words, pieces summed into words, as a distribution (a row that attends to no word,
     only to ``</s>``, stays zeros)."""
-    merged = word_attention(maps, src_pieces, tgt_pieces)
+    merged = word_attention(maps, src_words, tgt_words)
     rows = merged.sum(-1, keepdims=True)
     return np.divide(merged, rows, out=np.zeros_like(merged), where=rows > 0)
 
@@ -139,15 +121,15 @@ def word_links(best) -> set[tuple[int, int]]:
     return {(int(i), j) for j, i in enumerate(best)}
 
 
-def hard_alignments(maps, src_pieces: list[str], tgt_pieces: list[str]) -> list[set[tuple[int, int]]]:
+def hard_alignments(maps, src_words: Sequence[int], tgt_words: Sequence[int]) -> list[set[tuple[int, int]]]:
     """Attention maps (views, tgt pieces, src pieces) -> per view {(source word, target word)}: pieces
     summed into words, then the most attended source word for every target word."""
-    return [word_links(best) for best in most_attended(maps, src_pieces, tgt_pieces)]
+    return [word_links(best) for best in most_attended(maps, src_words, tgt_words)]
 
 
-def hard_alignment(weights, src_pieces: list[str], tgt_pieces: list[str]) -> set[tuple[int, int]]:
+def hard_alignment(weights, src_words: Sequence[int], tgt_words: Sequence[int]) -> set[tuple[int, int]]:
     """``hard_alignments`` of one (tgt pieces, src pieces) map."""
-    return hard_alignments(np.asarray(weights, dtype=np.float64)[None], src_pieces, tgt_pieces)[0]
+    return hard_alignments(np.asarray(weights, dtype=np.float64)[None], src_words, tgt_words)[0]
 
 
 def reference_links(data_dir: str, split: str) -> Optional[str]:

@@ -6,10 +6,11 @@ import io
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from typing import Optional
 
+import numpy as np
 import sentencepiece as spm
 
 from app.config.schema import TokenizerConfig
@@ -57,9 +58,71 @@ class Tokenizer:
     def tgt_pieces(self, ids: list[int]) -> list[str]:
         return [self.tgt.id_to_piece(i) for i in ids]
 
+    def src_words(self, texts: list[str]) -> list[list[int]]:
+        """Per text, the whitespace word (its place in ``text.split()``, what link files number) of each piece
+        ``encode_src`` gives it; -1 for a piece of none (``span_words``)."""
+        return [_encoded_words(text, proto) for text, proto in zip(texts, self.src.encode(texts, return_type="proto"))]
+
+    def tgt_words(self, texts: list[str]) -> list[list[int]]:
+        """``src_words`` of target texts (references, given translations), by the target model."""
+        return [_encoded_words(text, proto) for text, proto in zip(texts, self.tgt.encode(texts, return_type="proto"))]
+
+    def hyp_words(self, ids: list[list[int]]) -> list[list[int]]:
+        """Per sequence of target ids (a hypothesis), the word of each piece in the text ``decode_tgt`` makes of
+        it: <unk> decodes as a word of its own (" ⁇ "), a byte piece that spells whitespace as a space."""
+        return _decoded_words(self.tgt, ids)
+
+    def decoded_src_words(self, ids: list[list[int]]) -> list[list[int]]:
+        """``hyp_words`` of source ids: the words of the text they decode to, SentencePiece's normalized text, for
+        a caller that has the ids only (its words are the source text's but where the normalization made a
+        space: ``src_words`` of the text, where there is one)."""
+        return _decoded_words(self.src, ids)
+
     def fingerprint(self) -> dict:
         """Identifies the vocabulary a model is trained with: the SentencePiece model files' hashes."""
         return {"src": file_hash(self.src_path), "tgt": file_hash(self.tgt_path), "joint": self.joint}
+
+
+def span_words(text: str, spans: Sequence[tuple[int, int]]) -> list[int]:
+    """The whitespace word of ``text`` (its place in ``text.split()``) of each piece, from the pieces' UTF-8 byte
+    spans in it (SentencePiece's begin, end): the word of the last non-whitespace character of its span. A piece
+    that spells none (an empty span, such as a ``▁`` the normalization inserted; only spaces) is of the word the
+    next piece that spells something begins, where it begins one, else of none (-1). On text whose whitespace is
+    SentencePiece's, this is the ``▁`` rule: a word starts at each ``▁``. Characters SentencePiece's nmt_nfkc
+    normalization turns into a space (U+200C ZWNJ inside a Persian word, LRM/RLM, ``´`` as space + mark) stay
+    within their word, as str.split() keeps them."""
+    space = np.fromiter(map(str.isspace, text), bool, len(text))
+    begins = ~space
+    begins[1:] &= space[:-1]
+    words = np.where(space, -1, np.cumsum(begins) - 1)
+    if not text.isascii():  # per UTF-8 byte
+        points = np.frombuffer(text.encode("utf-32-le"), "<u4")
+        words = np.repeat(words, 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000))
+    last = np.maximum.accumulate(np.concatenate(([-1], words))).tolist()  # last[e]: the last letter's word before e
+    letters = np.concatenate(([0], np.cumsum(words >= 0))).tolist()
+    starts = (words >= 0).tolist()
+    out = [-1] * len(spans)
+    ahead = -1  # the word the next piece that spells something begins
+    for k in range(len(spans) - 1, -1, -1):
+        b, e = spans[k]
+        own = last[e] if letters[e] > letters[b] else -1
+        out[k] = own if own >= 0 else ahead
+        if e > b:
+            ahead = own if starts[b] else -1
+    return out
+
+
+def _encoded_words(text: str, proto) -> list[int]:
+    return span_words(text, [(p.begin, p.end) for p in proto.pieces])
+
+
+def _decoded_words(sp: spm.SentencePieceProcessor, ids: list[list[int]]) -> list[list[int]]:
+    protos = sp.decode(ids, return_type="proto") if ids else []
+    out = []
+    for proto in protos:
+        words = span_words(proto.text, [(p.begin, p.end) for p in proto.pieces])
+        out.append([-1 if sp.is_control(p.id) else w for p, w in zip(proto.pieces, words)])
+    return out
 
 
 def _load(path: str) -> spm.SentencePieceProcessor:

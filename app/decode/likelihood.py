@@ -41,7 +41,7 @@ def score_pairs(cfg: Config) -> None:
     else:
         data = load_split(engine.config.data.dir, s.split, tokenizer)
         what = f"the {s.split} split's references ({engine.config.data.dir})"
-        src, tgt = data.src, data.tgt
+        src, tgt, texts = data.src, data.tgt, (data.src_texts, data.tgt_texts)
     for side, ids, path in (("source", src, s.source), ("target", tgt, s.target)):
         check_lengths(max_positions, ids, f"score.{side}={path!r}: line" if path else f"the {s.split} split: pair")
     pairs = f"{len(src):,} pair{'s' * (len(src) != 1)}"
@@ -49,7 +49,8 @@ def score_pairs(cfg: Config) -> None:
     loaded = time.monotonic()
     scores, maps = engine.score(src, tgt, cfg.decode.batch_tokens, sys.stderr.isatty(), s.alignments)
     scored = time.monotonic()
-    links = word_links(src, tgt, maps, tokenizer, cfg.viz.layer) if s.alignments else [None] * len(src)
+    words = (tokenizer.src_words(texts[0]), tokenizer.tgt_words(texts[1])) if s.alignments else None
+    links = word_links(*words, maps, cfg.viz.layer) if words is not None else [None] * len(src)
     lines = (score_line(p, tokenizer.tgt_pieces(t) if s.pieces else None, a) for p, t, a in zip(scores, tgt, links))
     text = "".join(lines)
     if s.output:

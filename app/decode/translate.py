@@ -20,7 +20,6 @@ from tqdm import tqdm
 from app.config.ranges import check_layer
 from app.config.schema import Config
 from app.data.links import hard_alignment, pharaoh_line
-from app.data.tokenizer import EOS
 from app.decode.constraints import encode_phrases, forced_lengths
 from app.decode.ct2_engine import CT2Translator, check_ct2_decoding
 from app.decode.ensemble import ensemble_of
@@ -215,9 +214,11 @@ def translate_window(
         if cfg.translate.alignments:  # the torch engine's (translate_lines): every hypothesis' attention
             assert isinstance(engine, TrainedModel) and hyps.attention is not None
             maps = engine.nbest_attention(src, hyps, decode.batch_tokens)
-            sources = [src[index - at] for index, _, _ in ranked]
+            words = tokenizer.src_words(lines)
+            sources = [words[index - at] for index, _, _ in ranked]
             attention = [weights for per_sentence in maps for weights in per_sentence]
-            links = word_links(sources, [tokens for _, tokens, _ in ranked], attention, tokenizer, cfg.viz.layer)
+            hypotheses = tokenizer.hyp_words([tokens for _, tokens, _ in ranked])
+            links = word_links(sources, hypotheses, attention, cfg.viz.layer)
             tails = [f" ||| {line}" for line in links]
         return "".join(
             f"{index} ||| {tokenizer.decode_tgt([tokens])[0]} ||| {score:.4f}{tail}\n"
@@ -225,20 +226,19 @@ def translate_window(
         )
     if cfg.translate.alignments:
         assert hyps.attention is not None  # asked of a model with attention
-        links = word_links(src, hyps.tokens, hyps.attention, tokenizer, cfg.viz.layer)
+        links = word_links(tokenizer.src_words(lines), tokenizer.hyp_words(hyps.tokens), hyps.attention, cfg.viz.layer)
         return "".join(f"{t} ||| {line}\n" for t, line in zip(tokenizer.decode_tgt(hyps.tokens), links))
     return "".join(t + "\n" for t in tokenizer.decode_tgt(hyps.tokens))
 
 
-def word_links(src: list[list[int]], tgt: list[list[int]], maps: list, tokenizer, layer: int) -> list[str]:
+def word_links(src_words: list[list[int]], tgt_words: list[list[int]], maps: list, layer: int) -> list[str]:
     """Per pair, the target's word links to the source as a Pharaoh line, read from its attention map in ``maps``
     (rows: the target pieces and EOS) in the view eval's plots show by default (app.evaluation.views.
     plotted_view): an RNN's map, a Transformer's layer ``layer`` (viz.layer) mean of heads; a CTranslate2 export
     returns that one map. The attention that wrote a hypothesis (make translate), or that read a given translation
-    (make score)."""
+    (make score). ``src_words``, ``tgt_words``: the word of each piece, EOS left out (app.data.tokenizer)."""
     lines = []
-    for source, tokens, attention in zip(src, tgt, maps):
+    for source, target, attention in zip(src_words, tgt_words, maps):
         weights = attention if attention.dim() == 2 else attention[layer].mean(0)
-        pieces = tokenizer.src_pieces(source + [EOS]), tokenizer.tgt_pieces(tokens + [EOS])
-        lines.append(pharaoh_line(hard_alignment(weights, *pieces)))
+        lines.append(pharaoh_line(hard_alignment(weights, source + [-1], target + [-1])))
     return lines

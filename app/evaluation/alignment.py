@@ -13,7 +13,6 @@ from tqdm import tqdm
 
 from app.data.links import word_links
 from app.data.symmetrization import AGREEMENT, agreement, symmetrize
-from app.data.tokenizer import EOS
 from app.decode.passes import forced_attention
 from app.evaluation.extraction import (
     Method,
@@ -38,10 +37,10 @@ def links_view(attention, layer: int = -1, view: Optional[str] = None) -> str:
     return view if view and has_reading(attention, view) else plotted_view(attention, layer)[0]
 
 
-def hypothesis_links(attention, src_pieces: list[str], hyp_pieces: list[str], view: str) -> set[tuple[int, int]]:
+def hypothesis_links(attention, src_words: Sequence[int], hyp_words: Sequence[int], view: str) -> set[tuple[int, int]]:
     """The (source word, hypothesis word) links read from the reading ``view`` (``links_view``) of the attention
-    that wrote a hypothesis."""
-    return read_links(attention, src_pieces, hyp_pieces, view)
+    that wrote a hypothesis (the word of each source piece and of each hypothesis piece, EOS's -1)."""
+    return read_links(attention, src_words, hyp_words, view)
 
 
 def align_scope(setting: Optional[str], gold_file: bool) -> str:
@@ -138,6 +137,7 @@ def read_direction(
     tokenizer,
     src: list[list[int]],
     tgt: list[list[int]],
+    texts: tuple[list[str], list[str]],
     device,
     dtype,
     batch_tokens: int,
@@ -147,21 +147,23 @@ def read_direction(
     soft: Sequence[str] = (),
 ) -> tuple[Optional[DirectionLinks], dict]:
     """The links of every reading (or of ``readings``) of the teacher-forced attention of the pairs (``src``,
-    ``tgt``: the model's subword ids) that fit the model, the word probabilities of the readings ``soft``, and the
-    attention of the first ``keep`` pairs (float16: for plots and the explorer). None, {} for a model without
-    attention. ``progress``: a progress bar's title."""
+    ``tgt``: the model's subword ids of ``texts``, whose whitespace words the links number) that fit the model, the
+    word probabilities of the readings ``soft``, and the attention of the first ``keep`` pairs (float16: for plots
+    and the explorer). None, {} for a model without attention. ``progress``: a progress bar's title."""
     fits = fitting(model, src, tgt)
     read: Optional[DirectionLinks] = None
     kept = {}
+    src_words = tokenizer.src_words([texts[0][i] for i in fits])
+    tgt_words = tokenizer.tgt_words([texts[1][i] for i in fits])
     pairs = forced_attention(model, [src[i] for i in fits], [tgt[i] for i in fits], device, batch_tokens, dtype)
     for n, attention in tqdm(pairs, progress, len(fits), leave=False, unit="sentence", disable=not progress):
         i = fits[n]
-        src_pieces, tgt_pieces = tokenizer.src_pieces(src[i] + [EOS]), tokenizer.tgt_pieces(tgt[i] + [EOS])
-        names, best = read_words(attention, src_pieces, tgt_pieces, readings)
+        columns, rows = src_words[n] + [-1], tgt_words[n] + [-1]  # EOS: of no word
+        names, best = read_words(attention, columns, rows, readings)
         read = read or DirectionLinks(names, soft=tuple(soft))
         read.best[i] = best
         if soft:
-            for reading, words in zip(soft, read_probabilities(attention, src_pieces, tgt_pieces, soft)):
+            for reading, words in zip(soft, read_probabilities(attention, columns, rows, soft)):
                 read.probabilities[i, reading] = words.astype(np.float32)
         if i < keep:
             kept[i] = attention.half()
@@ -189,7 +191,7 @@ def link_candidates(
     ``progress``: the progress bars' title."""
     src, tgt = pairs
     forward, kept = read_direction(
-        model, tokenizer, src, tgt, device, dtype, batch_tokens, readings[0], keep, progress, soft[0]
+        model, tokenizer, src, tgt, texts, device, dtype, batch_tokens, readings[0], keep, progress, soft[0]
     )
     if forward is None or reverse is None:
         return (None if forward is None else LinkCandidates(forward)), kept
@@ -197,7 +199,18 @@ def link_candidates(
     src, tgt = r.tokenizer.encode_src(texts[1]), r.tokenizer.encode_tgt(texts[0])  # the pairs turned round
     title = progress and f"{progress}, reverse run"
     backward, _ = read_direction(
-        r.model, r.tokenizer, src, tgt, r.device, r.dtype, batch_tokens, readings[1], 0, title, soft[1]
+        r.model,
+        r.tokenizer,
+        src,
+        tgt,
+        (texts[1], texts[0]),
+        r.device,
+        r.dtype,
+        batch_tokens,
+        readings[1],
+        0,
+        title,
+        soft[1],
     )
     return LinkCandidates(forward, backward), kept
 
@@ -226,7 +239,10 @@ def score_alignments(
     ``progress``: a progress bar's title (none without)."""
     if len(gold) != len(data):
         raise UserError(f"{len(data)} sentences to align but the reference links have {len(gold)} lines")
-    read, kept = read_direction(model, tokenizer, data.src, data.tgt, device, dtype, batch_tokens, None, keep, progress)
+    texts = (data.src_texts, data.tgt_texts)
+    read, kept = read_direction(
+        model, tokenizer, data.src, data.tgt, texts, device, dtype, batch_tokens, None, keep, progress
+    )
     return (None if read is None else read.score(gold, scope)), kept
 
 

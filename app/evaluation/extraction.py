@@ -65,23 +65,26 @@ def reading_maps(attention, readings: Optional[Sequence[str]] = None) -> tuple[l
 
 
 def read_words(
-    attention, src_pieces: list[str], tgt_pieces: list[str], readings: Optional[Sequence[str]] = None
+    attention, src_words: Sequence[int], tgt_words: Sequence[int], readings: Optional[Sequence[str]] = None
 ) -> tuple[list[str], np.ndarray]:
-    """(names, (readings, target words) most attended source word of each target word) of one pair's attention:
-    every reading of every view, or only ``readings``."""
+    """(names, (readings, target words) most attended source word of each target word) of one pair's attention
+    (``src_words``, ``tgt_words``: the word of each of its columns and rows, app.data.tokenizer): every reading of
+    every view, or only ``readings``."""
     names, read = reading_maps(attention, readings)
-    return names, most_attended(read, src_pieces, tgt_pieces)
+    return names, most_attended(read, src_words, tgt_words)
 
 
-def read_probabilities(attention, src_pieces: list[str], tgt_pieces: list[str], readings: Sequence[str]) -> np.ndarray:
+def read_probabilities(
+    attention, src_words: Sequence[int], tgt_words: Sequence[int], readings: Sequence[str]
+) -> np.ndarray:
     """(readings, target words, source words): each target word's attention over the source words, as a
     distribution, by each of ``readings`` of one pair's attention (what agreement multiplies)."""
-    return word_probabilities(reading_maps(attention, readings)[1], src_pieces, tgt_pieces)
+    return word_probabilities(reading_maps(attention, readings)[1], src_words, tgt_words)
 
 
-def read_links(attention, src_pieces: list[str], tgt_pieces: list[str], reading: str) -> set[tuple[int, int]]:
+def read_links(attention, src_words: Sequence[int], tgt_words: Sequence[int], reading: str) -> set[tuple[int, int]]:
     """The (source word, target word) links of one reading of one pair's attention."""
-    return word_links(read_words(attention, src_pieces, tgt_pieces, [reading])[1][0])
+    return word_links(read_words(attention, src_words, tgt_words, [reading])[1][0])
 
 
 def has_reading(attention, reading: str) -> bool:

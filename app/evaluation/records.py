@@ -21,10 +21,12 @@ from app.models.api import Copying, SelfAttending
 
 @dataclass
 class SentenceRecord:
-    """One decoded sentence as every output reads it. ``index``: its place in the split; ``attention``: what
-    produced the hypothesis, (tgt, src) or (layers, heads, tgt, src), None for a model without attention;
-    ``stored``: the views of it the attention files and the explorer keep; ``ref_pieces``: the reference's
-    pieces, the rows of its forced attention (both when asked for); ``self_attention``: the views kept of a
+    """One decoded sentence as every output reads it. ``index``: its place in the split; ``src_words``,
+    ``hyp_words``, ``ref_words``: the whitespace word of each of ``src_pieces``, ``hyp_pieces``, ``ref_pieces`` (-1:
+    of none, EOS), what word links number (app.data.tokenizer); ``attention``: what produced the hypothesis, (tgt,
+    src) or (layers, heads, tgt, src), None for a model without attention; ``stored``: the views of it the attention
+    files and the explorer keep; ``ref_pieces``: the reference's pieces, the rows of its forced attention (both when
+    asked for); ``self_attention``: the views kept of a
     Transformer's encoder and decoder self-attention over the sentence and its hypothesis ({"encoder": ...,
     "decoder": ...}, when asked for: ``add_self_attention``); ``hyp_links``: the word links hyp.align holds for it;
     ``copied``: a copying model's share of each hypothesis piece's probability that came through copying
@@ -34,9 +36,12 @@ class SentenceRecord:
     id: str
     src_pieces: list[str]
     hyp_pieces: list[str]
+    src_words: list[int]
+    hyp_words: list[int]
     attention: Any = None
     stored: Optional[StoredAttention] = None
     ref_pieces: Optional[list[str]] = None
+    ref_words: Optional[list[int]] = None
     self_attention: Optional[dict[str, StoredAttention]] = None
     hyp_links: Optional[set[tuple[int, int]]] = None  # hyp.align's (source word, hypothesis word) links
     copied: Optional[list[float]] = None  # per hypothesis piece and EOS, the share of its probability copied
@@ -58,6 +63,9 @@ def sentence_records(
     ``references``: also the reference's pieces (for the forced attention's rows). ``progress``: a progress
     bar's title (none without)."""
     indices = range(len(hyps.tokens)) if indices is None else indices
+    src_words = tokenizer.src_words([data.src_texts[i] for i in indices])
+    hyp_words = tokenizer.hyp_words(hyps.tokens)
+    ref_words = tokenizer.tgt_words([data.tgt_texts[i] for i in indices]) if references else None
     records = []
     for n, i in enumerate(tqdm(indices, progress, leave=False, unit="sentence", disable=not progress)):
         attention = None if hyps.attention is None else hyps.attention[n]
@@ -67,9 +75,12 @@ def sentence_records(
                 id=data.ids[i],
                 src_pieces=tokenizer.src_pieces(data.src[i] + [EOS]),
                 hyp_pieces=tokenizer.tgt_pieces(hyps.tokens[n] + [EOS]),
+                src_words=src_words[n] + [-1],
+                hyp_words=hyp_words[n] + [-1],
                 attention=attention,
                 stored=store_attention(attention, layer, keep) if keep and attention is not None else None,
                 ref_pieces=tokenizer.tgt_pieces(data.tgt[i] + [EOS]) if references else None,
+                ref_words=None if ref_words is None else ref_words[n] + [-1],
             )
         )
     return records

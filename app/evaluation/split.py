@@ -209,16 +209,17 @@ def read_hypothesis_links(
     if method.symmetrization is not None and reverse is not None:
         rsrc = reverse.tokenizer.encode_src([result.texts[r.index] for r in records])
         rtgt = reverse.tokenizer.encode_tgt([data.src_texts[r.index] for r in records])
-        passes = (reverse.model, reverse.tokenizer, rsrc, rtgt, reverse.device, reverse.dtype, batch_tokens)
+        texts = ([result.texts[r.index] for r in records], [data.src_texts[r.index] for r in records])
+        passes = (reverse.model, reverse.tokenizer, rsrc, rtgt, texts, reverse.device, reverse.dtype, batch_tokens)
         agreeing = [str(method.reverse)] if method.symmetrization == AGREEMENT else []
         turned, _ = read_direction(*passes, [str(method.reverse)], soft=agreeing)
     for n, r in enumerate(records):
         if turned is not None and method.symmetrization == AGREEMENT and method.threshold is not None:
-            p_fwd = read_probabilities(r.attention, r.src_pieces, r.hyp_pieces, [method.forward])[0]
+            p_fwd = read_probabilities(r.attention, r.src_words, r.hyp_words, [method.forward])[0]
             p_rev = turned.probabilities.get((n, str(method.reverse)))
             r.hyp_links = set() if p_rev is None else agreement(p_fwd, p_rev, method.threshold)
             continue
-        r.hyp_links = read_links(r.attention, r.src_pieces, r.hyp_pieces, method.forward)
+        r.hyp_links = read_links(r.attention, r.src_words, r.hyp_words, method.forward)
         if turned is not None and method.symmetrization is not None:
             r.hyp_links = symmetrize(method.symmetrization, r.hyp_links, turned.links(n, str(method.reverse), True))
 

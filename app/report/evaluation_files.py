@@ -166,6 +166,7 @@ def write_alignments(out_dir: str, records: list[SentenceRecord], cfg: Config, a
     def sentences():
         for r in records:
             entry = {"index": r.index, "id": r.id, "src_tokens": r.src_pieces, "hyp_tokens": r.hyp_pieces}
+            entry |= {"src_words": r.src_words, "hyp_words": r.hyp_words}  # what hyp.align's links number
             stored = required(r.stored, "a record's views")  # eval.attention keeps them
             if stored.layers:
                 entry["layer"] = cfg.viz.layer % stored.layers  # the layer the plots show
@@ -194,8 +195,9 @@ def write_heatmaps(out_dir: str, records: list[SentenceRecord], viz: VizConfig, 
             save(f"{i:04d}{'' if name == 'alignment' else f'_{name}'}.png", fig)
         if alignment is not None and run.links is not None:
             ref_pieces = required(r.ref_pieces, "a record's reference pieces")  # given with links
+            ref_words = required(r.ref_words, "a record's reference words")
             sure, possible = run.links[i]
-            links = [piece_links(cells, r.src_pieces, ref_pieces) for cells in (sure, possible - sure)]
+            links = [piece_links(cells, r.src_words, ref_words) for cells in (sure, possible - sure)]
             view = alignment["view"]
             weights = named_view(run.result.forced[i], view)
             fig = alignment_figure(weights, r.src_pieces, ref_pieces, f"{view}, reference forced", links)

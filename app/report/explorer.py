@@ -31,7 +31,7 @@ from typing import Any, Optional
 import numpy as np
 from matplotlib import colormaps
 
-from app.data.links import piece_links, word_index
+from app.data.links import piece_links
 from app.evaluation.views import StoredAttention, store_attention
 from app.run.errors import required
 from app.run.files import atomic_write_text
@@ -50,6 +50,8 @@ class ExplorerRecord:
 
     ``ref_attention`` (optional): the attention read while forcing the reference through the decoder,
     the same layout with rows = ``ref_tokens`` (the reference pieces and EOS) and the same layers and heads.
+    ``src_words``, ``tgt_words``, ``ref_words`` (with ``links`` or ``hyp_links``): the whitespace word of each of
+    ``src_tokens``, ``tgt_tokens``, ``ref_tokens`` (-1: of none, EOS), as app.data.tokenizer numbers them.
     ``links`` (optional, needs ``ref_attention``): the reference word links of the sentence over
     whitespace words, (source word, target word) pairs, given as ``(sure, possible)`` the way
     ``app.data.links.read_pharaoh`` reads a line (possible includes sure) or as
@@ -80,6 +82,9 @@ class ExplorerRecord:
     more_references: Sequence[str] = ()  # the sentence's further references (make eval's eval.references), in order
     baseline: Optional[str] = None  # eval.baseline's hypothesis of the sentence, shown beside ours
     baseline_bleu: Optional[float] = None  # its sentence BLEU on the same references
+    src_words: Optional[list[int]] = None  # the word of each src_tokens piece (-1: of none), for the links
+    tgt_words: Optional[list[int]] = None  # of each tgt_tokens piece, for hyp_links
+    ref_words: Optional[list[int]] = None  # of each ref_tokens piece, for links
 
 
 def _stored(record_id: str, attention, rows: list[str], cols: list[str], name: str, layer: int, keep: str):
@@ -122,15 +127,25 @@ def link_cells(record: ExplorerRecord) -> dict | None:
     else:
         sure, possible = record.links
     sure, possible = ({(int(s), int(t)) for s, t in links} for links in (sure, possible))
-    ref_tokens = required(record.ref_tokens, f"sentence {record.id}: the reference tokens of its links")
-    src_words, ref_words = (max(word_index(pieces), default=-1) + 1 for pieces in (record.src_tokens, ref_tokens))
-    if any(not (0 <= s < src_words and 0 <= t < ref_words) for s, t in sure | possible):
+    required(record.ref_tokens, f"sentence {record.id}: the reference tokens of its links")
+    src, ref = words_of(record, "src"), words_of(record, "ref")
+    n_src, n_ref = max(src, default=-1) + 1, max(ref, default=-1) + 1
+    if any(not (0 <= s < n_src and 0 <= t < n_ref) for s, t in sure | possible):
         raise ValueError(
-            f"sentence {record.id}: a reference link is outside the {src_words} source x {ref_words} "
+            f"sentence {record.id}: a reference link is outside the {n_src} source x {n_ref} "
             "reference words (links are over whitespace words, not pieces)"
         )
-    cells = lambda links: [list(cell) for cell in piece_links(links, record.src_tokens, ref_tokens)]
+    cells = lambda links: [list(cell) for cell in piece_links(links, src, ref)]
     return {"sure": cells(sure), "possible": cells(possible - sure)}
+
+
+def words_of(record: ExplorerRecord, side: str) -> list[int]:
+    """The record's word numbers of ``side`` (src, tgt, ref), one per token of that side, else a ValueError."""
+    words, tokens = getattr(record, f"{side}_words"), getattr(record, f"{side}_tokens")
+    if words is None or len(words) != len(tokens):
+        given = "none" if words is None else len(words)
+        raise ValueError(f"sentence {record.id}: {side}_words ({given}) needs a word number per {side} token")
+    return list(words)
 
 
 def _self_attention(record: ExplorerRecord, stored: StoredAttention, place, layer: int, keep: str):
@@ -223,7 +238,8 @@ def write_explorer(
         if record.more_references:  # references 2, 3, ... (eval.references): their text; only the first is forced
             sent["more"] = list(record.more_references)
         if record.hyp_links is not None:  # hyp.align's links, as the cells of their pieces
-            sent["hypLinks"] = [list(c) for c in piece_links(record.hyp_links, record.src_tokens, record.tgt_tokens)]
+            cells = piece_links(record.hyp_links, words_of(record, "src"), words_of(record, "tgt"))
+            sent["hypLinks"] = [list(c) for c in cells]
         if record.copied is not None:  # a copying model's: per hypothesis row, and their mean over the pieces
             if len(record.copied) != len(record.tgt_tokens):
                 raise ValueError(
@@ -296,11 +312,13 @@ def evaluation_records(
             bleu=bleu[i],
             hyp_links=r.hyp_links,
             copied=r.copied,
+            src_words=r.src_words,
+            tgt_words=r.hyp_words,
         )
         own = r.self_attention or {}
         record.encoder_attention, record.decoder_attention = own.get("encoder"), own.get("decoder")
         if links is not None:
-            record.ref_tokens = r.ref_pieces
+            record.ref_tokens, record.ref_words = r.ref_pieces, r.ref_words
             record.ref_attention = required(forced, "the forced attention of the references")[i]
             n_src, n_ref = len(data.src_texts[i].split()), len(data.tgt_texts[i].split())
             record.links = tuple({(s, t) for s, t in kind if s < n_src and t < n_ref} for kind in links[i])

@@ -113,7 +113,10 @@ class Engine:
         if attention:  # None: a model without attention (rnn_plain)
             maps, copied = self.hypothesis_attention(src, hyps, candidates), self.copy_shares(src, candidates)
             for i, result in enumerate(results):
-                result["attention"] = attention_entry(result, maps[i], copied[i] if copied else None) if maps else None
+                words = self.tokenizer.decoded_src_words([src[i]])[0], self.tokenizer.hyp_words(candidates[i])
+                result["attention"] = (
+                    attention_entry(result, maps[i], words, copied[i] if copied else None) if maps else None
+                )
         if self_attention:
             own = self.hypothesis_self_attention(src, candidates)
             for i, result in enumerate(results):
@@ -140,7 +143,8 @@ class Engine:
             copied = self.copy_shares(src, [[tokens] for tokens in tgt])
             for i, result in enumerate(results):
                 shares = copied[i] if copied else None
-                result["attention"] = attention_entry(result, [maps[i]], shares) if maps else None
+                words = self.tokenizer.decoded_src_words([src[i]])[0], self.tokenizer.hyp_words([tgt[i]])
+                result["attention"] = attention_entry(result, [maps[i]], words, shares) if maps else None
         if self_attention:
             own = self.hypothesis_self_attention(src, [[tokens] for tokens in tgt])
             for i, result in enumerate(results):
@@ -193,29 +197,33 @@ class Engine:
 
 
 def attention_entry(
-    result: dict[str, Any], maps: list[Optional[torch.Tensor]], copied: Optional[list[list[float]]] = None
+    result: dict[str, Any],
+    maps: list[Optional[torch.Tensor]],
+    words: tuple[list[int], list[list[int]]],
+    copied: Optional[list[list[float]]] = None,
 ) -> dict[str, Any]:
     """The API's attention of one sentence: its columns (source pieces + EOS), the views kept (every head of every
     layer, then each layer's mean; one map for an RNN or an export), and per hypothesis its rows (target pieces +
     EOS), its maps as integers (weight × scale, rounded: within 1/510), the word links read from each view as
-    [source word, target word] pairs, and those links as the [row, column] cells the page outlines; of a model
-    that copies (``copied``, per hypothesis), each row's share of its probability that came through copying."""
-    columns = result["source_pieces"] + ["</s>"]
+    [source word, target word] pairs (``words``: the word of each source piece, of each hypothesis' pieces), and
+    those links as the [row, column] cells the page outlines; of a model that copies (``copied``, per hypothesis),
+    each row's share of its probability that came through copying."""
+    columns, column_words = result["source_pieces"] + ["</s>"], words[0] + [-1]
     entry: dict[str, Any] = {"columns": columns, "scale": SCALE, "hypotheses": []}
     for k, (hypothesis, weights) in enumerate(zip(result["hypotheses"], maps)):
         if weights is None:
             entry["hypotheses"].append(None)
             continue
         stored = store_attention(weights, keep="all")
-        rows = hypothesis["target_pieces"] + ["</s>"]
-        links = [sorted(view) for view in hard_alignments(stored.maps / SCALE, columns, rows)]
+        rows, row_words = hypothesis["target_pieces"] + ["</s>"], words[1][k] + [-1]
+        links = [sorted(view) for view in hard_alignments(stored.maps / SCALE, column_words, row_words)]
         entry.update(layers=stored.layers, heads=stored.heads, head_layers=stored.head_layers, views=stored.names)
         entry["hypotheses"].append(
             {
                 "rows": rows,
                 "maps": stored.maps.tolist(),
                 "links": [[list(link) for link in view] for view in links],
-                "cells": [[list(cell) for cell in piece_links(set(view), columns, rows)] for view in links],
+                "cells": [[list(cell) for cell in piece_links(set(view), column_words, row_words)] for view in links],
             }
         )
         if copied is not None:
