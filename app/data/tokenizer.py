@@ -100,15 +100,15 @@ def span_words(text: str, spans: Sequence[tuple[int, int]]) -> list[int]:
         words = np.repeat(words, 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000))
     last = np.maximum.accumulate(np.concatenate(([-1], words))).tolist()  # last[e]: the last letter's word before e
     letters = np.concatenate(([0], np.cumsum(words >= 0))).tolist()
-    starts = (words >= 0).tolist()
+    spelled = (words >= 0).tolist()  # the byte is of a character of a word, not whitespace
     out = [-1] * len(spans)
-    ahead = -1  # the word the next piece that spells something begins
+    ahead = -1  # the word the next piece that spells something begins in, where it begins in one
     for k in range(len(spans) - 1, -1, -1):
         b, e = spans[k]
         own = last[e] if letters[e] > letters[b] else -1
         out[k] = own if own >= 0 else ahead
         if e > b:
-            ahead = own if starts[b] else -1
+            ahead = own if spelled[b] else -1
     return out
 
 
