@@ -89,6 +89,21 @@ def test_max_lines_closes_a_batch_early():
     assert asyncio.run(main()) < 0.4 and calls == [4]  # full: decoded without waiting out wait_s
 
 
+def test_a_request_that_would_overfill_a_batch_is_the_next_ones_first():
+    """No decoding call holds more than max_lines lines (serve.max_batch_lines): three requests of 3 lines under a
+    cap of 4 are three calls, each request whole and answered with its own lines (a call of 6 before)."""
+    calls = []
+
+    async def main():
+        batcher = RequestBatcher(lambda s, k: calls.append(len(s)) or s, wait_s=0.2, max_lines=4)
+        batcher.start()
+        results = await asyncio.gather(*[batcher.submit([i] * 3, 0) for i in range(3)])
+        await batcher.stop()
+        return results
+
+    assert asyncio.run(main()) == [[0] * 3, [1] * 3, [2] * 3] and calls == [3, 3, 3]
+
+
 # ---- the API in-process, with an engine that only counts ----
 class CountingEngine:
     """Stands in for app.serve.engine.Engine: a line's "translation" is its length."""
@@ -770,7 +785,24 @@ def test_a_port_in_use_and_sampling_are_one_line_errors(workdir, served):
         ("serve.max_chars=0", "serve.max_chars=0: characters a line may have, at least 1"),
         ("serve.max_beam=0", "serve.max_beam=0: the largest beam_size a request may ask for, at least 1"),
         ("serve.max_batch_lines=0", "serve.max_batch_lines=0: lines of one decoding call, at least 1"),
-        ("serve.batch_wait_ms=-1", "serve.batch_wait_ms=-1.0: how long a batch waits for requests, 0 or more"),
+        (
+            "serve.batch_wait_ms=-1",
+            "serve.batch_wait_ms=-1.0: how long a batch waits for requests, 0 or more (finite)",
+        ),
+        (  # a lone request would wait for ever for others to join it
+            "serve.batch_wait_ms=inf",
+            "serve.batch_wait_ms=inf: how long a batch waits for requests, 0 or more (finite)",
+        ),
+        (
+            "serve.max_batch_lines=32",
+            "serve.max_lines=64 is above serve.max_batch_lines=32: a request's lines are decoded in one call; raise "
+            "serve.max_batch_lines or lower serve.max_lines",
+        ),
+        (  # 0 ran the one-client load, then said no request was answered; -1 hung (a barrier of no threads)
+            "serve.bench_clients=0",
+            "serve.bench_clients=0: concurrent clients of make bench's serving load, at least 1",
+        ),
+        ("serve.bench_seconds=0", "serve.bench_seconds=0.0: how long each serving load runs, more than 0 (finite)"),
         (
             "decode.beam_size=20",
             "decode.beam_size=20 is above serve.max_beam=16: every request without a beam_size would be refused; "

@@ -5,6 +5,7 @@ serving, make bench, make compare, weight averaging and the figures (``viz``). S
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -277,8 +278,18 @@ class ServeConfig:
             f"serve.max_batch_lines={self.max_batch_lines}: lines of one decoding call, at least 1": (
                 self.max_batch_lines < 1
             ),
-            f"serve.batch_wait_ms={self.batch_wait_ms}: how long a batch waits for requests, 0 or more": not (
-                self.batch_wait_ms >= 0
+            f"serve.batch_wait_ms={self.batch_wait_ms}: how long a batch waits for requests, 0 or more (finite)": not (
+                0 <= self.batch_wait_ms < math.inf
+            ),
+            f"serve.max_lines={self.max_lines} is above serve.max_batch_lines={self.max_batch_lines}: a request's "
+            "lines are decoded in one call; raise serve.max_batch_lines or lower serve.max_lines": (
+                self.max_lines > self.max_batch_lines
+            ),
+            f"serve.bench_clients={self.bench_clients}: concurrent clients of make bench's serving load, at least 1": (
+                self.bench_clients < 1
+            ),
+            f"serve.bench_seconds={self.bench_seconds}: how long each serving load runs, more than 0 (finite)": not (
+                0 < self.bench_seconds < math.inf
             ),
         }
         check_rules(rules)

@@ -45,6 +45,7 @@ class RequestBatcher:
         self.lines = 0  # lines decoded
         self.answered = 0.0  # when the last call's answers were sent
         self.last_jobs = 0  # and to how many requests
+        self.held: PendingRequest | None = None  # the request the last batch had no room for: the next one's first
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self.run())
@@ -64,9 +65,10 @@ class RequestBatcher:
         return await job.future
 
     async def gather(self) -> list[PendingRequest]:
-        """The next batch: the first job waiting, and those arriving within ``wait_s`` of it."""
-        jobs = [await self.queue.get()]
-        lines = len(jobs[0].sources)
+        """The next batch: the first job waiting, and those arriving within ``wait_s`` of it, as long as their
+        lines fit ``max_lines`` (a job that does not fit is the next batch's first)."""
+        first, self.held = self.held or await self.queue.get(), None
+        jobs, lines = [first], len(first.sources)
         # from the first job's arrival, or from the answers of the last call: the clients answered then send their
         # next requests within the wait and join this batch (else two cohorts take turns at half the batch each)
         deadline = max(jobs[0].arrived, self.answered if self.last_jobs > 1 else 0.0) + self.wait_s
@@ -75,6 +77,9 @@ class RequestBatcher:
             try:
                 job = self.queue.get_nowait() if left <= 0 else await asyncio.wait_for(self.queue.get(), left)
             except (asyncio.QueueEmpty, asyncio.TimeoutError):
+                break
+            if lines + len(job.sources) > self.max_lines:
+                self.held = job
                 break
             jobs.append(job)
             lines += len(job.sources)
