@@ -106,3 +106,13 @@ def test_relative_positions_extrapolate_past_the_trained_lengths():
         [accuracy[p, 16] for p in ("sinusoidal", "learned")],
     )
     assert min(relative) > 1.5 * chance and min(relative) > max(absolute) + 0.05, accuracy
+
+
+def test_an_odd_width_is_refused_for_sinusoidal_positions_in_one_line():
+    """Sines and cosines come in pairs: model.d_model=33 with model.pos=sinusoidal was a RuntimeError traceback from
+    the table's shapes; other schemes take the width."""
+    from app.run.errors import UserError
+
+    with pytest.raises(UserError, match=r"^model.pos=sinusoidal pairs .*model.d_model=33 must be even"):
+        build_model(model_config(d_model=33, heads=3, pos="sinusoidal"), Vocab(20, 20))
+    assert build_model(model_config(d_model=33, heads=3, pos="learned"), Vocab(20, 20)) is not None

@@ -43,6 +43,11 @@ class SinusoidalPositions(nn.Module):
 
     def __init__(self, max_len: int, d_model: int):
         super().__init__()
+        if d_model % 2:
+            raise ValueError(
+                f"model.pos=sinusoidal pairs a sine and a cosine of each frequency: model.d_model={d_model} must be "
+                "even (or give model.pos=learned, rope or alibi)"
+            )
         # not in the state dict: a function of the config (and older checkpoints do not have it)
         self.register_buffer("table", sinusoidal_positions(max_len, d_model), persistent=False)
 
