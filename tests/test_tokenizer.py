@@ -274,3 +274,22 @@ def test_a_hypothesis_numbers_its_words_as_its_line_of_text(data_dir):
     d, u = len(dios), len(luz)
     assert words[0] == [0] * d + [1] + [2] * u and words[1] == [0] * d + [-1] + [1] * u
     assert words[2] == [0] + [1] * d + [2] and words[3][-1] == -1
+
+
+def test_a_tokenizer_trained_again_in_place_tokenizes_the_splits_with_its_new_model(data_dir):
+    """A process that prepares twice (the Python API, a notebook): the corpus changed, so the tokenizer is trained
+    again at the same path and the splits' cache is rebuilt, with the new model's ids (the loaded model was kept by
+    its path, and every cached sentence had the old one's ids, which later runs then trusted)."""
+    from app.data.corpus import load_tokenized, tokenized
+
+    cfg = TokenizerConfig(vocab_size=VOCAB)
+    tokenized(data_dir, "train", build_tokenizer(data_dir, cfg))
+    train = os.path.join(data_dir, "train.tsv")
+    with open(train, encoding="utf-8") as f:
+        kept = f.readlines()[::2]
+    with open(train, "w", encoding="utf-8") as f:
+        f.writelines(kept)
+    again = build_tokenizer(data_dir, cfg)
+    assert model_paths(data_dir, cfg)[0] == again.src_path  # the same file, trained on other text
+    cached = load_tokenized(data_dir, "train", again).src.to_pylist()
+    assert cached == again.encode_src([pair.src for pair in read_tsv(train)]) and len(cached) == len(kept)

@@ -163,7 +163,11 @@ def build_tokenized(tsv: str, cache: str, stamp: str, key: str, tokenizer: Token
             batched=True,
             batch_size=2000,
             num_proc=procs if procs > 1 else None,
-            fn_kwargs={"src_model": tokenizer.src_path, "tgt_model": tokenizer.tgt_path},
+            fn_kwargs={
+                "src_model": tokenizer.src_path,
+                "tgt_model": tokenizer.tgt_path,
+                "models": tokenizer.fingerprint(),
+            },
             features=datasets.Features(
                 {
                     **features,
@@ -194,12 +198,15 @@ def _tsv_rows(path: str):
 
 
 @lru_cache(maxsize=4)
-def _processor(path: str):
+def _processor(path: str, digest: str):
+    """The SentencePiece model at ``path`` whose file hashes to ``digest``: a tokenizer trained again in place (the
+    corpus changed, in a process that prepares twice) is loaded again, not served from the cache."""
     import sentencepiece as spm
 
     return spm.SentencePieceProcessor(model_file=path)
 
 
-def _encode_rows(batch: dict, src_model: str, tgt_model: str) -> dict:
-    src, tgt = _processor(src_model).encode(batch["src"]), _processor(tgt_model).encode(batch["tgt"])
+def _encode_rows(batch: dict, src_model: str, tgt_model: str, models: dict) -> dict:
+    src = _processor(src_model, models["src"]).encode(batch["src"])
+    tgt = _processor(tgt_model, models["tgt"]).encode(batch["tgt"])
     return {**batch, "src_ids": src, "tgt_ids": tgt, "src_len": [len(s) for s in src], "tgt_len": [len(t) for t in tgt]}
