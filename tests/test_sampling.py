@@ -52,6 +52,13 @@ def test_top_p_keeps_the_fewest_most_probable_tokens_that_reach_p():
     assert kept(top_p_filter(logp, 0.85)) == [1, 2, 3]  # 0.5 + 0.3 + 0.15 = 0.95
     assert kept(top_p_filter(logp, 0.96)) == [0, 1, 2, 3]
     assert kept(top_p_filter(logp, 0.01)) == [1]  # the most probable always
+    # the tokens kept reach p exactly (sums a float holds exactly): not one token more (two were kept, then three)
+    for split, p, want in (
+        ([0.5, 0.4, 0.1], 0.5, [0]),
+        ([0.25, 0.5, 0.25], 0.75, [0, 1]),
+        ([0.125, 0.5, 0.375], 0.875, [1, 2]),
+    ):
+        assert kept(top_p_filter(torch.tensor([split]).log(), p)) == want, split
     # rows are cut each on its own, and the scores kept are unchanged
     rows = torch.tensor([[0.7, 0.1, 0.1, 0.1], [0.25, 0.25, 0.25, 0.25]]).log()
     cut = top_p_filter(rows, 0.6)

@@ -15,7 +15,8 @@ def length_penalty(length: int, alpha: float) -> float:
 def coverage_penalty(coverage: torch.Tensor, beta: float) -> torch.Tensor:
     """GNMT's coverage penalty (Wu et al. 2016, eq. 14), per row of ``coverage`` (rows, source positions: the
     attention each position got, summed over the target steps): cp = β Σ_i log(min(Σ_j p_ij, 1)), ≤ 0, lowest for
-    a hypothesis that leaves source positions unread. Positions never attended (padding) count 0, as
-    CTranslate2's coverage_penalty counts them."""
+    a hypothesis that leaves source positions unread. Positions never attended count 0, as CTranslate2's
+    coverage_penalty counts them (GNMT's log 0 is −∞): padding, and with local attention the words outside every
+    window."""
     read = coverage.clamp(max=1.0).log().masked_fill_(coverage <= 0, 0.0)
     return beta * read.sum(-1)

@@ -28,7 +28,9 @@ def top_p_filter(logp: torch.Tensor, p: float) -> torch.Tensor:
         return logp
     ordered, order = logp.sort(dim=-1, descending=True)
     probs = ordered.softmax(-1)
-    before = probs.cumsum(-1) - probs  # the probability of the tokens ranked above each
+    # the probability of the tokens ranked above each, summed without subtracting (cumsum - probs rounds a sum that
+    # is exactly p to just under it: 0.5, 0.4, 0.1 at p = 0.5 kept two)
+    before = torch.cat([probs.new_zeros(*probs.shape[:-1], 1), probs[..., :-1].cumsum(-1)], -1)
     drop = torch.zeros_like(before, dtype=torch.bool).scatter_(-1, order, before >= p)  # in vocabulary order
     return logp.masked_fill(drop, float("-inf"))
 
