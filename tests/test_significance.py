@@ -63,6 +63,8 @@ def test_the_p_values_and_intervals_are_sacrebleus_own(tmp_path, genesis_pairs):
 
 def test_sentence_wins_count_higher_lower_and_equal_sentence_bleu_to_the_hundredth():
     assert sentence_wins([10.0, 5.0, 7.004, 0.0], [9.0, 6.5, 7.0, 0.0]) == {"better": 1, "worse": 1, "same": 2}
+    # as the explorer shows them: 1.43 against 1.42 is higher, though they are 0.0036 apart (it was "the same")
+    assert sentence_wins([1.4267, 0.0006], [1.4231, 0.0]) == {"better": 1, "worse": 0, "same": 1}
     with pytest.raises(ValueError):  # a sentence without its baseline is a caller's bug, never a silent zip
         sentence_wins([1.0, 2.0], [1.0])
 
