@@ -334,3 +334,13 @@ def test_pharaoh_round_trip_and_bible_links(tmp_path):
     assert read_pharaoh(str(path)) == [links[ref] for ref in REFS]
     assert sum(len(sure) for sure, _ in links.values()) > 300
     assert sum(len(possible) for _, possible in links.values()) > 1000
+
+
+def test_verses_one_versification_lacks_are_left_out_not_an_error():
+    """The WEB has Tobit, 3John.1.15 and Rev.12.18; the RV1909 none of them: from the WEB to the RV1909 only the
+    verses both have pair up (asking the RV1909 for Tobit raised pysword's ValueError, data.src_module=engWEB2015eb
+    data.tgt_module=spaRV1909eb stopped with a traceback)."""
+    refs = ["Gen.1.1", "Tob.1.1", "3John.1.15", "Rev.12.18", "Rev.22.21"]
+    assert list(bible_links(SWORD, WEB, RV, refs)) == ["Gen.1.1", "Rev.22.21"]
+    src, tgt = osis.shared_verses(SWORD, WEB, RV, refs)
+    assert list(src) == list(tgt) == ["Gen.1.1", "Rev.22.21"] and "God" in clean_osis(src["Gen.1.1"])

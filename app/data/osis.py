@@ -114,17 +114,31 @@ def _open_bible(sword_path: str, module: str):
     return bible
 
 
+def verse_refs(sword_path: str, module: str) -> list[str]:
+    """The OSIS references of every verse of a module's versification, in its order."""
+    return [
+        f"{book.osis_name}.{chapter}.{verse}"
+        for books in _open_bible(sword_path, module).get_structure().get_books().values()
+        for book in books
+        for chapter in range(1, book.num_chapters + 1)
+        for verse in range(1, book.chapter_lengths[chapter - 1] + 1)
+    ]
+
+
+def shared_verses(sword_path: str, src_module: str, tgt_module: str, refs: Optional[Iterable[str]] = None):
+    """(source verses, target verses) of the references both modules' versifications have (of ``refs``, or of
+    every verse of the source): versifications differ (the WEB has the deuterocanon and 3John.1.15, the
+    RV1909 neither; a New Testament lacks Genesis), and asking a module for a verse it lacks is an error."""
+    src = raw_verses(sword_path, src_module, refs)
+    held = set(verse_refs(sword_path, tgt_module))
+    tgt = raw_verses(sword_path, tgt_module, [ref for ref in src if ref in held])
+    return {ref: verse for ref, verse in src.items() if ref in tgt}, tgt
+
+
 def raw_verses(sword_path: str, module: str, refs: Optional[Iterable[str]] = None) -> dict[str, str]:
     """OSIS markup of verses keyed by OSIS reference ("Gen.1.1"); all verses unless ``refs`` is given."""
     bible = _open_bible(sword_path, module)
-    if refs is None:
-        refs = [
-            f"{book.osis_name}.{chapter}.{verse}"
-            for books in bible.get_structure().get_books().values()
-            for book in books
-            for chapter in range(1, book.num_chapters + 1)
-            for verse in range(1, book.chapter_lengths[chapter - 1] + 1)
-        ]
+    refs = verse_refs(sword_path, module) if refs is None else refs
     verses = {}
     for ref in tqdm(list(refs), desc=f"reading {module}", unit="verse", leave=False, mininterval=2):
         book, chapter, verse = ref.split(".")

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from app.config.schema import DataConfig
 from app.data.links import check_within, reversed_links
-from app.data.osis import clean_osis, raw_verses
+from app.data.osis import clean_osis, shared_verses
 from app.data.strongs import pharaoh_line, strong_links, tagged_words
 from app.data.text_files import check_file, text_lines
 from app.run.errors import UserError
@@ -91,8 +91,7 @@ def with_links(pairs: Iterable[Pair], path: str) -> Iterator[Pair]:
 def read_bible(cfg: DataConfig) -> Splits:
     """Verse pairs by OSIS reference; with data.reference_links, each with the links between words that
     carry the same Strong's number (app/data/strongs.py)."""
-    src = raw_verses(cfg.sword_path, cfg.src_module)
-    tgt = raw_verses(cfg.sword_path, cfg.tgt_module, refs=list(src))
+    src, tgt = shared_verses(cfg.sword_path, cfg.src_module, cfg.tgt_module)
 
     def pair(ref: str) -> Pair:
         if not cfg.reference_links:
@@ -100,8 +99,7 @@ def read_bible(cfg: DataConfig) -> Splits:
         (src_text, src_tags), (tgt_text, tgt_tags) = tagged_words(src[ref]), tagged_words(tgt[ref])
         return Pair(ref, src_text, tgt_text, pharaoh_line(*strong_links(src_tags, tgt_tags)))
 
-    # Versifications differ (WEB adds the deuterocanon); only references present in both pair up.
-    return {"train": (pair(ref) for ref in src if ref in tgt), "dev": None, "test": None}
+    return {"train": (pair(ref) for ref in src), "dev": None, "test": None}
 
 
 # --- local files ---------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from functools import cache
 from typing import Optional
 
-from app.data.osis import clean_osis_context, raw_verses
+from app.data.osis import clean_osis_context, shared_verses
 
 Links = set[tuple[int, int]]
 
@@ -91,6 +91,5 @@ def bible_links(
     """(sure, possible) links of each verse pair of two SWORD modules, keyed by OSIS reference, over
     ``refs`` or every verse of the source module. Word indices count the words of ``clean_osis``'s
     texts, which are those of ``read_bible``'s pairs."""
-    src_raw = raw_verses(sword_path, src_module, refs)
-    tgt_raw = raw_verses(sword_path, tgt_module, list(src_raw))
+    src_raw, tgt_raw = shared_verses(sword_path, src_module, tgt_module, refs)
     return {ref: strong_links(tagged_words(src_raw[ref])[1], tagged_words(tgt_raw[ref])[1]) for ref in src_raw}
