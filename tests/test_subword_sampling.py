@@ -35,6 +35,8 @@ def test_each_epoch_draws_one_variant_per_pair_from_seed_and_epoch_alone():
     src_lens, tgt_lens = seg.lengths(3)
     assert np.array_equal(src_lens, seg.src_lens[rows]) and np.array_equal(tgt_lens, src_lens + 1)
     assert seg.rows_of(3, [5, 0]) == [int(rows[5]), int(rows[0])]
+    negative = segmentations(seed=-1).rows(3)  # train.seed=-1 trains without sampling: with it too (a ValueError)
+    assert sorted(negative % seg.pairs) == list(range(seg.pairs)) and not np.array_equal(negative, rows)
 
 
 def test_one_variant_is_the_split_itself():

@@ -71,7 +71,8 @@ class TrainSegmentations:
         if epoch not in self._epochs:
             pairs = np.arange(self.pairs)
             if self.variants > 1:
-                drawn = np.random.default_rng([self.seed, epoch]).integers(self.variants, size=self.pairs)
+                # train.seed may be negative (seed_everything takes it modulo 2**32); numpy's seeds may not
+                drawn = np.random.default_rng([self.seed % 2**32, epoch]).integers(self.variants, size=self.pairs)
                 pairs = drawn * self.pairs + pairs
             # the prefetch thread may cut the next epoch while the loop trains on this one: keep both
             self._epochs = {e: v for e, v in self._epochs.items() if e >= epoch - 1}
