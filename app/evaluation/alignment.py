@@ -25,7 +25,6 @@ from app.evaluation.extraction import (
     read_words,
 )
 from app.evaluation.views import plotted_view
-from app.models.api import AnySeq2Seq
 from app.run.errors import UserError
 
 
@@ -219,31 +218,6 @@ def fitting(model, src: list[list[int]], tgt: list[list[int]]) -> list[int]:
     """The pairs whose source and target (each with its ``</s>``) fit the model's positions, and neither empty."""
     limit = getattr(model, "max_positions", None) or float("inf")
     return [i for i, (s, t) in enumerate(zip(src, tgt)) if s and t and len(s) < limit and len(t) < limit]
-
-
-def score_alignments(
-    model: AnySeq2Seq,
-    data,
-    gold: list[tuple[set, set]],
-    tokenizer,
-    device,
-    dtype,
-    batch_tokens: int,
-    keep: int = 0,
-    scope: str = "all",
-    progress: str = "",
-) -> tuple[Optional[AlignmentScore], dict]:
-    """Every reading of the teacher-forced attention of ``data`` (a ParallelData) scored against ``gold``
-    (per pair: sure, possible links; ``scope`` as AlignmentScore's), and the attention of the first
-    ``keep`` pairs (float16: for plots and the explorer). None, {} for a model without attention.
-    ``progress``: a progress bar's title (none without)."""
-    if len(gold) != len(data):
-        raise UserError(f"{len(data)} sentences to align but the reference links have {len(gold)} lines")
-    texts = (data.src_texts, data.tgt_texts)
-    read, kept = read_direction(
-        model, tokenizer, data.src, data.tgt, texts, device, dtype, batch_tokens, None, keep, progress
-    )
-    return (None if read is None else read.score(gold, scope)), kept
 
 
 @dataclass
