@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -12,7 +13,10 @@ import pytest
 import torch
 from conftest import REPO, TINY, compose_config
 
+from app.run.errors import TrainingInterrupted
+from app.train import closing_average
 from app.train import trainer as training
+from app.train.stop_rules import StopNow
 
 pytestmark = [pytest.mark.slow, pytest.mark.wall_clock]  # toy trainings, timed against their budgets
 
@@ -63,6 +67,27 @@ def test_the_time_budget_includes_the_closing_validation(workdir, closing_averag
     # longer on a loaded machine, that overrun is the machine's, not a budget left unreserved
     overrun = max(0.0, summary["average"]["seconds"] - validation) if closing_average else 0.0
     assert elapsed <= budget + 0.5 * validation + 1.0 + 0.3 + overrun, (summary, state)  # 0.3: rounding
+
+
+def test_a_run_out_of_budget_and_cut_off_in_its_closing_average_stops_again_when_resumed(workdir, monkeypatch):
+    """A signal in the closing average's validation (StopNow, as a signal raises it there) after the budget stopped
+    training: the resume, the same command plus train.resume=true, keeps the closing work's time as the run did after
+    each step, and closes the run at the step it stopped at, where it used to train on."""
+    budget = 6.0  # a loaded machine makes a few steps of it: a snapshot of every one, so that two are averaged
+    limits = ["train.max_steps=100000", f"train.max_minutes={budget / 60}", "train.patience=0"]
+    args = [*limits, "train.eval_every=4", "train.save_every=1", "train.average_snapshots=2"]
+
+    def signalled(*args, **kwargs):
+        raise StopNow(signal.SIGTERM)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(closing_average, "validate", signalled)
+        with pytest.raises(TrainingInterrupted):
+            training.train(config(workdir / "run", *args))
+    stopped = torch.load(workdir / "run" / "last.pt", weights_only=True)["progress"]["step"]
+    summary = training.train(config(workdir / "run", *args, "train.resume=true"))
+    assert summary["steps"] == stopped and summary["stopped"] == f"time budget of {budget / 60} min", summary
+    assert summary["average"]["steps"][-1] == stopped
 
 
 def test_a_run_says_how_long_its_budget_takes_at_the_measured_speed(workdir, capsys):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import Any, Optional
@@ -98,6 +99,7 @@ class TrainingState:
     vocab: dict  # the tokenizer's fingerprint
     device: torch.device
     ema: Optional[ExponentialAverage] = None  # train.ema_decay
+    clock: Optional[Callable[[], float]] = None  # the training loop's seconds so far: what a checkpoint records
     progress: Progress = field(default_factory=lambda: Progress(started=datetime.now().isoformat(timespec="seconds")))
 
     def __post_init__(self) -> None:
@@ -115,7 +117,7 @@ class TrainingState:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "schedule": self.schedule.state_dict(),
-            "progress": asdict(self.progress),
+            "progress": asdict(self.progress) | self.written_at(),
             "config": self.config,
             "vocab": self.vocab,
             "rng": rng_state(self.device),
@@ -125,6 +127,11 @@ class TrainingState:
         if rng_ranks and len(rng_ranks) > 1:
             state["rng_ranks"] = rng_ranks  # each rank's dropout stream, for an exact resume under DDP
         return state
+
+    def written_at(self) -> dict:
+        """The loop's seconds as the checkpoint is made, its step's and that step's validation's included (the
+        progress's own ``elapsed_seconds`` is set after both): where a resumed run's time budget goes on from."""
+        return {} if self.clock is None else {"elapsed_seconds": self.clock()}
 
     def snapshot(self) -> dict:
         """A checkpoint without the optimizer's state (AdamW's two moment estimates per parameter) nor, with a
@@ -251,7 +258,7 @@ def check_settings(cfg: Config, last_path: str, world: int, resume: bool) -> Non
 
 
 # settings that change how the corpus is made, not what it is: data.num_proc (tokenizing processes), tokenizer.dir
-# (train.init_from sets it to the run a fine-tuning starts from, after this check)
+# (where the SentencePiece model is read from: the resume compares the vocabulary itself, check_compatible)
 NOT_THE_CORPUS = ("data.num_proc", "tokenizer.dir")
 
 

@@ -21,6 +21,7 @@ import torch
 
 from app.config.schema import TrainConfig
 from app.run import distributed
+from app.train.state import BEST_METRICS
 
 
 class StopNow(BaseException):
@@ -146,6 +147,11 @@ class StopRules:
         if self.max_epochs and epochs >= self.max_epochs:
             return f"max_epochs ({self.max_epochs})"
         return f"time budget of {self.max_minutes} min" if out_of_time else None
+
+
+def early_stopping(t: TrainConfig) -> str:
+    """Why a run that early stopping ends stops."""
+    return f"early stopping (no dev {BEST_METRICS[t.best_metric]} gain in {t.patience} validations)"
 
 
 def resume_hint() -> str:

@@ -42,8 +42,9 @@ from app.train.ema import ExponentialAverage
 from app.train.init_from import starting_point
 from app.train.master_weights import MasterWeights
 from app.train.metrics_window import MetricsWindow, progress_postfix, report_skips
-from app.train.state import BEST_METRICS, Progress, TrainingState, check_settings, resuming
-from app.train.stop_rules import StopNow, StopRequest, StopRules, abortable, stopped
+from app.train.resumed_step import start_loop
+from app.train.state import Progress, TrainingState, check_settings, resuming
+from app.train.stop_rules import StopNow, StopRequest, StopRules, abortable, early_stopping, stopped
 from app.train.summary import (
     CompileWatch,
     LoopClock,
@@ -83,9 +84,9 @@ class Trainer:
         self.last_path, self.best_path = os.path.join(self.run_dir, "last.pt"), os.path.join(self.run_dir, "best.pt")
         self.rank, self.world, self.main = distributed.rank(), distributed.world_size(), distributed.is_main()
         self.dtype = amp_dtype(cfg.train.amp, device)
-        fingerprint = data.tokenizer.fingerprint()
+        vocab = data.tokenizer.fingerprint()
         self.ema = ExponentialAverage(model, cfg.train.ema_decay) if cfg.train.ema_decay else None
-        self.state = TrainingState(model, optimizer, scheduler, schedule, cfg, fingerprint, device, self.ema)
+        self.state = TrainingState(model, optimizer, scheduler, schedule, cfg, vocab, device, self.ema, self.elapsed)
         if resume:
             self.state.restore(self.last_path, self.rank, self.world)
         elif self.world > 1:  # same initial weights (DDP broadcasts rank 0's), different dropout per rank
@@ -260,8 +261,7 @@ class Trainer:
             try:
                 if self.main:
                     record_start(self)
-                finished, out_of_time = self.schedule.epochs_finished(), self.limits.out_of_time(p.elapsed_seconds)
-                stop_reason = self.limits.reached(p.step, finished, out_of_time)  # a resumed run may be done
+                stop_reason = start_loop(self)  # a resumed run's owed validation and snapshot; it may be done
                 updates = Prefetcher(iter(self.schedule), self.prepare) if stop_reason is None else None
                 stop_reason = self.loop(updates if updates is not None else iter(()), stop, stop_reason, clock)
                 self.close_run()
@@ -290,8 +290,7 @@ class Trainer:
             if crossed(cfg.train.eval_every, before):
                 self.last_eval_step = p.step
                 if self.validate():
-                    metric = BEST_METRICS[cfg.train.best_metric]
-                    stop_reason = f"early stopping (no dev {metric} gain in {cfg.train.patience} validations)"
+                    stop_reason = early_stopping(cfg.train)
             if crossed(cfg.train.save_every, before):
                 self.save()
             p.elapsed_seconds = self.elapsed()
@@ -364,8 +363,8 @@ def build_trainer(cfg: Config, model: Optional[Family] = None, quiet: bool = Fal
     world, rank = distributed.world_size(), distributed.rank()
     last_path = os.path.join(cfg.run_dir, "last.pt")
     resume = resuming(cfg.train, last_path)
+    start = starting_point(cfg, resume)  # train.init_from: its tokenizer (which a resume compares), then its weights
     check_settings(cfg, last_path, world, resume)  # before any data work
-    start = starting_point(cfg, resume)  # train.init_from: its tokenizer, then its weights
     accum = accumulation_steps(cfg.train, world)
     seed_everything(cfg.train.seed)
     if distributed.is_main() and cfg.train.eval_every > 0:
