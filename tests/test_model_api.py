@@ -35,6 +35,25 @@ def test_every_family_and_the_ensemble_decode_through_the_api(family):
     assert isinstance(state, KVCached) == (family.startswith("transformer") or family == "ensemble")
 
 
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.startswith("transformer")])
+def test_a_beam_reordered_after_the_steps_it_was_started_for_keeps_its_cache(family):
+    """Beam search reorders after every step, its last one included: on a GPU, which looks for finished sentences
+    every 8 steps, a sentence that runs to its length limit reaches a reorder after the steps ``start`` was given.
+    The cache's exact layout asked for one position more than its storage held: a RuntimeError (setStorage out of
+    bounds). The state after it decodes on as one started for more steps."""
+    model, src, beam = real_model(family), sources(), 2
+    memory, rows = model.encode(src), src.size(0) * beam
+    order = torch.arange(rows).flip(0)
+    logits = {}
+    for steps in (2, 4):
+        state, prev = model.start(memory, beam, steps=steps), torch.full((rows,), BOS)
+        for _ in range(3):
+            out, _, state = model.step(memory, prev, state)
+            state, prev = state.select(order), out.argmax(-1)[order]
+        logits[steps] = out
+    assert torch.allclose(logits[2], logits[4], atol=1e-5)
+
+
 def test_a_model_missing_a_member_of_the_api_is_not_one():
     class NoStep(torch.nn.Module):
         def encode(self, src, src_mask=None):

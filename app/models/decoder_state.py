@@ -156,6 +156,9 @@ class DecoderState:
         rows, written = index.size(0), self.length
         compacted = rows != self.rows
         capacity = written + 1 if self.exact else self.capacity
+        size = self.layer_count * 2 * rows * self.kv_heads * capacity * self.d_head
+        if self.spare.numel() < size:  # exact, past the steps said: beam search reorders after its last step too
+            self.spare = self.spare.new_empty(size)
         # the positions not written yet hold nothing to keep: gather the written ones only
         gathered = self.layout(self.spare, rows, capacity)
         cache = self.cache if written == self.capacity else self.cache[..., :written, :]
