@@ -104,7 +104,7 @@ ERRORS = [
         "a negative coverage penalty",
         files(),
         ["decode.coverage_penalty=-0.2"],
-        ["decode.coverage_penalty=-0.2 must be >= 0 (0: off)"],
+        ["decode.coverage_penalty=-0.2 must be in [0, 10] (GNMT's β; 0: off)"],
     ),
     (
         "sampling with a beam",
@@ -118,7 +118,12 @@ ERRORS = [
         ["decode.sampling_topp=0"],
         ["decode.sampling_topp=0.0 must be in (0, 1] (1: no cut)"],
     ),
-    ("a zero temperature", files(), ["decode.sampling_temperature=0"], ["decode.sampling_temperature=0.0 must be > 0"]),
+    (
+        "a zero temperature",
+        files(),
+        ["decode.sampling_temperature=0"],
+        ["decode.sampling_temperature=0.0 must be in [0.001, 1000]"],
+    ),
     ("a negative top-k", files(), ["decode.sampling_topk=-2"], ["decode.sampling_topk=-2 must be >= 0"]),
     (
         "an ensemble to prepare",

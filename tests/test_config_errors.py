@@ -213,7 +213,30 @@ OUT_OF_RANGE = [
         "decode.n_best=5 must be <= decode.mbr_candidates=4: the candidates ranked",
     ),
     (["decode.sampling_epsilon=1"], "decode.sampling_epsilon=1.0 must be in [0, 1) (0: no cut)"),
-    (["decode.max_len_extra=-1"], "decode.max_len_extra=-1 must be >= 0: pieces the output may have beyond the ratio"),
+    (["decode.max_len_extra=-1"], "decode.max_len_extra=-1 must be in [0, 100000]: pieces beyond the ratio"),
+    # a traceback in the beam search (no hypothesis with a finite score), in the cache's allocation (a length limit
+    # past int64), or garbage with exit status 0 (a temperature of nan: the last piece of the vocabulary, repeated)
+    (["decode.length_penalty=nan"], "decode.length_penalty=nan must be in [-10, 10] (GNMT's α; 0: off)"),
+    (["decode.length_penalty=1000"], "decode.length_penalty=1000.0 must be in [-10, 10] (GNMT's α; 0: off)"),
+    (["decode.coverage_penalty=inf"], "decode.coverage_penalty=inf must be in [0, 10] (GNMT's β; 0: off)"),
+    (["decode.sampling_temperature=nan"], "decode.sampling_temperature=nan must be in [0.001, 1000]"),
+    (["decode.sampling_temperature=1e-300"], "decode.sampling_temperature=1e-300 must be in [0.001, 1000]"),
+    (["decode.max_len_ratio=inf"], "decode.max_len_ratio=inf must be in [0, 100]: a limit per source piece"),
+    (
+        ["decode.max_len_extra=9223372036854775807"],
+        "decode.max_len_extra=9223372036854775807 must be in [0, 100000]: pieces beyond the ratio",
+    ),
+    (
+        ["decode.max_len_ratio=0", "decode.max_len_extra=0"],
+        "decode.max_len_ratio=0 with decode.max_len_extra=0 limits every output to 0 pieces",
+    ),
+    (
+        ["eval.length_buckets=[30,10,-5]"],  # its figures counted 26 sentences of a 14-sentence split, status 0
+        "eval.length_buckets=[30, 10, -5] must be source lengths in words, each >= 1 and larger than the one before: "
+        "the buckets' edges (e.g. [10,20,30])",
+    ),
+    (["bench.steps=1"], "bench.steps=1 must be >= 2: the timed steps, in two rounds"),  # an AssertionError at the end
+    (["bench.decode_rounds=0"], "bench.decode_rounds=0 must be >= 1: decodings timed"),
     (["decode.batch_tokens=0"], "decode.batch_tokens=0 must be >= 1: tokens of a decoding batch"),
 ]
 
@@ -237,7 +260,10 @@ def test_a_number_out_of_its_range_is_refused_naming_the_setting(overrides, mess
         [RNN, "model.dropout=0", "model.activation_dropout=null", "model.enc_layers=1", "model.dec_layers=1"],
         ["data.dev_fraction=0", "data.test_fraction=0.99", "data.filters.max_ratio=0", "data.max_train_pairs=0"],
         ["data.filters.max_ratio=1", "data.filters.max_chars=1"],
-        ["decode.max_len_ratio=0", "decode.max_len_extra=0", "decode.batch_tokens=1", "decode.length_penalty=0"],
+        ["decode.max_len_ratio=0", "decode.max_len_extra=1", "decode.batch_tokens=1", "decode.length_penalty=0"],
+        ["decode.max_len_ratio=100", "decode.max_len_extra=100000", "decode.length_penalty=-10"],
+        ["decode.length_penalty=10", "decode.coverage_penalty=10", "decode.sampling_temperature=0.001"],
+        ["decode.sampling_temperature=1000", "eval.length_buckets=[1,2]", "eval.length_buckets=[]", "bench.steps=2"],
     ],
 )
 def test_the_ends_of_each_range_compose(overrides):

@@ -54,6 +54,7 @@ class DecodeConfig(Checked, section="decode"):
         ratio, extra = self.max_len_ratio, self.max_len_extra
         super().__post_init__()
         mbr, n_best, epsilon = self.mbr_candidates, self.n_best, self.sampling_epsilon
+        alpha, beta, temp = self.length_penalty, self.coverage_penalty, self.sampling_temperature
         rules = {  # the first one broken is the error
             f"decode.mbr_candidates={mbr} must be 0 (off) or >= 2: the candidates to choose among": mbr < 0 or mbr == 1,
             f"decode.mbr_candidates={mbr} chooses among the beam's {mbr} best: decode.beam_size must be >= {mbr} (it "
@@ -65,16 +66,21 @@ class DecodeConfig(Checked, section="decode"):
             f"decode.n_best={self.n_best} must be >= 1: hypotheses per input": self.n_best < 1,
             f"decode.no_repeat_ngram_size={ngram} must be >= 0 (0: off)": ngram < 0,
             f"decode.min_len={self.min_len} must be >= 0: the fewest pieces of a translation": self.min_len < 0,
-            f"decode.coverage_penalty={self.coverage_penalty} must be >= 0 (0: off)": not self.coverage_penalty >= 0,
+            # finite, and wide of what is used (GNMT: α 0.6-1, β 0.2-0.4): at inf, nan or α = 1000 no hypothesis
+            # keeps a finite score
+            f"decode.length_penalty={alpha} must be in [-10, 10] (GNMT's α; 0: off)": not -10 <= alpha <= 10,
+            f"decode.coverage_penalty={beta} must be in [0, 10] (GNMT's β; 0: off)": not 0 <= beta <= 10,
             "decode.sampling=true draws one hypothesis per sentence, a beam search does not draw: set "
             f"decode.beam_size=1 (it is {beam})": self.sampling and beam != 1,
             f"decode.sampling_topk={topk} must be >= 0 (0: the whole vocabulary)": topk < 0,
             f"decode.sampling_topp={topp} must be in (0, 1] (1: no cut)": not 0 < topp <= 1,
-            f"decode.sampling_temperature={self.sampling_temperature} must be > 0": self.sampling_temperature <= 0,
+            # below 0.001, log p / temperature is -inf for every token (greedy: decode.sampling=false)
+            f"decode.sampling_temperature={temp} must be in [0.001, 1000]": not 0.001 <= temp <= 1000,
             f"decode.sampling_epsilon={epsilon} must be in [0, 1) (0: no cut)": not 0 <= epsilon < 1,
             # an output's length limit: ratio × its source's length + extra pieces
-            f"decode.max_len_ratio={ratio} must be >= 0: the output's length limit per source piece": not ratio >= 0,
-            f"decode.max_len_extra={extra} must be >= 0: pieces the output may have beyond the ratio": extra < 0,
+            f"decode.max_len_ratio={ratio} must be in [0, 100]: a limit per source piece": not 0 <= ratio <= 100,
+            f"decode.max_len_extra={extra} must be in [0, 100000]: pieces beyond the ratio": not 0 <= extra <= 100_000,
+            "decode.max_len_ratio=0 with decode.max_len_extra=0 limits every output to 0 pieces": ratio == extra == 0,
             f"decode.batch_tokens={self.batch_tokens} must be >= 1: tokens of a decoding batch": self.batch_tokens < 1,
             f"decode.cuda_batch_tokens={self.cuda_batch_tokens} must be >= 1: tokens of a decoding batch on "
             "CUDA": self.cuda_batch_tokens < 1,
@@ -121,6 +127,12 @@ class EvalConfig(Checked, section="eval"):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        edges = self.length_buckets
+        if any(edge < 1 for edge in edges) or any(b <= a for a, b in zip(edges, edges[1:])):
+            raise UserError(
+                f"eval.length_buckets={list(edges)} must be source lengths in words, each >= 1 and larger than the "
+                "one before: the buckets' edges (e.g. [10,20,30])"
+            )
         if (self.source is None) != (self.target is None):
             raise UserError(
                 "eval.source and eval.target go together: give both files, or neither to evaluate eval.split"
@@ -228,6 +240,18 @@ class BenchConfig:
     ablate: bool = False  # also time training with each speed feature off in turn (and with train.compile)
     cpu_small: bool = True  # on a CPU, cap model, batch, steps and test sentences at a size benched in minutes
     serve: bool = False  # instead: requests/s and latency of make serve's API (app/bench/serving.py)
+
+    def __post_init__(self) -> None:
+        rules = {
+            f"bench.steps={self.steps} must be >= 2: the timed steps, in two rounds": self.steps < 2,
+            f"bench.warmup={self.warmup} must be >= 0: untimed steps first": self.warmup < 0,
+            f"bench.decode_sentences={self.decode_sentences} must be >= 0 (0: all)": self.decode_sentences < 0,
+            f"bench.decode_rounds={self.decode_rounds} must be >= 1: decodings timed": self.decode_rounds < 1,
+            f"bench.ct2_threads={self.ct2_threads} must be >= 0 (0: CTranslate2's default)": self.ct2_threads < 0,
+            f"bench.profile_steps={self.profile_steps} must be >= 0 (0: no profile)": self.profile_steps < 0,
+            f"bench.host_tokens={self.host_tokens} must be >= 1: tokens of host_step_ms's batch": self.host_tokens < 1,
+        }
+        check_rules(rules)
 
 
 @dataclass
