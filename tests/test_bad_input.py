@@ -75,6 +75,18 @@ ERRORS = [
         ["t.align:2: not valid UTF-8"],
     ),
     (
+        "a superscript digit in data.train_align",  # str.isdigit passes it, int does not: a ValueError traceback
+        files(**{"t.tsv": GOOD + GOOD.replace("Gen.1.1", "Gen.1.2"), "t.align": "0-0\n\u00b2-0\n"}),
+        ["data.train=t.tsv", "data.train_align=t.align"],
+        ["t.align:2: '\u00b2-0' is not an i-j or i?j alignment link"],
+    ),
+    (
+        "an empty part of data.train",  # it said ": file not found", naming neither the file nor the setting
+        files(**{"a.es": "hola\n"}),
+        ["data.train='a.es,'"],
+        ["data.train='a.es,': an empty file name"],
+    ),
+    (
         "a folder as data.train_align",
         files(**{"t.tsv": GOOD}),
         ["data.train=t.tsv", "data.train_align=."],

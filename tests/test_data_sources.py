@@ -371,6 +371,15 @@ def test_read_pharaoh_bad_files_are_one_line_errors(tmp_path, name, message):
         read_pharaoh(str(path))
 
 
+@pytest.mark.parametrize("link", ["1_0-0", "\u00b2-0", "0-\u0663", "-1-0", "0-1-2", "0:1"])
+def test_a_link_not_in_ascii_digits_is_refused_naming_its_line(tmp_path, link):
+    """int() read ``1_0`` as word 10 and Arabic-Indic ``٣`` as 3: a gold file's typo scored AER, status 0."""
+    path = tmp_path / "gold.align"
+    path.write_text(f"0-0\n{link} 1-1\n", encoding="utf-8")
+    with pytest.raises(UserError, match=re.escape(f"{path}:2: {link!r} is not an i-j or i?j alignment link")):
+        read_pharaoh(str(path))
+
+
 def test_read_pharaoh_counts_the_files_lines(tmp_path):
     path = tmp_path / "gold.align"
     path.write_bytes(b"\xef\xbb\xbf0-0 1?1\r\n0-0\r1-1\n\n")

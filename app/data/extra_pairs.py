@@ -65,7 +65,7 @@ def extra_pairs(
     filters; sharing its record of pairs seen, a copy of a corpus pair is a duplicate), turned round with the corpus
     (``data.reverse``) and tagged (``data.extra_tag``). ``dropped``, the counter ``clean`` fills, gains the pairs
     dropped here, by reason."""
-    for pair in read_parallel_file(str(cfg.extra_train), cfg.src_lang, cfg.tgt_lang):
+    for pair in read_parallel_file(str(cfg.extra_train), cfg.src_lang, cfg.tgt_lang, "data.extra_train"):
         if not pair.numbered and split_of_id(pair.id) != "train":
             dropped["held-out id"] += 1
             continue

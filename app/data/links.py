@@ -27,16 +27,21 @@ def read_pharaoh(path: str) -> list[tuple[set, set]]:
     for line_no, line in text_lines(path):
         sure, possible = set(), set()
         for link in line.split():
-            sep = link_sign(link)
-            try:
-                i, j = (int(x) for x in link.split(sep))
-            except ValueError:
-                raise UserError(f"{path}:{line_no}: {link!r} is not an i-j or i?j alignment link") from None
+            i, j = link_words(link, f"{path}:{line_no}")
             possible.add((i, j))
-            if sep == "-":
+            if link_sign(link) == "-":
                 sure.add((i, j))
         gold.append((sure, possible))
     return gold
+
+
+def link_words(link: str, where: str) -> tuple[int, int]:
+    """The word numbers (i, j) of a Pharaoh link ``i-j`` or ``i?j``, in ASCII digits only (``int`` also reads
+    ``1_0`` as 10, and ``str.isdigit`` passes ``²``); else a UserError naming ``where`` (file:line)."""
+    i, sep, j = link.partition(link_sign(link))
+    if not (sep and i.isascii() and i.isdigit() and j.isascii() and j.isdigit()):
+        raise UserError(f"{where}: {link!r} is not an i-j or i?j alignment link")
+    return int(i), int(j)
 
 
 def link_sign(link: str) -> str:

@@ -18,7 +18,7 @@ from itertools import zip_longest
 from typing import Any, Optional
 
 from app.config.schema import DataConfig
-from app.data.links import check_within, reversed_links
+from app.data.links import check_within, link_words, reversed_links
 from app.data.osis import clean_osis, shared_verses
 from app.data.strongs import pharaoh_line, strong_links, tagged_words
 from app.data.text_files import check_file, text_lines
@@ -75,12 +75,7 @@ def with_links(pairs: Iterable[Pair], path: str) -> Iterator[Pair]:
                 f"{path}: {'more' if pair is None else 'fewer'} lines than data.train has pairs "
                 f"(they differ from line {n} on)"
             )
-        links = []
-        for link in line.split():
-            i, sep, j = link.partition("-") if "-" in link else link.partition("?")
-            if not (sep and i.isdigit() and j.isdigit()):
-                raise UserError(f"{path}:{n}: {link!r} is not an i-j or i?j alignment link")
-            links.append((int(i), int(j)))
+        links = [link_words(link, f"{path}:{n}") for link in line.split()]
         check_within(f"{path}:{n}", links, pair.src, pair.tgt)
         yield replace(pair, links=" ".join(line.split()))
 
@@ -208,11 +203,15 @@ def _read_text_pair(src_path: str, tgt_path: str) -> Iterator[Pair]:
         yield Pair(f"{name}:{i}", s[1], t[1], numbered=True)
 
 
-def read_parallel_file(spec: str, src_lang: str = "src", tgt_lang: str = "tgt") -> Iterator[Pair]:
+def read_parallel_file(spec: str, src_lang: str = "src", tgt_lang: str = "tgt", setting: str = "") -> Iterator[Pair]:
     """``a.tsv`` | ``a.jsonl`` | ``a.es,a.en`` (two line-aligned plain-text files), read lazily; the
-    paths are checked at once, the contents while the pairs are read."""
+    paths are checked at once, the contents while the pairs are read. ``setting``: the one that gave ``spec``
+    (data.train), which its errors name."""
     paths = spec.split(",")
     for path in paths:
+        if not path.strip():
+            given = f"{setting}={spec!r}" if setting else repr(spec)
+            raise UserError(f"{given}: an empty file name; give one .tsv/.jsonl file or two plain-text files, a,b")
         check_file(path)
         if os.path.getsize(path) == 0:
             raise UserError(f"{path}: file is empty")
@@ -229,7 +228,9 @@ def read_files(cfg: DataConfig) -> Splits:
     if not cfg.train:
         raise UserError("data.train is not set: give a .tsv, .jsonl or 'src.txt,tgt.txt' path")
     return {
-        split: read_parallel_file(getattr(cfg, split), cfg.src_lang, cfg.tgt_lang) if getattr(cfg, split) else None
+        split: read_parallel_file(spec, cfg.src_lang, cfg.tgt_lang, f"data.{split}")
+        if (spec := getattr(cfg, split))
+        else None
         for split in SPLITS
     }
 
