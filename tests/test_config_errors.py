@@ -167,6 +167,14 @@ OUT_OF_RANGE = [
     (["model.heads=0"], "model.heads=0 must be at least 1 (attention heads)"),
     (["model.dropout=1.5"], "model.dropout=1.5 must be in [0, 1): a probability of dropping, 0 for none"),
     (["model.max_len=1"], "model.max_len=1 must be at least 2: a sentence takes max_len - 1 pieces"),
+    (  # it guided and copied through layer 1 (3 % 2), silently
+        ["model.align_layer=3", "model.dec_layers=2"],
+        "model.align_layer=3: this model has 2 decoder layers; give -2 to 1 (-2: the penultimate)",
+    ),
+    (
+        ["model.align_layer=-3", "model.dec_layers=1"],
+        "model.align_layer=-3: this model has 1 decoder layer; give -1 to 0 (-2: the penultimate)",
+    ),
     ([RNN, "model.dec_layers=0"], "model.dec_layers=0 must be at least 1 (decoder layers)"),
     ([RNN, "model.emb_dim=0"], "model.emb_dim=0 must be at least 1 (the embeddings' width)"),
     (
@@ -257,6 +265,9 @@ def test_a_number_out_of_its_range_is_refused_naming_the_setting(overrides, mess
         ["tokenizer.vocab_size=6", "tokenizer.character_coverage=0.98", "tokenizer.max_sentence_length=10"],
         ["tokenizer.input_sentence_size=0", "tokenizer.character_coverage=1"],
         ["model.dropout=0", "model.attention_dropout=0", "model.activation_dropout=0", "model.max_len=2"],
+        ["model.dec_layers=1"],  # the default align_layer -2: its one layer
+        ["model.dec_layers=3", "model.align_layer=-3"],
+        ["model.dec_layers=3", "model.align_layer=2"],
         [RNN, "model.dropout=0", "model.activation_dropout=null", "model.enc_layers=1", "model.dec_layers=1"],
         ["data.dev_fraction=0", "data.test_fraction=0.99", "data.filters.max_ratio=0", "data.max_train_pairs=0"],
         ["data.filters.max_ratio=1", "data.filters.max_chars=1"],

@@ -106,6 +106,17 @@ def rnn_rules(m: Any) -> dict[str, bool]:
     }
 
 
+def check_align_layer(layer: int, layers: int) -> None:
+    """``model.align_layer`` within a Transformer's ``layers`` decoder layers (negative: counted from the last; the
+    default -2, the penultimate, is a one-layer decoder's one layer), else a UserError: guided alignment and the
+    pointer-generator would read another layer than the one given."""
+    if not -layers <= layer < layers and not (layer == -2 and layers == 1):
+        raise UserError(
+            f"model.align_layer={layer}: this model has {layers} decoder layer{'s' * (layers > 1)}; give {-layers} "
+            f"to {layers - 1} (-2: the penultimate)"
+        )
+
+
 def check_layer(layer: int, model_cfg) -> None:
     """``viz.layer`` within a Transformer's decoder layers (negative: counted from the last), else a UserError: an
     export would bake a layer that is not there into its model (CTranslate2 then crashes reading it), plots

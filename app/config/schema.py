@@ -27,7 +27,7 @@ from app.config.commands import (
     VizConfig,
 )
 from app.config.corpus_folder import corpus_folder, corpus_name
-from app.config.ranges import check_model_ranges, check_rules, rnn_rules, train_rules
+from app.config.ranges import check_align_layer, check_model_ranges, check_rules, rnn_rules, train_rules
 from app.run.errors import UserError
 
 # A setting left unset (None) in the composed configuration and derived from the others in __post_init__: OmegaConf
@@ -196,12 +196,14 @@ class TransformerConfig(Checked, section="model"):
     window: int = 0  # encoder self-attention sees only tokens within this distance; 0 = the whole sentence
     max_len: int = 1024
     tie_embeddings: bool = True  # decoder input/output (and encoder input with a joint vocab)
-    align_layer: int = -2  # the decoder layer whose head 0 train.align_weight guides (Garg et al.: the penultimate)
+    # the decoder layer whose head 0 train.align_weight guides (Garg et al.: the penultimate; negative: from the last)
+    align_layer: int = -2
     copy_attention: bool = False  # the pointer-generator (app/models/copy.py) through align_layer's mean of heads
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_model_ranges(self, ("d_model", "heads", "enc_layers", "dec_layers", "ff_dim"))
+        check_align_layer(self.align_layer, self.dec_layers)
         if self.max_len < 2:
             raise UserError(f"model.max_len={self.max_len} must be at least 2: a sentence takes max_len - 1 pieces")
 
