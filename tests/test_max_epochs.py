@@ -19,7 +19,7 @@ from app.train.update import make_optimizer
 
 def test_the_run_says_how_long_its_epochs_take():
     """After its first steps a run says what its limits mean at the measured speed: the epochs, where they end
-    before train.max_steps (about where: the current epoch's updates an epoch)."""
+    before train.max_steps (where: each epoch's own updates counted)."""
     schedule = BatchSchedule([5] * 100, [6] * 100, 130, seed=1)  # 13 tokens a pair, 10 a batch: 10 updates an epoch
     for update in schedule:
         schedule.advance(update)
@@ -48,6 +48,31 @@ def test_where_the_epochs_end_is_the_same_from_every_step_and_from_a_resumed_sch
         assert ends == [max(end, step) for end in (6, 12, 18)], step  # an end passed already is now
         if step == 15:
             break
+
+
+def test_epochs_shuffled_into_other_numbers_of_batches_end_where_their_own_updates_do():
+    """Without subword sampling epochs still differ: pairs of 3 + 5 and 5 + 3 tokens sort alike, and a batch the
+    shuffle mixes them in pads to 6 + 6 tokens a row (6 rows of 72 tokens), one of 3 + 5 alone to 4 + 6 (7 rows):
+    here 15, 16 and 16 updates of 2 ranks (counted as 3 × 15, the decay ended 2 steps early). The end of N epochs
+    is the sum of each one's updates, from every step and on every rank, and counting the epochs to come leaves
+    the loop's cached epoch where it is."""
+    src, tgt = [3] * 180 + [5] * 20, [5] * 180 + [3] * 20
+    ranks = [BatchSchedule(src, tgt, 72, seed=5, world=2, rank=rank) for rank in (0, 1)]
+    schedule = ranks[0]
+    ends = {epochs: schedule.step_of_epochs(0, epochs) for epochs in (1, 2, 3)}
+    assert schedule._epoch_cache is not None and schedule._epoch_cache[0][0] == 0  # the loop's first epoch, cached
+    assert ranks[1].step_of_epochs(0, 3) == ends[3]
+    per_epoch, finished = [0, 0, 0], {}
+    for step, update in enumerate(schedule, start=1):
+        schedule.advance(update)
+        per_epoch[update.epoch] += 1
+        assert schedule.step_of_epochs(step, 3) == ends[3], step
+        assert schedule._epoch_cache[0][0] == update.epoch  # counting did not move the cache off the loop's epoch
+        finished.setdefault(schedule.epochs_finished(), step)
+        if schedule.epochs_finished() == 3:
+            break
+    assert per_epoch == [15, 16, 16]
+    assert ends == {epochs: finished[epochs] for epochs in (1, 2, 3)} == {1: 15, 2: 31, 3: 47}
 
 
 def test_a_resumed_run_decays_to_the_end_its_epochs_were_given_and_a_new_limit_moves_it():

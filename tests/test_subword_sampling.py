@@ -3,16 +3,21 @@ one per pair from (seed, epoch) alone, batches are cut by the epoch's own length
 run replays them exactly, and settings that cannot go with it are refused in one line."""
 
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
 import pytest
+import torch
 from conftest import TINY, compose_config, run_cli
 from test_reliability import step_losses
 
+from app.config.schema import Config, TrainConfig
 from app.data.schedule import BatchSchedule
 from app.data.subword_sampling import TrainSegmentations
 from app.run.errors import UserError
+from app.train.decay_end import DecayEnd
+from app.train.update import make_optimizer
 
 
 def segmentations(pairs=50, variants=4, seed=7) -> TrainSegmentations:
@@ -65,6 +70,30 @@ def test_batches_are_cut_by_each_epochs_lengths():
     assert sorted(i for piece in cut for i in piece) == sorted(batches[0])
 
 
+def test_a_decay_to_the_end_of_the_epochs_ends_with_their_last_update():
+    """Each epoch's own segmentations cut it into its own number of batches: 33, 31 and 32 here. train.max_epochs=3
+    counted as 3 × the first epoch's 33 updates, a linear decay ended at step 99, after the run's last update (96);
+    with longer later epochs a run trained its last updates at the floor. It ends with the last update, counted
+    without displacing the epoch the loop starts on from the schedule's cache, or its lengths from their cache."""
+    seg = segmentations(pairs=100, variants=4)
+    schedule = BatchSchedule(*seg.lengths(0), 60, seed=3, epoch_lengths=seg.lengths)
+    t = TrainConfig(lr=1e-3, warmup_steps=1, lr_schedule="linear", lr_floor=0.1, max_epochs=3)
+    _, scheduler = make_optimizer(torch.nn.Linear(2, 2), Config(train=t))
+    progress = SimpleNamespace(step=0, eval_seconds=0.0)
+    trainer = SimpleNamespace(cfg=Config(train=t), scheduler=scheduler, schedule=schedule, progress=progress)
+    rate = DecayEnd(SimpleNamespace(**vars(trainer), elapsed=lambda: 0.0)).rate
+    assert schedule._epoch_cache is not None and schedule._epoch_cache[0][0] == 0 and list(seg._epochs) == [0]
+    per_epoch = [0, 0, 0]
+    for update in schedule:  # the updates a run trains on, as its loop stops them
+        schedule.advance(update)
+        per_epoch[update.epoch] += 1
+        if schedule.epochs_finished() == 3:
+            break
+    step = sum(per_epoch)  # the run's last
+    assert per_epoch == [33, 31, 32] and rate is not None and rate.epochs_end == step == 96
+    assert rate(step - 2) > 0.1 == pytest.approx(rate(step - 1))  # the last update (0-based step - 1) at the floor
+
+
 @pytest.fixture(scope="module")
 def tiny_corpus(tmp_path_factory, corpus_tsv):
     root = tmp_path_factory.mktemp("subword")
@@ -108,6 +137,26 @@ def test_training_reads_sampled_spellings_of_its_sentences(tiny_corpus):
 
     again = trainer_in(tiny_corpus, "name=sampled_again", "train.subword_alpha=0.2", "train.subword_variants=3")
     assert again.data.train.src.equals(seg.src)  # read from the cache, not sampled anew
+
+
+def test_a_trainer_decays_to_the_last_update_of_its_sampled_epochs(tiny_corpus):
+    """The same through build_trainer on the tiny corpus: its sampled epochs (SentencePiece's samples differ from
+    one process to the next) cut about 76 batches each, a few more or fewer, and the decay a trainer is built with
+    ends with the last update its loop stops train.max_epochs at."""
+    trainer = trainer_in(tiny_corpus, "name=sampled", "train.subword_alpha=0.2", "train.subword_variants=3",
+                         "train.batch_tokens=300", "train.max_epochs=8", "train.lr_schedule=linear")  # fmt: skip
+    schedule, rate = trainer.schedule, trainer.scheduler.lr_lambdas[0]
+    assert schedule._epoch_cache[0][0] == 0 and list(trainer.data.train._epochs) == [0]
+    per_epoch = [0] * 8
+    for update in schedule:  # the updates the run trains on, as its loop stops them
+        schedule.advance(update)
+        per_epoch[update.epoch] += 1
+        if schedule.epochs_finished() == 8:
+            break
+    step = sum(per_epoch)  # the run's last
+    assert len(set(per_epoch)) > 1, per_epoch  # the epochs differ, or this shows nothing
+    assert rate.epochs_end == step, per_epoch
+    assert rate(step - 2) > rate.floor == rate(step - 1)
 
 
 def test_bpe_dropout_spells_the_same_sentences_in_more_pieces(tiny_corpus):

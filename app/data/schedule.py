@@ -11,9 +11,9 @@ sampler does.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Protocol
 
 import numpy as np
 
@@ -23,6 +23,13 @@ from app.data.shapes import CAPTURE_PADDING, CAPTURE_SHAPES, SUGGESTED_SHAPES, B
 from app.run.errors import UserError
 
 log = logging.getLogger(__name__)
+
+
+class EpochLengths(Protocol):
+    """The pairs' lengths as ``epoch`` segments them (app/data/subword_sampling.py ``TrainSegmentations.lengths``);
+    ``keep=False``: for an epoch only counted, not kept among the ones the loop reads."""
+
+    def __call__(self, epoch: int, keep: bool = True) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 @dataclass
@@ -53,7 +60,7 @@ class BatchSchedule:
         rank: int = 0,
         accum: int = 1,
         shapes: BatchShapes | None = None,
-        epoch_lengths: Optional[Callable[[int], tuple[np.ndarray, np.ndarray]]] = None,
+        epoch_lengths: Optional[EpochLengths] = None,
     ):
         self.src_lens, self.tgt_lens = src_lens, tgt_lens
         self.epoch_lengths = epoch_lengths
@@ -67,6 +74,7 @@ class BatchSchedule:
         self.epoch_batch_tokens = batch_tokens  # the budget the current epoch's batches were cut with
         self.by_length = True  # false: batches cut from a random order (make bench's ablation; not with shapes)
         self._epoch_cache: tuple[tuple[int, int, bool], list[list[int]]] | None = None
+        self._counts: dict[tuple[int, int, bool], int] = {}  # batches of every epoch cut or counted, by the same key
 
     @property
     def group(self) -> int:
@@ -83,14 +91,8 @@ class BatchSchedule:
         epoch, budget = self.epoch if epoch is None else epoch, self.epoch_batch_tokens if budget is None else budget
         key = (epoch, budget, self.by_length)
         if self._epoch_cache is None or self._epoch_cache[0] != key:
-            batches: list[list[int]]
-            if self.shapes is not None:
-                batches = list(self.shapes.batches(key[1], shuffle=True, seed=self.seed, epoch=key[0]))
-            else:
-                src_lens, tgt_lens = (np.asarray(lens).tolist() for lens in self.lengths(key[0]))  # quick to index
-                batches = make_batches(
-                    src_lens, tgt_lens, key[1], shuffle=True, seed=self.seed, epoch=key[0], by_length=self.by_length
-                )
+            batches = self._cut(epoch, budget)
+            self._counts[key] = len(batches)
             if len(batches) < self.group:
                 raise UserError(
                     f"the train split makes {len(batches)} batches of train.batch_tokens={key[1]}, fewer than one "
@@ -98,6 +100,31 @@ class BatchSchedule:
                 )
             self._epoch_cache = (key, batches)
         return self._epoch_cache[1]
+
+    def _cut(self, epoch: int, budget: int, keep: bool = True) -> list[list[int]]:
+        """``epoch``'s batches cut anew with ``budget`` (``keep=False``: only counted, its segmentations not kept)."""
+        if self.shapes is not None:
+            return list(self.shapes.batches(budget, shuffle=True, seed=self.seed, epoch=epoch))
+        lengths = self.epoch_lengths(epoch, keep=keep) if self.epoch_lengths else (self.src_lens, self.tgt_lens)
+        src_lens, tgt_lens = (np.asarray(lens).tolist() for lens in lengths)  # quick to index
+        return make_batches(
+            src_lens, tgt_lens, budget, shuffle=True, seed=self.seed, epoch=epoch, by_length=self.by_length
+        )
+
+    def batch_count(self, epoch: int, budget: int) -> int:
+        """How many batches ``epoch`` cuts with ``budget``: each epoch its own number (segmented anew with
+        train.subword_alpha; cut from another shuffle, which breaks ties between pairs of one length another
+        way), counted once and kept. The loop's cached epoch stays as it is: another epoch is cut aside (the
+        current one into the cache while it holds none: the loop reads it first)."""
+        key = (epoch, budget, self.by_length)
+        cached = self._epoch_cache
+        if cached is not None and cached[0] == key:
+            return len(cached[1])
+        if cached is None and (epoch, budget) == (self.epoch, self.epoch_batch_tokens):
+            return len(self.epoch_batches())
+        if key not in self._counts:
+            self._counts[key] = len(self._cut(epoch, budget, keep=False))
+        return self._counts[key]
 
     def __iter__(self) -> Iterator[Update]:
         """Updates from where the schedule stands on; a last group smaller than one update is left out of an
@@ -157,16 +184,20 @@ class BatchSchedule:
         return self.finished
 
     def step_of_epochs(self, step: int, epochs: int) -> Optional[int]:
-        """About the step at which ``epochs`` epochs are finished, from ``step`` where the schedule stands: the current
-        epoch's updates left, exactly, then its updates an epoch for each epoch after it; None for no limit (0)."""
+        """The step at which ``epochs`` epochs are finished, from ``step`` where the schedule stands: the current
+        epoch's updates left, then every later epoch's own, cut with the budget in force (as ``__iter__`` cuts
+        them; one halved later moves the end); None for no limit (0). Every rank counts every rank's batches."""
         if not epochs:
             return None
-        per_epoch = len(self.epoch_batches()) // self.group
-        return step + max((epochs - self.epoch) * per_epoch - self.position // self.group, 0)
+        left = 0
+        if self.epoch < epochs:
+            left = max(self.batch_count(self.epoch, self.epoch_batch_tokens) - self.position, 0) // self.group
+        left += sum(self.batch_count(epoch, self.batch_tokens) // self.group for epoch in range(self.epoch + 1, epochs))
+        return step + left
 
     def epochs_done(self) -> float:
         """Epochs trained, with the share of the current one."""
-        return self.epoch + self.position / len(self.epoch_batches())
+        return self.epoch + self.position / self.batch_count(self.epoch, self.epoch_batch_tokens)
 
     def state_dict(self) -> dict:
         return {
@@ -240,7 +271,7 @@ def training_schedule(
     rank: int,
     accum: int,
     cuda: bool,
-    epoch_lengths: Optional[Callable[[int], tuple[np.ndarray, np.ndarray]]] = None,
+    epoch_lengths: Optional[EpochLengths] = None,
     captured: bool = False,
 ) -> BatchSchedule:
     """The schedule of ``train.*``: length-bucketed batches, or with train.batch_shapes padded to fixed shapes;

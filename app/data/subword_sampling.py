@@ -59,25 +59,28 @@ class TrainSegmentations:
         """The row each pair trains on in ``epoch``: a variant drawn per pair from (seed, epoch)."""
         return self._epoch(epoch)[0]
 
-    def lengths(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """Source and target pieces of every pair as ``epoch`` segments it (what its batches are cut by)."""
-        return self._epoch(epoch)[1:]
+    def lengths(self, epoch: int, keep: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Source and target pieces of every pair as ``epoch`` segments it (what its batches are cut by);
+        ``keep=False``: an epoch only counted (app/data/schedule.py), drawn without displacing the kept ones."""
+        return self._epoch(epoch, keep)[1:]
 
     def rows_of(self, epoch: int, indices: list[int]) -> list[int]:
         """The rows of these pairs in ``epoch`` (the pairs themselves when there is one variant)."""
         return indices if self.variants == 1 else self.rows(epoch)[indices].tolist()
 
-    def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if epoch not in self._epochs:
-            pairs = np.arange(self.pairs)
-            if self.variants > 1:
-                # train.seed may be negative (seed_everything takes it modulo 2**32); numpy's seeds may not
-                drawn = np.random.default_rng([self.seed % 2**32, epoch]).integers(self.variants, size=self.pairs)
-                pairs = drawn * self.pairs + pairs
-            # the prefetch thread may cut the next epoch while the loop trains on this one: keep both
+    def _epoch(self, epoch: int, keep: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if epoch in self._epochs:
+            return self._epochs[epoch]
+        pairs = np.arange(self.pairs)
+        if self.variants > 1:
+            # train.seed may be negative (seed_everything takes it modulo 2**32); numpy's seeds may not
+            drawn = np.random.default_rng([self.seed % 2**32, epoch]).integers(self.variants, size=self.pairs)
+            pairs = drawn * self.pairs + pairs
+        segmented = pairs, self.src_lens[pairs], self.tgt_lens[pairs]
+        if keep:  # the prefetch thread may cut the next epoch while the loop trains on this one: keep both
             self._epochs = {e: v for e, v in self._epochs.items() if e >= epoch - 1}
-            self._epochs[epoch] = (pairs, self.src_lens[pairs], self.tgt_lens[pairs])
-        return self._epochs[epoch]
+            self._epochs[epoch] = segmented
+        return segmented
 
     @classmethod
     def single(cls, split: TokenizedSplit, seed: int) -> TrainSegmentations:

@@ -32,7 +32,8 @@ class DecayEnd:
         if self.rate is not None:  # this run's settings (a resumed run keeps only its estimate of the budget's end)
             self.rate.max_steps = t.max_steps
             if self.rate.max_epochs != t.max_epochs or not t.max_epochs:  # a resume to the same epochs keeps its end:
-                # estimated again, it would count later epochs at the current one's batches, another number
+                # the one the run has decayed towards (counted again, later epochs would be cut with a budget halved
+                # since, another number); each epoch's own updates are counted (BatchSchedule.step_of_epochs)
                 self.rate.epochs_end = trainer.schedule.step_of_epochs(trainer.progress.step, t.max_epochs) or 0
                 self.rate.max_epochs = t.max_epochs
         self.mark = self.trained_seconds(), trainer.progress.step  # the speed is measured from here
