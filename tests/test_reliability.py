@@ -167,6 +167,18 @@ def test_resume_with_other_data_settings_names_them_before_touching_the_corpus(w
     assert "train.init_from='full' here, None there: a resumed run goes on" in started.stderr, started.stderr
 
 
+def test_resume_with_another_learning_rate_or_optimizer_setting_is_refused_naming_them(workdir):
+    """last.pt's AdamW param_groups and schedule state come back whatever the command line says: a resume with
+    train.lr=0.01 and a cosine schedule trained on at the old rate, its config.yaml recording the new one."""
+    args = ["name=full", "train.max_steps=80", "train.resume=true", "train.lr=0.01", "train.lr_schedule=cosine"]
+    result = run_cli(workdir, "command=train", *RUN, *args, "train.adam_betas=[0.8,0.9]")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert "train.adam_betas=[0.8, 0.9] here, [0.9, 0.98] there; train.lr=0.01 here, 0.001 there; " in line, line
+    assert "train.lr_schedule='cosine' here, 'inverse_sqrt' there: a resumed run goes on with the optimizer" in line
+    assert "train.init_from=<this run>" in line
+
+
 def test_snapshots_rotate_and_average_into_a_loadable_checkpoint(workdir):
     run = workdir / "checkpoints" / "full"
     snapshots = sorted(f for f in os.listdir(run) if f.startswith("step_"))

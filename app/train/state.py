@@ -262,6 +262,16 @@ def check_settings(cfg: Config, last_path: str, world: int, resume: bool) -> Non
 NOT_THE_CORPUS = ("data.num_proc", "tokenizer.dir")
 
 
+# what a resume restores from last.pt's optimizer and scheduler states, not from the command line (a plateau's
+# train.lr_decay and lr_patience are read at each validation: a resume may change them)
+OPTIMIZER_SETTINGS = ("lr", "lr_schedule", "warmup_steps", "lr_floor", "weight_decay", "adam_betas")
+
+
+def normal(value: Any) -> Any:
+    """A setting as recorded and as given compared alike: a list of numbers as a tuple of floats."""
+    return tuple(float(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
 def check_resumable_settings(cfg: Config, last_path: str) -> None:
     """A resumed run reads the corpus and tokenizer it was trained on: data.* and tokenizer.* as its last.pt
     records them, else a UserError naming what differs, before any data work (preparing data/<name> again with
@@ -290,6 +300,17 @@ def check_resumable_settings(cfg: Config, last_path: str) -> None:
         raise UserError(
             f"{last_path}: train.best_metric={cfg.train.best_metric} here, {metric} there: its validations are ranked "
             f"by {metric}; resume with it, or train under another name="
+        )
+    optimized = [  # AdamW's param_groups and the schedule's state come back from last.pt, whatever is given now
+        f"train.{key}={ours['train'][key]!r} here, {theirs!r} there"
+        for key, theirs in sorted(recorded.get("train", {}).items())
+        if key in OPTIMIZER_SETTINGS and key in ours["train"] and normal(ours["train"][key]) != normal(theirs)
+    ]
+    if optimized:
+        raise UserError(
+            f"{last_path}: {'; '.join(optimized)}: a resumed run goes on with the optimizer and learning-rate schedule "
+            "it saved; resume with that run's, or go on from this run under another name= with train.init_from=<this "
+            "run> (a fresh optimizer and schedule)"
         )
     frozen = recorded.get("train", {}).get("freeze", [])
     if sorted(cfg.train.freeze) != sorted(frozen):  # AdamW's saved state is of the parameters that trained
