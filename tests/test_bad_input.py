@@ -236,3 +236,50 @@ def test_a_model_too_short_for_the_corpus_is_refused_before_the_first_update(tmp
     )
     assert re.match(message, result.stderr.strip().splitlines()[-1]), result.stderr
     assert not (tmp_path / "checkpoints" / "tiny").exists()
+
+
+@pytest.mark.parametrize(
+    "args,error",
+    [
+        (["command=translate", "translate.output=data"], "translate.output='data': a folder, not a file"),
+        (
+            ["command=translate", "translate.output=/proc/nope/x.txt"],
+            "translate.output='/proc/nope/x.txt': its folder /proc/nope cannot be made (No such file or directory)",
+        ),
+        (
+            ["command=translate", "translate.output=in.txt/x.txt"],
+            "translate.output='in.txt/x.txt': its folder {root}/in.txt cannot be made: {root}/in.txt is a file",
+        ),
+        (
+            ["command=score", "score.source=in.txt", "score.target=in.txt", "score.output=data"],
+            "score.output='data': a folder, not a file",
+        ),
+        (["command=align", "align.output=data"], "align.output='data': a folder, not a file"),
+        (
+            ["command=align", "align.output=links.json"],
+            "align.output='links.json': the summary <output>.json would replace the links: name them .align",
+        ),
+        (
+            ["command=export", "export.dir=/proc/nope/ct2"],
+            "export.dir=/proc/nope/ct2 cannot be made (No such file or directory)",
+        ),
+        (["command=compare", "compare.dir=.", "compare.out=in.txt"], "compare.out='in.txt': a file, not a folder"),
+    ],
+)
+def test_an_output_that_cannot_be_written_is_refused_before_the_model_loads(tmp_path, args, error):
+    """An output setting naming a folder, or a file whose folder cannot be made, was a traceback once the work was
+    done (IsADirectoryError, FileNotFoundError); now one line naming the setting, before any checkpoint is read:
+    the run name=none has none."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "in.txt").write_text("Hola.\n")
+    result = run_cli(tmp_path, *args, "name=none", "translate.input=in.txt", "device=cpu")
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.returncode == 2 and result.stderr == f"error: {error.format(root=tmp_path)}\n"
+
+
+def test_an_output_folder_to_make_is_made_only_by_the_writer(tmp_path):
+    """The folders made to find out that an output's folder can be made are removed: a refused command leaves none."""
+    (tmp_path / "in.txt").write_text("Hola.\n")
+    result = run_cli(tmp_path, "command=translate", "name=none", "translate.input=in.txt", "translate.output=a/b/x.txt")
+    assert result.returncode == 2 and "checkpoint not found" in result.stderr, result.stderr[-3000:]
+    assert not (tmp_path / "a").exists()

@@ -127,7 +127,7 @@ def test_out_of_memory_retry_halves_the_budget_and_trains_on(workdir):
 
 def test_a_crash_while_saving_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "last.pt"
-    save_checkpoint(str(path), {"model": {"w": torch.ones(3)}})
+    save_checkpoint(str(path), {"model": {"w": torch.ones(3)}, "config": {}, "vocab": {}})
 
     def torn_save(obj, f):
         f.write(b"half a checkpoint")
@@ -135,7 +135,7 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint(tmp_path, monkeypat
 
     monkeypatch.setattr(torch, "save", torn_save)
     with pytest.raises(OSError):
-        save_checkpoint(str(path), {"model": {"w": torch.zeros(3)}})
+        save_checkpoint(str(path), {"model": {"w": torch.zeros(3)}, "config": {}, "vocab": {}})
     assert torch.equal(load_checkpoint(str(path))["model"]["w"], torch.ones(3))
     assert os.listdir(tmp_path) == ["last.pt"]  # no temp file left behind
 
@@ -163,14 +163,14 @@ def test_a_file_torch_cannot_read_is_one_line_without_torchs_warnings(tmp_path, 
     with pytest.raises(UserError, match=r"garbled.pt: not a loadable checkpoint: not a file torch.save wrote$"):
         load_checkpoint(str(tmp_path / "garbled.pt"))
     assert [str(w.message) for w in recwarn] == []
-    save_checkpoint(str(tmp_path / "good.pt"), {"w": torch.ones(2)})
+    save_checkpoint(str(tmp_path / "good.pt"), {"model": {"w": torch.ones(2)}, "config": {}, "vocab": {}})
 
     def load_warning(*args, **kwargs):
         warnings.warn("kept", stacklevel=2)
-        return {"w": 1}
+        return {"model": {}, "config": {}, "vocab": {}}
 
     with pytest.warns(UserWarning, match="kept"), patch.object(torch, "load", side_effect=load_warning):
-        assert load_checkpoint(str(tmp_path / "good.pt")) == {"w": 1}
+        assert load_checkpoint(str(tmp_path / "good.pt")) == {"model": {}, "config": {}, "vocab": {}}
 
 
 def test_rotation_keeps_newest_and_best(tmp_path):

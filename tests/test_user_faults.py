@@ -221,6 +221,45 @@ def test_a_checkpoint_of_random_bytes_names_the_intact_ones_not_torchs_advice(ro
 
 
 @pytest.mark.slow
+def test_a_checkpoint_that_is_a_folder_is_one_line(root):
+    """best.pt or a snapshot made a folder: open() raised IsADirectoryError while saying why it did not load."""
+    run = copy_run(root, "folders")
+    (run / "best.pt").unlink()
+    (run / "best.pt").mkdir()
+    result = run_cli(root, "command=translate", "name=folders", "device=cpu", stdin="Hola.\n")
+    assert error_line(result) == (
+        f"error: {run}/best.pt: a folder, not a checkpoint file; intact checkpoints of {run}: last (step 10), "
+        "step_0000010 (step 10), step_0000005 (step 5): choose one with translate.checkpoint="
+    )
+    (run / "step_0000010.pt").unlink()
+    (run / "step_0000010.pt").mkdir()
+    result = run_cli(root, "command=average", "name=folders", "average.last=2")
+    assert error_line(result) == f"error: {run}/step_0000010.pt: a folder, not a checkpoint file"
+
+
+NOT_OURS = "not a checkpoint of this project (it holds no config/model/vocab: a bare state_dict?); give one a run wrote"
+
+
+@pytest.mark.slow
+def test_a_bare_state_dict_is_not_taken_for_a_checkpoint(root):
+    """torch.save(model.state_dict()), or {'model': ...} alone, as best.pt or in ensemble=: a KeyError ('vocab',
+    'config') once loaded; now one line naming the file and what to give instead."""
+    run = copy_run(root, "bare")
+    weights = torch.load(run / "best.pt", weights_only=True)["model"]
+    torch.save(weights, run / "best.pt")
+    result = run_cli(root, "command=translate", "name=bare", "device=cpu", stdin="Hola.\n")
+    assert error_line(result) == (
+        f"error: {run}/best.pt: {NOT_OURS}: its best.pt, last.pt, step_*.pt or averaged.pt; intact checkpoints of "
+        f"{run}: last (step 10), step_0000010 (step 10), step_0000005 (step 5): choose one with translate.checkpoint="
+    )
+    torch.save({"model": weights}, root / "only_model.pt")
+    result = run_cli(root, "command=translate", "name=base", "device=cpu", "ensemble=[only_model.pt]", stdin="Hola.\n")
+    assert error_line(result) == (
+        f"error: ensemble: only_model.pt: {NOT_OURS}: its best.pt, last.pt, step_*.pt or averaged.pt"
+    )
+
+
+@pytest.mark.slow
 def test_resume_with_a_damaged_last_pt_continues_from_the_newest_intact_snapshot(root):
     run = copy_run(root, "cut")
     last = torch.load(run / "last.pt", weights_only=True)
@@ -243,7 +282,8 @@ def test_resume_says_why_no_checkpoint_can_continue_the_run(tmp_path):
     (tmp_path / "last.pt").write_bytes(b"")
     cut = b"PK\x03\x04 and then nothing"  # the start of a zip archive
     (tmp_path / "best.pt").write_bytes(cut)
-    save_checkpoint(str(tmp_path / "step_0000020.pt"), {"model": {}, "progress": {"step": 20}})  # no data position
+    step = {"model": {}, "config": {}, "vocab": {}, "progress": {"step": 20}}
+    save_checkpoint(str(tmp_path / "step_0000020.pt"), step)  # no data position
     with pytest.raises(UserError) as err:
         resume_state(str(tmp_path / "last.pt"))
     assert str(err.value) == (

@@ -45,6 +45,7 @@ from app.decode.trained import load_trained
 from app.models.positions import LearnedPositions
 from app.models.transformer import Transformer
 from app.run.errors import UserError
+from app.run.files import check_output_folder
 from app.run.stopwatch import Stopwatch
 
 # export.quantization -> what ModelSpec.optimize stores (None: float32, as trained). At load time
@@ -58,8 +59,7 @@ def export_run(cfg) -> str:
     the heads of decoder layer ``viz.layer``. Returns the directory."""
     clock = Stopwatch()
     out_dir = export_dir(cfg)
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise UserError(f"export.dir={out_dir}: a file, not a folder")
+    check_output_folder(out_dir, f"export.dir={out_dir}")
     with clock("load"):
         trained = load_trained(cfg.run_dir, cfg.export.checkpoint, torch.device("cpu"), "export.checkpoint")
     run_info = {"run_dir": cfg.run_dir, "checkpoint": cfg.export.checkpoint, "step": trained.step}

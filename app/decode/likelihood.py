@@ -26,7 +26,7 @@ from app.models import has_attention
 from app.run.checkpoint import checkpoint_path
 from app.run.device import resolve_device
 from app.run.errors import UserError
-from app.run.files import atomic_write_text
+from app.run.files import atomic_write_text, check_output_file
 
 
 def score_pairs(cfg: Config) -> None:
@@ -77,6 +77,8 @@ def read_pairs(s: ScoreConfig) -> Optional[tuple[list[str], list[str]]]:
         raise UserError("score.engine=ct2 scores files: give score.source and score.target (a split: engine torch)")
     if s.engine == "ct2" and s.alignments:
         raise UserError("score.alignments=true reads the checkpoint's attention: not with score.engine=ct2")
+    if s.output:
+        check_output_file(s.output, f"score.output={s.output!r}")
     if s.source is None or s.target is None:
         return None
     return read_parallel(s.source, s.target, "score", "score")

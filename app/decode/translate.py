@@ -31,6 +31,7 @@ from app.models import has_attention
 from app.run.checkpoint import checkpoint_path
 from app.run.device import resolve_device
 from app.run.errors import UserError
+from app.run.files import check_output_file
 
 
 def translate_lines(cfg: Config) -> None:
@@ -97,6 +98,8 @@ def check_settings(cfg: Config) -> None:
     t = cfg.translate
     if t.resume and not t.output:
         raise UserError("translate.resume=true continues the file translate.output names: set translate.output")
+    if t.output:
+        check_output_file(t.output, f"translate.output={t.output!r}")
     if t.alignments and cfg.decode.n_best > 1 and t.engine == "ct2":
         raise UserError(
             f"translate.alignments=true with decode.n_best={cfg.decode.n_best}: a CTranslate2 export returns the best "

@@ -21,6 +21,7 @@ from typing import Optional
 import numpy as np
 from tqdm import tqdm
 
+from app.config.commands import AlignConfig
 from app.config.ranges import check_layer
 from app.config.schema import Config
 from app.data.corpus import load_split
@@ -35,7 +36,7 @@ from app.models import has_attention
 from app.run.checkpoint import run_folder
 from app.run.device import resolve_device
 from app.run.errors import UserError
-from app.run.files import atomic_write_text
+from app.run.files import atomic_write_text, check_output_file
 
 
 @dataclass
@@ -53,6 +54,12 @@ def align_corpus(cfg: Config) -> dict:
     """Align the corpus ``cfg.align`` names with the run's model (and the reverse run's), write the links as they
     are read, and return what ``<output>.json`` holds."""
     a = cfg.align
+    output = a.output or os.path.join(cfg.run_dir, "align", f"{corpus_name(a)}.align")
+    where = f"align.output={a.output!r}" if a.output else f"align's output {output!r} (align.output unset)"
+    check_output_file(output, where)
+    if summary_path(output) == output:
+        raise UserError(f"{where}: the summary <output>.json would replace the links: name them .align")
+    check_output_file(summary_path(output), f"{where}: its summary {summary_path(output)!r}")
     device = resolve_device(cfg.device)
     forward = load_trained(cfg.run_dir, a.checkpoint, device, "align.checkpoint")
     check_layer(cfg.viz.layer, forward.config.model)
@@ -71,7 +78,6 @@ def align_corpus(cfg: Config) -> dict:
         check_within(f"{corpus.gold}:{n}", possible, src, tgt)
     scope = align_scope(cfg.eval.align_scope, corpus.gold_file)
     method, chosen_on = choose_method(cfg, forward, reverse)
-    output = a.output or os.path.join(cfg.run_dir, "align", f"{corpus.name}.align")
     print(
         f"aligning {len(corpus.src)} pairs ({corpus.name}) with {method.name} ({chosen_on}) into {output}", flush=True
     )
@@ -100,7 +106,7 @@ def align_corpus(cfg: Config) -> dict:
         "lines_per_s": round(len(corpus.src) / max(seconds, 1e-9), 1),
         **({"alignment": {**score.result(method.name), "gold": corpus.gold, "scope": scope}} if gold else {}),
     }
-    atomic_write_text(os.path.splitext(output)[0] + ".json", json.dumps(summary, indent=1) + "\n")
+    atomic_write_text(summary_path(output), json.dumps(summary, indent=1) + "\n")
     report(summary)
     return summary
 
@@ -121,6 +127,16 @@ def report(summary: dict) -> None:
         )
 
 
+def corpus_name(a: AlignConfig) -> str:
+    """What the links are named by: align.source's file name without its extension, else align.split."""
+    return os.path.splitext(os.path.basename(a.source))[0] if a.source else a.split
+
+
+def summary_path(output: str) -> str:
+    """``<output>.json``, beside the links: what was aligned, how, and the links' AER."""
+    return os.path.splitext(output)[0] + ".json"
+
+
 def read_corpus(cfg: Config, forward: TrainedModel) -> Corpus:
     """``align.source``/``align.target``, else the split ``align.split`` of the run's corpus (and its reference
     links, where ``align.gold`` is not given)."""
@@ -134,8 +150,7 @@ def read_corpus(cfg: Config, forward: TrainedModel) -> Corpus:
             raise UserError(
                 f"align: {a.source} has {len(sides[0])} lines, {a.target} {len(sides[1])}: pairs, line by line"
             )
-        name = os.path.splitext(os.path.basename(a.source))[0]
-        return Corpus(name, sides[0], sides[1], a.gold, gold_file=True)
+        return Corpus(corpus_name(a), sides[0], sides[1], a.gold, gold_file=True)
     if a.split not in SPLITS:
         raise UserError(f"align.split={a.split!r} is not a split; the splits are {', '.join(SPLITS)}")
     data = load_split(forward.config.data.dir, a.split, forward.tokenizer)

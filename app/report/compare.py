@@ -23,7 +23,7 @@ from app.evaluation.views import SELF_ATTENTION
 from app.report.history import FILE as HISTORY_FILE
 from app.report.history import read_history
 from app.run.errors import UserError
-from app.run.files import atomic_write, atomic_write_text
+from app.run.files import atomic_write, atomic_write_text, check_output_folder
 
 
 def load_runs(sweep_dir: str, split: str = "test") -> list[dict]:
@@ -334,6 +334,8 @@ def compare_report(sweep_dir: str, split: str = "test", out: str | None = None, 
     """The report over the runs of ``sweep_dir``, written to ``out`` (default: the sweep folder)."""
     from torch.utils.tensorboard import SummaryWriter
 
+    if out:
+        check_output_folder(out, f"compare.out={out!r}")
     runs = load_runs(sweep_dir, split)
     out = out or sweep_dir
     os.makedirs(out, exist_ok=True)

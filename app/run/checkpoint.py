@@ -26,6 +26,7 @@ from app.run.errors import UserError
 from app.run.files import atomic_write
 
 SNAPSHOT = re.compile(r"step_(\d+)\.pt$")
+CHECKPOINT_KEYS = frozenset({"model", "config", "vocab"})  # what every checkpoint a run writes holds
 
 
 def save_checkpoint(path: str, payload: dict) -> None:
@@ -93,6 +94,8 @@ def load_checkpoint(path: str, device: torch.device | str = "cpu", mmap: bool = 
     """A checkpoint's contents (``mmap``: its tensors mapped from the file, read when used)."""
     if not os.path.exists(path):
         raise UserError(f"{path}: checkpoint not found (train first, or check name=)")
+    if os.path.isdir(path):
+        raise UnloadableCheckpoint(f"{path}: a folder, not a checkpoint file")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -101,6 +104,11 @@ def load_checkpoint(path: str, device: torch.device | str = "cpu", mmap: bool = 
             raise UnloadableCheckpoint(f"{path}: not a loadable checkpoint: {load_failure(path, err)}") from None
     for w in caught:  # those of a file that loads are torch's to say
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if not isinstance(state, dict) or not CHECKPOINT_KEYS <= state.keys():
+        raise UnloadableCheckpoint(
+            f"{path}: not a checkpoint of this project (it holds no {'/'.join(sorted(CHECKPOINT_KEYS))}: a bare "
+            "state_dict?); give one a run wrote: its best.pt, last.pt, step_*.pt or averaged.pt"
+        )
     return state
 
 

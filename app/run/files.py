@@ -10,7 +10,7 @@ import os
 import shutil
 import tempfile
 
-from app.run.errors import DiskFull, disk_full
+from app.run.errors import DiskFull, UserError, disk_full
 
 
 def stable_hash(obj) -> str:
@@ -48,6 +48,43 @@ def atomic_open(path: str, mode: str = "wb", size: int = 0):
             free = human_bytes(shutil.disk_usage(folder).free)
             raise DiskFull(f"{path}: no space left on its device to write it ({needs}{free} free)") from None
         raise
+
+
+def check_output_file(path: str, where: str) -> None:
+    """Refuse, before any work is done, an output file ``path`` that cannot be written: a folder, or one whose folder
+    cannot be made or written to. ``where`` names it in the message: ``translate.output='out.txt'``."""
+    if os.path.isdir(path):
+        raise UserError(f"{where}: a folder, not a file")
+    folder = os.path.dirname(os.path.abspath(path))
+    check_makeable(folder, f"{where}: its folder {folder}")
+
+
+def check_output_folder(path: str, where: str) -> None:
+    """Refuse, before any work is done, an output folder ``path`` that cannot be written: a file, or a folder that
+    cannot be made or written to. ``where`` names it in the message: ``export.dir=out``."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserError(f"{where}: a file, not a folder")
+    check_makeable(os.path.abspath(path), where)
+
+
+def check_makeable(folder: str, where: str) -> None:
+    """A UserError unless ``folder`` is there or can be made, and can be written to. The folders made to find out
+    are removed again: a refused command leaves none, and the writer makes them."""
+    made, above = [], folder
+    while not os.path.lexists(above):
+        made.append(above)  # deepest first
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        raise UserError(f"{where} cannot be made: {above} is a file")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"{where} cannot be made ({err.strerror})") from None
+    writable = os.access(folder, os.W_OK | os.X_OK)
+    for empty in made:
+        os.rmdir(empty)
+    if not writable:
+        raise UserError(f"{where} cannot be written to (permission denied)")
 
 
 def human_bytes(n: float) -> str:
