@@ -117,8 +117,11 @@ class CountingEngine:
     def encode(self, texts):
         return list(texts)
 
-    def translate(self, src, beam_size, n_best, attention, self_attention=False, no_repeat_ngram_size=0):
+    def translate(
+        self, src, beam_size, n_best, attention, self_attention=False, no_repeat_ngram_size=0, *forced, lines=None
+    ):
         self.calls += 1
+        self.lines = lines
         if POISON in src:
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
         hyp = lambda s, k: {"text": str(len(s) + k), "score": -float(k), "target_pieces": [s]}  # noqa: E731
@@ -127,8 +130,9 @@ class CountingEngine:
     def encode_targets(self, texts, what="translation"):
         return list(texts)
 
-    def score(self, src, tgt, attention, self_attention=False):
+    def score(self, src, tgt, attention, self_attention=False, lines=None):
         self.calls += 1
+        self.lines = lines
         return [
             {"source_pieces": [s], "hypotheses": [{"text": t, "score": -1.0, "target_pieces": [t]}]}
             for s, t in zip(src, tgt)
@@ -412,6 +416,40 @@ def test_concurrent_clients_are_batched_and_each_gets_its_own_lines(counting_ser
         TranslateResponse.model_validate(answer)
     assert after["lines"] - before["lines"] == 16
     assert after["calls"] - before["calls"] <= 8  # 16 requests, at most half as many calls
+
+
+def test_each_line_reaches_the_engine_with_its_text(counting_server):
+    """The text of every line travels with its ids through the batcher: the words the attention's links number."""
+    port, engine = counting_server
+    lines = ["uno dos", "tres"]
+    assert request(port, "POST", "/translate", {"text": lines})[0] == 200
+    assert engine.lines == lines
+    assert request(port, "POST", "/translate", {"text": lines, "translation": ["one two", "three"]})[0] == 200
+    assert engine.lines == lines
+
+
+def test_the_links_number_the_words_of_the_line_as_typed(nfkc_tokenizer):
+    """A ZWNJ inside a Persian word is one word of the line, which the normalization turns into a word boundary
+    (▁): read from the decoded ids, the pieces after it were numbered as the next word, and every link to them
+    named a word the line does not have there."""
+    from app.decode.search import Hypotheses
+    from app.serve.engine import Engine
+
+    text, translation = "mi\u200cxahm ketab ra bexanam", "i want to read the book"
+    src, tgt = nfkc_tokenizer.encode_src([text]), nfkc_tokenizer.encode_tgt([translation])
+    typed, decoded = nfkc_tokenizer.src_words([text])[0], nfkc_tokenizer.decoded_src_words(src)[0]
+    column = next(i for i, (a, b) in enumerate(zip(typed, decoded)) if a != b)  # a piece after the ZWNJ
+    assert typed[column] == 0 and decoded[column] == 1
+    weights = torch.zeros(len(tgt[0]) + 1, len(src[0]) + 1)
+    weights[:, column] = 1.0  # every target piece attends to it
+
+    class Translator:
+        def translate(self, src, decode, need_attention=False, prefix=None, constraints=None):
+            return Hypotheses([tgt[0]], [weights], [[(tgt[0], -1.0)]])
+
+    engine = Engine(Translator(), nfkc_tokenizer, DecodeConfig(), {})
+    links = engine.translate(src, 1, 1, True, lines=[text])[0]["attention"]["hypotheses"][0]["links"]
+    assert links and {s for view in links for s, _ in view} == {0}
 
 
 # ---- a tiny run through the real CLI, served by it ----

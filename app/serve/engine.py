@@ -90,12 +90,13 @@ class Engine:
         no_repeat_ngram_size: int = 0,
         prefix: Optional[list[list[int]]] = None,
         constraints: Optional[list[list[list[int]]]] = None,
+        lines: Optional[list[str]] = None,
     ) -> list[dict[str, Any]]:
         """One decoding call for every sentence of ``src``: per sentence its source pieces, its hypotheses (text,
         score, target pieces; best first; each beginning with its ``prefix`` where given and containing its
         ``constraints``' phrases) and, with ``attention``, the attention of each hypothesis; with ``self_attention``
         too, the self-attention of the encoder and of each hypothesis (``self_attention_entry``: None where the
-        model has none)."""
+        model has none). ``lines``: the text ``src`` encodes, whose words the attention's links number."""
         decode = dataclasses.replace(
             self.decode, beam_size=beam_size, n_best=n_best, no_repeat_ngram_size=no_repeat_ngram_size
         )
@@ -112,8 +113,9 @@ class Engine:
             results.append({"source_pieces": self.tokenizer.src_pieces(ids), "hypotheses": hypotheses})
         if attention:  # None: a model without attention (rnn_plain)
             maps, copied = self.hypothesis_attention(src, hyps, candidates), self.copy_shares(src, candidates)
+            source_words = self.source_words(src, lines)
             for i, result in enumerate(results):
-                words = self.tokenizer.decoded_src_words([src[i]])[0], self.tokenizer.hyp_words(candidates[i])
+                words = source_words[i], self.tokenizer.hyp_words(candidates[i])
                 result["attention"] = (
                     attention_entry(result, maps[i], words, copied[i] if copied else None) if maps else None
                 )
@@ -123,8 +125,18 @@ class Engine:
                 result["self_attention"] = self_attention_entry(result, *own[i]) if own else None
         return results
 
+    def source_words(self, src: list[list[int]], lines: Optional[list[str]]) -> list[list[int]]:
+        """Each source piece's word: in the line it was encoded from (``lines``), else in the text its ids decode to,
+        where a character the normalization made a space (a ZWNJ inside a word) splits the word."""
+        return self.tokenizer.src_words(lines) if lines is not None else self.tokenizer.decoded_src_words(src)
+
     def score(
-        self, src: list[list[int]], tgt: list[list[int]], attention: bool, self_attention: bool = False
+        self,
+        src: list[list[int]],
+        tgt: list[list[int]],
+        attention: bool,
+        self_attention: bool = False,
+        lines: Optional[list[str]] = None,
     ) -> list[dict[str, Any]]:
         """One teacher-forced call for every pair: per sentence its source pieces and its given translation as its
         one hypothesis (text, score: log p(Y|X), target pieces, the log p of each piece and </s>), with
@@ -140,10 +152,10 @@ class Engine:
             }
             results.append({"source_pieces": self.tokenizer.src_pieces(ids), "hypotheses": [hypothesis]})
         if attention:  # maps None: a model without attention
-            copied = self.copy_shares(src, [[tokens] for tokens in tgt])
+            copied, source_words = self.copy_shares(src, [[tokens] for tokens in tgt]), self.source_words(src, lines)
             for i, result in enumerate(results):
                 shares = copied[i] if copied else None
-                words = self.tokenizer.decoded_src_words([src[i]])[0], self.tokenizer.hyp_words([tgt[i]])
+                words = source_words[i], self.tokenizer.hyp_words([tgt[i]])
                 result["attention"] = attention_entry(result, [maps[i]], words, shares) if maps else None
         if self_attention:
             own = self.hypothesis_self_attention(src, [[tokens] for tokens in tgt])

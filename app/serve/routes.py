@@ -10,7 +10,7 @@ import time
 from collections.abc import Hashable
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from fastapi import FastAPI, Request
@@ -41,25 +41,33 @@ def error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
+class Line(NamedTuple):
+    """A request's line as the batcher holds it: its source ids and text (whose words the attention's links
+    number), and its given pieces (a translation to score, or a prefix) and constraints' phrases, where given."""
+
+    ids: list[int]
+    text: str
+    given: list[int] = []
+    phrases: list[list[int]] = []
+
+
 def create_app(engine: Engine, limits: ServeConfig, defaults: DecodeConfig) -> FastAPI:
     """The application serving ``engine``; requests batched as ``limits`` (serve.*) says, decoded as ``defaults``
     (decode.*) says where they do not."""
 
-    def decode(sources: list, key: Hashable) -> list[dict[str, Any]]:
+    def decode(sources: list[Line], key: Hashable) -> list[dict[str, Any]]:
         """One call for the lines of a batch: decoded (key: beam size, n-best, attention, self-attention, n-gram
-        ban, whether prefixes and whether constraints are given: then each source comes as (source, prefix,
-        phrases)), or their given translations scored (key: "score", attention, self-attention; sources: pairs)."""
+        ban, whether prefixes and whether constraints are given), or their given translations scored (key:
+        "score", attention, self-attention)."""
         assert isinstance(key, tuple)  # check_request's
+        src, texts = [line.ids for line in sources], [line.text for line in sources]
         if key[0] == "score":
             _, attention, own = key
-            return engine.score([s for s, _ in sources], [t for _, t in sources], attention, own)
+            return engine.score(src, [line.given for line in sources], attention, own, lines=texts)
         beam, n_best, attention, own, ban, prefixed, constrained = key
-        if prefixed or constrained:
-            prefix = [p for _, p, _ in sources] if prefixed else None
-            phrases = [c for _, _, c in sources] if constrained else None
-            src = [s for s, _, _ in sources]
-            return engine.translate(src, beam, n_best, attention, own, ban, prefix=prefix, constraints=phrases)
-        return engine.translate(sources, beam, n_best, attention, own, ban)
+        prefix = [line.given for line in sources] if prefixed else None
+        phrases = [line.phrases for line in sources] if constrained else None
+        return engine.translate(src, beam, n_best, attention, own, ban, prefix, phrases, lines=texts)
 
     batcher = RequestBatcher(decode, limits.batch_wait_ms / 1000, limits.max_batch_lines)
 
@@ -118,20 +126,21 @@ def create_app(engine: Engine, limits: ServeConfig, defaults: DecodeConfig) -> F
         ``prefix``, each line's hypotheses begin with its prefix; with ``constraints``, they contain its phrases."""
         start = time.monotonic()
         lines, given, key = check_request(body, limits, defaults)
-        sources: list[Any] = engine.encode(lines)  # or (source, given pieces) pairs
+        sources = [Line(ids, text) for ids, text in zip(engine.encode(lines), lines)]
         if given is not None:
             if key[0] == "score" and body.attention and engine.trained is None:
                 raise RequestError(422, "attention: the CTranslate2 export scores a translation without attention")
             if key[0] == "score":
-                sources = list(zip(sources, engine.encode_targets(given, "translation")))
-        if key[0] != "score" and (key[-2] or key[-1]):  # prefixes or constraints: (source, prefix, phrases)
+                translations = engine.encode_targets(given, "translation")
+                sources = [line._replace(given=tgt) for line, tgt in zip(sources, translations)]
+        if key[0] != "score" and (key[-2] or key[-1]):  # prefixes or constraints
             if body.constraints is not None and engine.trained is None:
                 raise RequestError(422, "constraints: the CTranslate2 export has no constrained decoding")
             prefix = [[]] * len(lines) if given is None else engine.encode_targets(given, "prefix")
             phrases = [[]] * len(lines) if body.constraints is None else engine.encode_constraints(body.constraints)
             if body.constraints is not None:
                 engine.check_forced(phrases, prefix)
-            sources = list(zip(sources, prefix, phrases))
+            sources = [line._replace(given=p, phrases=c) for line, p, c in zip(sources, prefix, phrases)]
         results = await batcher.submit(sources, key)
         return JSONResponse({"translations": results, "seconds": round(time.monotonic() - start, 4)})
 
