@@ -18,7 +18,7 @@ import hydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from app.config.load import config_error, load_config, register_configs
+from app.config.load import config_error, load_config, parsed_override, register_configs
 from app.config.schema import Config
 from app.run.errors import DiskFull, TrainingInterrupted, UserError, causes, disk_full
 from app.run.folder_lock import LOCK_FILE, FolderLock
@@ -327,7 +327,8 @@ def check_arguments(args: list[str], multirun: bool = True) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        parsed = OverridesParser.create().parse_overrides(args)
+        parser = OverridesParser.create()
+        parsed = [parsed_override(parser, line) for line in args]
         for override, line in zip(parsed, args):
             if override.is_sweep_override() and not multirun:
                 key, value = line.split("=", 1)

@@ -108,6 +108,14 @@ def test_a_value_hydra_reads_only_in_quotes_shows_the_quoted_form():
     check_arguments(["command=train", "data.extra_train=a.tsv", "data.extra_tag='<BT>'"])  # the quoted form composes
 
 
+@pytest.mark.parametrize("line", ["data.train=a.es,", "name=a]b", "eval.length_buckets=[1,2"])
+def test_an_argument_hydras_grammar_cannot_read_is_named_with_its_quoted_form(line):
+    """Hydra's message named no argument ("mismatched input '<EOF>' expecting {...}" for a trailing comma)."""
+    key, value = line.split("=", 1)
+    message = refusal("train.max_steps=3", line)
+    assert message.startswith(f"{line}: Hydra cannot read it (") and message.endswith(f"\"{key}='{value}'\""), message
+
+
 def test_a_null_command_is_refused_as_a_missing_one():
     # command=null passed the check for a missing command and failed in difflib with a TypeError (found by mypy)
     with pytest.raises(UserError, match="^command is not set: python -m app command="):

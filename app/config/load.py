@@ -57,6 +57,24 @@ def load_config(cfg: DictConfig) -> Config:
     return config
 
 
+def parsed_override(parser: Any, line: str) -> Any:
+    """One command-line override as Hydra's grammar reads it (``parser``: an OverridesParser); one it cannot read is
+    a UserError naming it (Hydra's own message names no argument: ``mismatched input '<EOF>'`` for ``a.es,``), with
+    its quoted form, which reads the value as it is."""
+    from hydra.errors import HydraException
+
+    try:
+        return parser.parse_overrides([line])[0]
+    except HydraException as err:
+        message = config_error(err)
+        key, _, value = line.partition("=")
+        if message.startswith(f"{key}="):  # config_error's own line for it
+            raise UserError(message) from None
+        raise UserError(
+            f"{line}: Hydra cannot read it ({message}); quoted, the value is read as it is: \"{key}='{value}'\""
+        ) from None
+
+
 def config_error(err: Exception) -> str:
     """One line for a configuration error of OmegaConf or Hydra, whatever the shape of its message: where it was
     raised (a preset), the key, the cause, and the closest known key of the section for a misspelled one."""
