@@ -37,6 +37,7 @@ def test_eval_every_zero_means_no_validation_and_best_is_the_last_checkpoint(wor
     caplog.set_level("INFO")
     summary = training.train(config(workdir / "run", "train.eval_every=0", "train.max_steps=12"))
     assert summary["validations"] == 0 and summary["validation_minutes"] == 0
+    assert summary["best_step"] == 12 and summary["best_dev_bleu"] == -1.0  # the step of best.pt's weights, not 0
     best, last = (torch.load(workdir / "run" / f"{name}.pt", weights_only=True) for name in ("best", "last"))
     assert best["progress"]["step"] == last["progress"]["step"] == 12
     assert all(torch.equal(best["model"][k], v) for k, v in last["model"].items())
@@ -181,6 +182,8 @@ def test_log_lines_during_training_are_whole_lines_above_the_bar_and_the_budget_
     assert warning in lines[first_validation - 1], lines[: first_validation + 1]
 
     log = (workdir / "checkpoints" / "budget" / "train.log").read_text().splitlines()
+    # what was printed above the bar is in train.log too: how long the run takes, each validation's results
+    assert any("s/step, the" in line for line in log) and any(re.search(r"step \d+: dev loss ", x) for x in log), log
     at = next(i for i, line in enumerate(log) if warning in line)
     opening = ("model: ", "each update: ", "closing validation: about")
     assert all(any(kind in line for line in log[:at]) for kind in opening), log

@@ -4,6 +4,7 @@ validations."""
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -13,8 +14,11 @@ import torch
 from tqdm import tqdm
 
 from app.run import distributed
+from app.run.console import announce
 from app.run.errors import UserError
 from app.train.update import StepResult
+
+log = logging.getLogger(__name__)
 
 
 class MetricsWindow:
@@ -125,8 +129,10 @@ def report_skips(window: MetricsWindow, progress, writer, max_bad_steps: int) ->
     if skipped:
         p.skipped_steps += skipped
         writer.add_scalar("train/skipped_steps", p.skipped_steps, p.step)
-        tqdm.write(
-            f"step {p.step}: skipped {skipped} update(s) with a non-finite loss or gradient ({p.skipped_steps} in all)"
+        announce(
+            f"step {p.step}: skipped {skipped} update(s) with a non-finite loss or gradient ({p.skipped_steps} in all)",
+            log,
+            logging.WARNING,
         )
     if max_bad_steps and worst >= max_bad_steps:
         raise UserError(

@@ -19,6 +19,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from app.config.schema import Config, TrainConfig
 from app.models import count_parameters
+from app.run.console import announce
 from app.run.files import atomic_write_text
 from app.train.freeze import frozen_note, frozen_parameters
 from app.train.stop_rules import abortable
@@ -45,7 +46,7 @@ def run_summary(trainer, stop_reason: str) -> dict:
         "validations": len(p.validations),
         "tgt_tokens_per_s": round(p.tgt_tokens / training_seconds),
         "best_dev_bleu": p.best_bleu,
-        "best_step": p.best_step,
+        "best_step": p.best_step if p.validations else p.step,  # no validation: best.pt holds the last weights
         "best_metric": trainer.cfg.train.best_metric,  # what chose best_step
         "skipped_steps": p.skipped_steps,
         "batch_tokens": s.batch_tokens,
@@ -210,7 +211,7 @@ def first_estimate(trainer, seconds_per_step: float) -> None:
             "closing validation: about %.0f s, sampled on dev; the time budget keeps it", p.last_validation_seconds
         )
     left, epoch_end = trainer.time_left(), trainer.schedule.step_of_epochs(p.step, t.max_epochs)
-    tqdm.write(duration_hint(cfg, trainer.device, trainer.model, p.step, seconds_per_step, left, epoch_end))
+    announce(duration_hint(cfg, trainer.device, trainer.model, p.step, seconds_per_step, left, epoch_end), log)
     if left is not None:
         warning = short_budget(t, p.step, seconds_per_step, left, trainer.closing_reserve(), trainer.elapsed())
         if warning:

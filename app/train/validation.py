@@ -11,10 +11,9 @@ decoding it cannot do without, and the host work around them; the console line a
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Optional
-
-from tqdm import tqdm
 
 from app.config.schema import Config, target_language
 from app.data.corpus import ParallelData
@@ -25,6 +24,7 @@ from app.evaluation.metrics import bleu_tokenizer, score, sentence_bleu
 from app.evaluation.split import Alignment, Asked, evaluate_split, teacher_forced_loss
 from app.report.board import alignment_figures, sample_table, tensorboard_sentences, write_pngs
 from app.report.plots import draw_pngs
+from app.run.console import announce
 from app.run.device import amp_dtype
 from app.run.host_worker import HostWorker, host_worker, submit
 from app.run.stopwatch import Stopwatch
@@ -33,6 +33,8 @@ from app.train.stop_rules import abortable
 
 # the parts of a validation that run the model; the rest of its time is host work
 MODEL_PARTS = ("forward", "decode", "alignment", "self-attention")
+
+log = logging.getLogger(__name__)
 
 
 def validation_worker(cfg: Config) -> Optional[HostWorker]:
@@ -63,7 +65,7 @@ def validate(
     start, step, clock = time.perf_counter(), progress.step, Stopwatch()
     worker = validation_worker(cfg)
     if closing:
-        tqdm.write(f"step {step}: closing validation on {len(dev)} dev sentences")
+        announce(f"step {step}: closing validation on {len(dev)} dev sentences", log)
     greedy = cfg.decode.greedy()
     search = lambda src, attention, bar: decode_corpus(  # noqa: E731
         model, src, device, greedy, amp_dtype=dtype, need_attention=attention, progress=bar
@@ -122,10 +124,11 @@ def validate(
     score = ranking_score(metrics, cfg.train.best_metric)
     metrics["improved"] = progress.record_validation(score, metrics["bleu"], seconds)
     parts = ", ".join(f"{part} {clock.seconds[part]:.1f}s" for part in MODEL_PARTS if part in clock.seconds)
-    tqdm.write(
+    announce(
         f"step {step}: dev loss {metrics['loss']:.3f} ppl {metrics['ppl']:.2f} BLEU {metrics['bleu']:.2f} "
         f"chrF {metrics['chrf']:.2f}{aer} ({seconds:.0f}s: {parts}, host {host:.1f}s)"
-        f"{' *best*' if metrics['improved'] else ''}"
+        f"{' *best*' if metrics['improved'] else ''}",
+        log,
     )
     return metrics
 
