@@ -228,6 +228,17 @@ def corpus_tsv(tmp_path_factory):
     return path
 
 
+@pytest.fixture
+def corpus_folder(tmp_path, corpus_tsv, monkeypatch):
+    """A test's own folder holding the tiny corpus (``corpus.tsv``), the working directory while it runs: where its
+    in-process runs (training.train) prepare data/ and write their run folders."""
+    import shutil
+
+    shutil.copy(corpus_tsv, tmp_path / "corpus.tsv")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
 def compose_config(*overrides, command="train"):
     """The project's configuration with these overrides, as the CLI builds it: the schema's dataclasses.
     Hydra's output folder is not made: run_dir is checkpoints/<name> unless an override sets it."""

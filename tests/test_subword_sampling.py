@@ -70,6 +70,18 @@ def test_batches_are_cut_by_each_epochs_lengths():
     assert sorted(i for piece in cut for i in piece) == sorted(batches[0])
 
 
+def updates_per_epoch(schedule: BatchSchedule, epochs: int) -> list[int]:
+    """The updates of each of the first ``epochs`` epochs, the schedule advanced through them as a run's loop is
+    until train.max_epochs stops it."""
+    per_epoch = [0] * epochs
+    for update in schedule:
+        schedule.advance(update)
+        per_epoch[update.epoch] += 1
+        if schedule.epochs_finished() == epochs:
+            break
+    return per_epoch
+
+
 def test_a_decay_to_the_end_of_the_epochs_ends_with_their_last_update():
     """Each epoch's own segmentations cut it into its own number of batches: 33, 31 and 32 here. train.max_epochs=3
     counted as 3 × the first epoch's 33 updates, a linear decay ended at step 99, after the run's last update (96);
@@ -83,12 +95,7 @@ def test_a_decay_to_the_end_of_the_epochs_ends_with_their_last_update():
     trainer = SimpleNamespace(cfg=Config(train=t), scheduler=scheduler, schedule=schedule, progress=progress)
     rate = DecayEnd(SimpleNamespace(**vars(trainer), elapsed=lambda: 0.0)).rate
     assert schedule._epoch_cache is not None and schedule._epoch_cache[0][0] == 0 and list(seg._epochs) == [0]
-    per_epoch = [0, 0, 0]
-    for update in schedule:  # the updates a run trains on, as its loop stops them
-        schedule.advance(update)
-        per_epoch[update.epoch] += 1
-        if schedule.epochs_finished() == 3:
-            break
+    per_epoch = updates_per_epoch(schedule, 3)
     step = sum(per_epoch)  # the run's last
     assert per_epoch == [33, 31, 32] and rate is not None and rate.epochs_end == step == 96
     assert rate(step - 2) > 0.1 == pytest.approx(rate(step - 1))  # the last update (0-based step - 1) at the floor
@@ -147,12 +154,7 @@ def test_a_trainer_decays_to_the_last_update_of_its_sampled_epochs(tiny_corpus):
                          "train.batch_tokens=300", "train.max_epochs=8", "train.lr_schedule=linear")  # fmt: skip
     schedule, rate = trainer.schedule, trainer.scheduler.lr_lambdas[0]
     assert schedule._epoch_cache[0][0] == 0 and list(trainer.data.train._epochs) == [0]
-    per_epoch = [0] * 8
-    for update in schedule:  # the updates the run trains on, as its loop stops them
-        schedule.advance(update)
-        per_epoch[update.epoch] += 1
-        if schedule.epochs_finished() == 8:
-            break
+    per_epoch = updates_per_epoch(schedule, 8)
     step = sum(per_epoch)  # the run's last
     assert len(set(per_epoch)) > 1, per_epoch  # the epochs differ, or this shows nothing
     assert rate.epochs_end == step, per_epoch
