@@ -37,11 +37,12 @@ def start_loop(trainer) -> Optional[str]:
         trainer.last_eval_step = p.step
         if trainer.validate():
             stop_reason = early_stopping(t)
-    snapshot = due(t.save_every, p.step) and trainer.keep_last > 0
-    missing = os.path.join(trainer.run_dir, f"{snapshot_name(p.step)}.pt")
-    snapshot = distributed.from_main(snapshot and not os.path.exists(missing), trainer.device)  # rank 0's disk
-    if validated or snapshot:  # last.pt then holds the validation, as the uninterrupted run's did
-        trainer.save(snapshot=due(t.save_every, p.step))
+    saved_here = due(t.save_every, p.step)
+    path = os.path.join(trainer.run_dir, f"{snapshot_name(p.step)}.pt")
+    unwritten = saved_here and trainer.keep_last > 0 and not os.path.exists(path)
+    unwritten = distributed.from_main(unwritten, trainer.device)  # rank 0's disk
+    if validated or unwritten:  # last.pt then holds the validation, as the uninterrupted run's did
+        trainer.save(snapshot=saved_here)
     if stop_reason is None and p.step > 0 and t.patience and p.bad_evals >= t.patience:
         stop_reason = early_stopping(t)  # it stopped early and was cut off in its closing work
     resumed = p.step > 0  # a resumed run keeps time for its closing work, as after each step
